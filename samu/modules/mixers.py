@@ -1,0 +1,137 @@
+"""nn.Module wrappers of the two mixers, with their SPEC initialisations and a one-token step."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from samu import reference
+from samu.ops.functional import rglru_mixer, samu_mixer
+
+
+def _state(state, x_t, width):
+    """fp32 [B, D] recurrent state, zeros when ``state`` is None."""
+    if state is None:
+        return torch.zeros(x_t.shape[0], width, dtype=torch.float32, device=x_t.device)
+    if state.shape != (x_t.shape[0], width):
+        raise ValueError(f"state must have shape {[x_t.shape[0], width]}, got {list(state.shape)}")
+    return state
+
+
+def _check_step_input(x_t, width):
+    if not isinstance(x_t, torch.Tensor) or x_t.dim() != 2 or x_t.shape[1] != width:
+        shape = list(x_t.shape) if isinstance(x_t, torch.Tensor) else type(x_t).__name__
+        raise ValueError(f"x_t must have shape [B, {width}], got {shape}")
+
+
+class SAMUMixer(nn.Module):
+    """SAMU mixer of width D (even): N = D/2 complex modes, 3·D + 4 parameters.
+
+    forward(x [B, L, D], initial_state [B, D] | None, output_final_state) -> (y, final_state | None)
+    step(x_t [B, D], state [B, D] | None) -> (y_t [B, D], new_state [B, D] fp32)
+    """
+
+    def __init__(self, width: int, *, r_min: float = 0.9, r_max: float = 0.999,
+                 max_phase: float = math.pi / 10, radial_bound: float = 2.0, backend: str = "auto",
+                 device=None):
+        super().__init__()
+        if not isinstance(width, int) or width < 2 or width % 2:
+            raise ValueError(f"width must be a positive even integer, got {width!r}")
+        if not 0 < r_min < r_max < 1:
+            raise ValueError(f"need 0 < r_min < r_max < 1, got r_min={r_min}, r_max={r_max}")
+        if not 0 < max_phase <= math.pi:
+            raise ValueError(f"max_phase must lie in (0, pi], got {max_phase}")
+        self.width, self.r_min, self.r_max, self.max_phase = width, r_min, r_max, max_phase
+        self.radial_bound, self.backend = float(radial_bound), backend
+        n = width // 2
+        kw = dict(device=device, dtype=torch.float32)
+        self.nu = nn.Parameter(torch.empty(n, **kw))
+        self.theta_log = nn.Parameter(torch.empty(n, **kw))
+        self.directions = nn.Parameter(torch.empty(2, width, **kw))
+        self.amplitudes = nn.Parameter(torch.empty(2, 2, **kw))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        # r^2 ~ U[r_min^2, r_max^2]; exp(nu) = -log r
+        r2 = torch.empty_like(self.nu).uniform_(self.r_min ** 2, self.r_max ** 2)
+        self.nu.copy_(torch.log(-0.5 * torch.log(r2)))
+        # theta ~ U(0, max_phase]: 1 - U[0, 1) lies in (0, 1]
+        self.theta_log.copy_(torch.log(self.max_phase * (1.0 - torch.rand_like(self.theta_log))))
+        self.directions.normal_()
+        self.amplitudes.zero_()
+
+    def _params(self):
+        return self.nu, self.theta_log, self.directions, self.amplitudes
+
+    def forward(self, x, initial_state=None, output_final_state=False):
+        return samu_mixer(x, *self._params(), initial_state=initial_state,
+                          output_final_state=output_final_state, radial_bound=self.radial_bound,
+                          backend=self.backend)
+
+    def step(self, x_t, state=None):
+        _check_step_input(x_t, self.width)
+        h = _state(state, x_t, self.width)
+        y = reference.samu_serial(x_t.unsqueeze(1), *self._params(), h, self.radial_bound, torch.float32)
+        return y[:, 0].to(x_t.dtype), y[:, 0]
+
+    def extra_repr(self):
+        return f"width={self.width}, modes={self.width // 2}, radial_bound={self.radial_bound}"
+
+
+class RGLRUMixer(nn.Module):
+    """RG-LRU mixer of width D with H block-diagonal gate heads: 2·D²/H + 3·D parameters.
+
+    forward(x [B, L, D], initial_state [B, D] | None, output_final_state) -> (y, final_state | None)
+    step(x_t [B, D], state [B, D] | None) -> (y_t [B, D], new_state [B, D] fp32)
+    """
+
+    def __init__(self, width: int, num_heads: int = 16, *, c: float = 8.0, r_min: float = 0.9,
+                 r_max: float = 0.999, backend: str = "auto", device=None):
+        super().__init__()
+        if not isinstance(width, int) or width < 1:
+            raise ValueError(f"width must be a positive integer, got {width!r}")
+        if not isinstance(num_heads, int) or num_heads < 1 or width % num_heads:
+            raise ValueError(f"num_heads must be a positive divisor of width={width}, got {num_heads!r}")
+        if not 0 < r_min < r_max < 1:
+            raise ValueError(f"need 0 < r_min < r_max < 1, got r_min={r_min}, r_max={r_max}")
+        self.width, self.num_heads, self.c = width, num_heads, float(c)
+        self.r_min, self.r_max, self.backend = r_min, r_max, backend
+        hd = width // num_heads
+        kw = dict(device=device, dtype=torch.float32)
+        self.w_a = nn.Parameter(torch.empty(num_heads, hd, hd, **kw))
+        self.b_a = nn.Parameter(torch.empty(width, **kw))
+        self.w_x = nn.Parameter(torch.empty(num_heads, hd, hd, **kw))
+        self.b_x = nn.Parameter(torch.empty(width, **kw))
+        self.a_param = nn.Parameter(torch.empty(width, **kw))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        std = (1.0 / (self.width // self.num_heads)) ** 0.5
+        self.w_a.normal_(0.0, std)
+        self.w_x.normal_(0.0, std)
+        self.b_a.zero_()
+        self.b_x.zero_()
+        # a0 = exp(-softplus(a_param)) with a0^2 ~ U[r_min^2, r_max^2]: softplus(a_param) = -log(a0)
+        a0_sq = torch.empty_like(self.a_param).uniform_(self.r_min ** 2, self.r_max ** 2)
+        target = -0.5 * torch.log(a0_sq)
+        self.a_param.copy_(target + torch.log(-torch.expm1(-target)))  # softplus^-1
+
+    def _params(self):
+        return self.w_a, self.b_a, self.w_x, self.b_x, self.a_param
+
+    def forward(self, x, initial_state=None, output_final_state=False):
+        return rglru_mixer(x, *self._params(), initial_state=initial_state,
+                           output_final_state=output_final_state, c=self.c, backend=self.backend)
+
+    def step(self, x_t, state=None):
+        _check_step_input(x_t, self.width)
+        h = _state(state, x_t, self.width)
+        y = reference.rglru_serial(x_t.unsqueeze(1), *self._params(), h, self.c, torch.float32)
+        return y[:, 0].to(x_t.dtype), y[:, 0]
+
+    def extra_repr(self):
+        return f"width={self.width}, num_heads={self.num_heads}, c={self.c}"

@@ -1,0 +1,116 @@
+"""Input validation shared by every backend: clear errors that name the argument (SPEC §5)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+IO_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# float64 is accepted by the reference and torch backends (ground-truth evaluations), not by Triton.
+ALL_DTYPES = IO_DTYPES + (torch.float64,)
+
+_check_finite = os.environ.get("SAMU_CHECK_FINITE", "1") != "0"
+
+
+def set_check_finite(enabled: bool) -> bool:
+    """Turn the parameter finiteness check on or off; returns the previous setting.
+
+    The check reads a flag back from the device, which costs one host synchronisation per call on
+    CUDA. It is skipped while a CUDA graph is being captured and while torch.compile traces.
+    """
+    global _check_finite
+    previous, _check_finite = _check_finite, bool(enabled)
+    return previous
+
+
+def check_finite_enabled() -> bool:
+    return _check_finite
+
+
+def _tensor(name, t):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _float(name, t, dtypes=ALL_DTYPES):
+    if t.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; expected one of {names}")
+
+
+def _shape(name, t, shape):
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
+
+
+def _device(name, t, device):
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but x is on {device}; move them to one device")
+
+
+def _check_input(x):
+    _tensor("x", x)
+    if x.dim() != 3:
+        raise ValueError(f"x must have shape [B, L, D] (rank 3), got rank {x.dim()} with shape {list(x.shape)}")
+    _float("x", x)
+    B, L, D = x.shape
+    if B < 1 or L < 1 or D < 1:
+        raise ValueError(f"x must have B, L, D >= 1, got shape {list(x.shape)}")
+    return B, L, D
+
+
+def _check_params(params, device):
+    for name, t, shape in params:
+        _tensor(name, t)
+        _float(name, t, (torch.float32, torch.float64))
+        _shape(name, t, shape)
+        _device(name, t, device)
+    if _check_finite and not _tracing_or_capturing(device):
+        bad = [name for name, t, _ in params if not bool(torch.isfinite(t).all())]
+        if bad:
+            raise ValueError(f"non-finite values (nan or inf) in parameter(s): {', '.join(bad)}")
+
+
+def _tracing_or_capturing(device) -> bool:
+    if torch.compiler.is_compiling():
+        return True
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _check_state(initial_state, B, D, device):
+    if initial_state is None:
+        return
+    _tensor("initial_state", initial_state)
+    _float("initial_state", initial_state)
+    _shape("initial_state", initial_state, (B, D))
+    _device("initial_state", initial_state, device)
+
+
+def _positive(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite positive number, got {value!r}")
+
+
+def check_samu_inputs(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound):
+    B, L, D = _check_input(x)
+    if D % 2:
+        raise ValueError(f"x has odd width D={D}; SAMU needs an even D (N = D/2 complex modes)")
+    n = D // 2
+    _check_params([("nu", nu, (n,)), ("theta_log", theta_log, (n,)),
+                   ("directions", directions, (2, D)), ("amplitudes", amplitudes, (2, 2))], x.device)
+    _check_state(initial_state, B, D, x.device)
+    _positive("radial_bound", radial_bound)
+
+
+def check_rglru_inputs(x, w_a, b_a, w_x, b_x, a_param, initial_state, c):
+    B, L, D = _check_input(x)
+    _tensor("w_a", w_a)
+    if w_a.dim() != 3 or w_a.shape[1] != w_a.shape[2] or w_a.shape[0] * w_a.shape[1] != D:
+        raise ValueError(f"w_a must have shape [H, D/H, D/H] with H * (D/H) = D = {D}, got {list(w_a.shape)}")
+    H = w_a.shape[0]
+    _check_params([("w_a", w_a, (H, D // H, D // H)), ("w_x", w_x, (H, D // H, D // H)),
+                   ("b_a", b_a, (D,)), ("b_x", b_x, (D,)), ("a_param", a_param, (D,))], x.device)
+    _check_state(initial_state, B, D, x.device)
+    _positive("c", c)

@@ -1,0 +1,150 @@
+"""Backend and variant selection per shape, gate-aware (SPEC §5, §6).
+
+Backends: ``"reference"`` (serial, exact, slow), ``"torch"`` (chunked PyTorch, any device),
+``"triton"`` (the dispatched Triton variant) or a named Triton variant. ``"auto"`` picks Triton on
+CUDA when it is importable and a variant has passed its gate for the shape class, else ``"torch"``.
+
+Triton variants register themselves here (``register``) with their own preference rule; a
+variant whose gate record failed for a shape class (``samu.gates.blocked``) is never chosen there.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+OPS = ("samu", "rglru")
+BASE_BACKENDS = ("auto", "reference", "torch", "triton")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A Triton implementation of one op with fixed numerics (chunk length, prefix scheme)."""
+
+    op: str
+    name: str
+    run: Callable = field(compare=False, repr=False)
+    # preference(B, L, D) -> lower is better, or None where the variant does not apply
+    preference: Callable[[int, int, int], "float | None"] = field(compare=False, repr=False)
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Choice:
+    backend: str             # "reference" | "torch" | "triton"
+    variant: "Variant | None"
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return self.variant.name if self.variant is not None else self.backend
+
+
+_VARIANTS: dict[str, dict[str, Variant]] = {op: {} for op in OPS}
+
+
+def register(variant: Variant) -> Variant:
+    _VARIANTS[variant.op][variant.name] = variant
+    return variant
+
+
+def variants(op: str) -> dict[str, Variant]:
+    _load_triton()
+    return dict(_VARIANTS[op])
+
+
+@functools.lru_cache(maxsize=None)
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def _load_triton() -> None:
+    if triton_available():
+        import samu.ops.rglru.function  # noqa: F401  (registers RG-LRU variants)
+        import samu.ops.samu.function  # noqa: F401  (registers SAMU variants)
+
+
+def shape_class(L: int, D: int, dtype: torch.dtype) -> str:
+    """The unit a gate record speaks for: dtype, a length bucket and a width bucket."""
+    length = "L<=8192" if L <= 8192 else "L<=32768" if L <= 32768 else "L>32768"
+    width = "D<=1024" if D <= 1024 else "D>1024"
+    return f"{str(dtype).replace('torch.', '')}|{length}|{width}"
+
+
+def _blocked(op: str, variant: str, L: int, D: int, dtype: torch.dtype) -> bool:
+    from samu.gates import blocked
+
+    return (op, variant, shape_class(L, D, dtype)) in blocked()
+
+
+def _triton_usable(device: torch.device) -> "str | None":
+    """None when Triton can run on this device, else the reason it cannot."""
+    if not triton_available():
+        return "triton is not installed"
+    if device.type != "cuda" and not interpreting():
+        return f"tensors are on {device.type} (Triton needs CUDA, or TRITON_INTERPRET=1 on CPU)"
+    return None
+
+
+def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend: str = "auto") -> Choice:
+    """Resolve ``backend`` for one call; raises ValueError for an unknown or unusable backend."""
+    if op not in OPS:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    device = torch.device(device)
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a string, got {type(backend).__name__}")
+    if backend in ("reference", "torch"):
+        return Choice(backend, None, f"backend={backend!r} requested")
+    named = variants(op) if triton_available() else {}
+    if backend not in BASE_BACKENDS and backend not in named:
+        options = ", ".join(repr(b) for b in (*BASE_BACKENDS, *sorted(named)))
+        raise ValueError(f"backend must be one of {options}; got {backend!r}")
+    unusable = _triton_usable(device)
+    if backend == "auto" and (device.type != "cuda" or unusable):
+        why = f"{device.type} device" if device.type != "cuda" else unusable
+        return Choice("torch", None, f"auto: {why}, using the chunked PyTorch path")
+    if unusable:
+        raise ValueError(f"backend={backend!r} cannot run: {unusable}")
+    if dtype == torch.float64:
+        if backend == "auto":
+            return Choice("torch", None, "auto: float64 input, using the chunked PyTorch path")
+        raise TypeError(f"backend={backend!r} supports bf16, fp16 and fp32 inputs, not float64")
+    if backend in named:
+        return Choice("triton", named[backend], f"variant {backend!r} requested")
+    ranked = []
+    for v in named.values():
+        score = v.preference(B, L, D)
+        if score is None:
+            continue
+        if _blocked(op, v.name, L, D, dtype):
+            continue
+        ranked.append((score, v.name, v))
+    if not ranked:
+        if backend == "triton":
+            raise ValueError(f"no Triton variant of {op} has passed its gate for shape class "
+                             f"{shape_class(L, D, dtype)}; use backend='torch'")
+        return Choice("torch", None, f"auto: no gated Triton variant for {shape_class(L, D, dtype)}")
+    score, name, v = min(ranked, key=lambda r: (r[0], r[1]))
+    others = ", ".join(n for _, n, _ in sorted(ranked, key=lambda r: (r[0], r[1]))[1:]) or "none"
+    return Choice("triton", v, f"{backend}: {name} ranks first for (B={B}, L={L}, D={D}) "
+                               f"in {shape_class(L, D, dtype)}; gated alternatives: {others}")
+
+
+def explain(op: str, shape, dtype: torch.dtype = torch.bfloat16, device="cuda", backend: str = "auto") -> str:
+    """Say which implementation ``op`` uses for ``shape`` = (B, L, D), and why."""
+    B, L, D = shape
+    c = choose(op, B, L, D, dtype, device, backend)
+    return f"{op} {tuple(shape)} {str(dtype).replace('torch.', '')} on {torch.device(device).type}: {c.name} ({c.reason})"

@@ -1,0 +1,81 @@
+"""Public functional API of the two mixers (SPEC §5): validation, then the chosen backend."""
+
+from __future__ import annotations
+
+import torch
+
+from samu import reference
+from samu.ops import dispatch
+from samu.ops.checks import check_rglru_inputs, check_samu_inputs
+from samu.ops.rglru.torch import rglru_mixer_torch
+from samu.ops.samu.torch import samu_mixer_torch, state_dtype
+
+
+def _finish(y, h, x, output_final_state):
+    """Outputs in the input dtype; the final state in fp32 (float64 for float64 input)."""
+    y = y.to(x.dtype)
+    return y, (h.to(state_dtype(x.dtype)) if output_final_state else None)
+
+
+def samu_mixer(x, nu, theta_log, directions, amplitudes, *, initial_state=None,
+               output_final_state=False, radial_bound=2.0, backend="auto"):
+    """SAMU mixer: a complex diagonal recurrence steered per token by a low-rank controller.
+
+    Args:
+        x: [B, L, D] bf16, fp16 or fp32 (float64 for the reference and torch backends); D even.
+            Columns 0..N-1 are real parts, N..D-1 imaginary parts of N = D/2 complex inputs.
+        nu: [N] fp32, log-log base decay rate (base radius exp(-exp(nu))).
+        theta_log: [N] fp32, log base angle.
+        directions: [2, D] fp32, the two controller directions (normalised inside).
+        amplitudes: [2, 2] fp32, signed controller amplitudes.
+        initial_state: [B, D] (fused coordinates) or None for zeros; differentiable.
+        output_final_state: also return the state after the last token.
+        radial_bound: kappa of the bounded radial map, m = exp(kappa tanh(c0 / kappa)).
+        backend: "auto", "reference", "torch", "triton" or a named Triton variant
+            (``samu.dispatch.variants("samu")``).
+
+    Returns:
+        y: [B, L, D] in x's dtype; h: [B, D] fp32 (float64 for float64 x) or None.
+    """
+    check_samu_inputs(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound)
+    B, L, D = x.shape
+    choice = dispatch.choose("samu", B, L, D, x.dtype, x.device, backend)
+    if choice.backend == "reference":
+        y, h = reference.samu_mixer(x, nu, theta_log, directions, amplitudes, initial_state=initial_state,
+                                    output_final_state=True, radial_bound=radial_bound)
+    elif choice.backend == "torch":
+        y, h = samu_mixer_torch(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound)
+    else:
+        y, h = choice.variant.run(x.contiguous(), nu, theta_log, directions, amplitudes, initial_state,
+                                  radial_bound)
+    return _finish(y, h, x, output_final_state)
+
+
+def rglru_mixer(x, w_a, b_a, w_x, b_x, a_param, *, initial_state=None, output_final_state=False,
+                c=8.0, backend="auto"):
+    """RG-LRU mixer (Griffin's Real-Gated Linear Recurrent Unit) with block-diagonal gates.
+
+    Args:
+        x: [B, L, D] bf16, fp16 or fp32 (float64 for the reference and torch backends).
+        w_a, w_x: [H, D/H, D/H] fp32 block-diagonal gate weights (x_{t,h} @ w[h]).
+        b_a, b_x: [D] fp32 gate biases.
+        a_param: [D] fp32; base decay exp(-softplus(a_param)).
+        initial_state: [B, D] or None for zeros; differentiable.
+        output_final_state: also return the state after the last token.
+        c: the decay exponent scale (8 in Griffin).
+        backend: "auto", "reference", "torch", "triton" or a named Triton variant.
+
+    Returns:
+        y: [B, L, D] in x's dtype; h: [B, D] fp32 (float64 for float64 x) or None.
+    """
+    check_rglru_inputs(x, w_a, b_a, w_x, b_x, a_param, initial_state, c)
+    B, L, D = x.shape
+    choice = dispatch.choose("rglru", B, L, D, x.dtype, x.device, backend)
+    if choice.backend == "reference":
+        y, h = reference.rglru_mixer(x, w_a, b_a, w_x, b_x, a_param, initial_state=initial_state,
+                                     output_final_state=True, c=c)
+    elif choice.backend == "torch":
+        y, h = rglru_mixer_torch(x, w_a, b_a, w_x, b_x, a_param, initial_state, c)
+    else:
+        y, h = choice.variant.run(x.contiguous(), w_a, b_a, w_x, b_x, a_param, initial_state, c)
+    return _finish(y, h, x, output_final_state)

@@ -1,0 +1,1 @@
+"""RG-LRU Triton variants: autograd, torch.library registration and dispatch entries."""

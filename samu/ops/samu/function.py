@@ -1,0 +1,1 @@
+"""SAMU Triton variants: autograd, torch.library registration and dispatch entries."""

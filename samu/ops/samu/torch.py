@@ -1,0 +1,177 @@
+"""SAMU mixer in chunked PyTorch with the hand-written backward of SPEC §3.1.
+
+This is the structure the Triton kernels follow, written with torch ops: the forward saves only
+p, (m, phi) and the chunk-boundary states; the backward replays states from those boundaries,
+runs the conjugated adjoint scan and reduces the controller and parameter gradients. Mode
+transitions are computed for one token per chunk at a time and never stored for all tokens.
+State and accumulation are fp32 (float64 for float64 input).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from samu.ops.scan import chunk_size, from_chunks, scan, to_chunks
+from samu.reference import samu_controls
+
+
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _complex(dtype: torch.dtype) -> torch.dtype:
+    return torch.complex128 if dtype == torch.float64 else torch.complex64
+
+
+def _split(t: torch.Tensor) -> torch.Tensor:
+    """Fused coordinates [..., D] -> complex [..., D/2]."""
+    n = t.shape[-1] // 2
+    return torch.complex(t[..., :n], t[..., n:])
+
+
+class _Transitions:
+    """lambda and gamma for token k of every chunk, from chunked (m, phi)."""
+
+    def __init__(self, m_c, phi_c, nu, theta_log):
+        self.m_c, self.phi_c = m_c, phi_c
+        self.rate = torch.exp(nu)
+        self.theta = torch.exp(theta_log)
+
+    def __call__(self, k):
+        w = self.m_c[:, :, k, None] * self.rate
+        rho = torch.exp(-w)
+        psi = self.theta + self.phi_c[:, :, k, None]
+        gamma = torch.sqrt(-torch.expm1(-2.0 * w))
+        return w, rho, psi, torch.polar(rho, psi), gamma
+
+
+class SAMUTorchFunction(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, x, nu, theta_log, directions, amplitudes, initial_state, radial_bound):
+        with torch.autocast(x.device.type, enabled=False):
+            sdt = state_dtype(x.dtype)
+            B, L, D = x.shape
+            n = D // 2
+            K = chunk_size(L)
+            xs = x.to(sdt)
+            p, m, phi = samu_controls(xs, directions.to(sdt), amplitudes.to(sdt), radial_bound)
+            trans = _Transitions(to_chunks(m, K, 1.0), to_chunks(phi, K), nu.to(sdt), theta_log.to(sdt))
+            z_c = _split(to_chunks(xs, K))
+            h0 = (torch.zeros(B, n, dtype=_complex(sdt), device=x.device) if initial_state is None
+                  else _split(initial_state.to(sdt)))
+
+            def coef(k):
+                _, _, _, lam, gamma = trans(k)
+                return lam, gamma * z_c[:, :, k]
+
+            y_c = torch.empty(B, z_c.shape[1], K, D, dtype=x.dtype, device=x.device)
+
+            final = torch.empty(B, D, dtype=sdt, device=x.device)
+
+            def emit(k, h):
+                y_c[:, :, k, :n] = h.real
+                y_c[:, :, k, n:] = h.imag
+                if k == (L - 1) % K:
+                    final[:, :n] = h[:, -1].real
+                    final[:, n:] = h[:, -1].imag
+
+            starts = scan(coef, h0, K, emit)
+
+        ctx.save_for_backward(x, nu, theta_log, directions, amplitudes, p, m, phi, starts)
+        ctx.radial_bound = radial_bound
+        ctx.has_initial = initial_state is not None
+        ctx.initial_dtype = None if initial_state is None else initial_state.dtype
+        return from_chunks(y_c, L), final
+
+    @staticmethod
+    def backward(ctx, dy, dfinal):
+        x, nu, theta_log, directions, amplitudes, p, m, phi, starts = ctx.saved_tensors
+        kappa = ctx.radial_bound
+        with torch.autocast(x.device.type, enabled=False):
+            sdt = state_dtype(x.dtype)
+            B, L, D = x.shape
+            n = D // 2
+            K = chunk_size(L)
+            xs = x.to(sdt)
+            nu_s, theta_log_s = nu.to(sdt), theta_log.to(sdt)
+            trans = _Transitions(to_chunks(m, K, 1.0), to_chunks(phi, K), nu_s, theta_log_s)
+            z_c = _split(to_chunks(xs, K))
+            g = _split(dy.to(sdt) if dy is not None else torch.zeros_like(xs))
+            if dfinal is not None:
+                g = g.clone()
+                g[:, L - 1] += _split(dfinal.to(sdt))
+            g_c = to_chunks(g, K)
+            n_chunks = g_c.shape[1]
+
+            # Adjoint: delta_t = g_t + conj(lambda_{t+1}) delta_{t+1}; beyond the end lambda := 0.
+            lam_first_next = torch.zeros_like(g_c[:, :, 0])
+            if n_chunks > 1:
+                lam_first_next[:, :-1] = trans(0)[3][:, 1:]
+
+            def rcoef(k):
+                lam_next = trans(k + 1)[3] if k + 1 < K else lam_first_next
+                return lam_next.conj(), g_c[:, :, k]
+
+            delta_c = torch.empty_like(g_c)
+
+            def keep(k, d):
+                delta_c[:, :, k] = d
+
+            scan(rcoef, torch.zeros_like(g_c[:, 0, 0]), K, keep, reverse=True)
+
+            dx_c = torch.empty(B, n_chunks, K, D, dtype=sdt, device=x.device)
+            dm_c = torch.empty(B, n_chunks, K, dtype=sdt, device=x.device)
+            dphi_c = torch.empty_like(dm_c)
+            dnu = torch.zeros(n, dtype=sdt, device=x.device)
+            dpsi_sum = torch.zeros_like(dnu)
+            m_c = trans.m_c
+            h_prev = starts
+            for k in range(K):
+                w, rho, psi, lam, gamma = trans(k)
+                d = delta_c[:, :, k]
+                zk = z_c[:, :, k]
+                g_lam_conj = d.conj() * h_prev
+                dpsi = (g_lam_conj * lam * 1j).real
+                drho = (g_lam_conj * torch.polar(torch.ones_like(psi), psi)).real
+                dgamma = (d.conj() * zk).real
+                # w dL/dw = -w rho dL/drho + (w / gamma) rho^2 dL/dgamma; w / gamma stays finite as w -> 0.
+                w_dw = w * rho * (-drho) + (w / gamma) * (rho * rho) * dgamma
+                dnu += w_dw.sum(dim=(0, 1))
+                dpsi_sum += dpsi.sum(dim=(0, 1))
+                dm_c[:, :, k] = w_dw.sum(-1) / m_c[:, :, k]
+                dphi_c[:, :, k] = dpsi.sum(-1)
+                gd = gamma * d
+                dx_c[:, :, k, :n] = gd.real
+                dx_c[:, :, k, n:] = gd.imag
+                h_prev = torch.addcmul(gamma * zk, lam, h_prev)
+
+            dx = from_chunks(dx_c, L)
+            dm, dphi = from_chunks(dm_c, L), from_chunks(dphi_c, L)
+            d_initial = None
+            if ctx.has_initial and ctx.needs_input_grad[5]:
+                di = trans(0)[3][:, 0].conj() * delta_c[:, 0, 0]
+                d_initial = torch.cat([di.real, di.imag], dim=-1).to(ctx.initial_dtype)
+
+            # Controller (all [B, L, 2]-sized): c = A p, m = exp(k tanh(c0 / k)), phi = c1.
+            A = amplitudes.to(sdt)
+            u = directions.to(sdt)
+            r = torch.rsqrt((u * u).sum(dim=1, keepdim=True))
+            u_hat = u * r
+            c0 = p @ A[0]
+            dc = torch.stack([dm * m * (1.0 - torch.tanh(c0 / kappa) ** 2), dphi], dim=-1)
+            dA = torch.einsum("bli,blj->ij", dc, p)
+            dp = dc @ A
+            dx = dx + dp @ u_hat
+            # dL/du_j = r_j sum_t dp_{t,j} (x_t - p_{t,j} u_hat_j)
+            du = r * (torch.einsum("blj,bld->jd", dp, xs) - (dp * p).sum(dim=(0, 1))[:, None] * u_hat)
+            dtheta_log = torch.exp(theta_log_s) * dpsi_sum
+
+        return (dx.to(x.dtype), dnu.to(nu.dtype), dtheta_log.to(theta_log.dtype), du.to(directions.dtype),
+                dA.to(amplitudes.dtype), d_initial, None)
+
+
+def samu_mixer_torch(x, nu, theta_log, directions, amplitudes, initial_state=None, radial_bound=2.0):
+    """Chunked SAMU mixer: returns (y [B, L, D] in x.dtype, final state [B, D] fp32/float64)."""
+    return SAMUTorchFunction.apply(x.contiguous(), nu, theta_log, directions, amplitudes,
+                                   initial_state, float(radial_bound))
