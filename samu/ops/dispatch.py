@@ -30,6 +30,8 @@ class Variant:
     run: Callable = field(compare=False, repr=False)
     # preference(B, L, D) -> lower is better, or None where the variant does not apply
     preference: Callable[[int, int, int], "float | None"] = field(compare=False, repr=False)
+    # scratch(B, L, D) -> (formula, bytes): transient prefix/summary scratch of one forward+backward
+    scratch: Callable[[int, int, int], "tuple[str, int]"] = field(compare=False, repr=False)
     description: str = ""
 
 
