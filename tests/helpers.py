@@ -1,0 +1,96 @@
+"""Shared test inputs and error measures (SPEC §7 conventions)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative Frobenius error ||a - ref|| / ||ref||, computed in float64."""
+    a, ref = a.detach().double(), ref.detach().double()
+    return float((a - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def samu_params(D: int, seed: int = 0, amplitude: float = 0.5, device="cpu"):
+    """Random SAMU parameters: radii spanning (0.5, 0.9999), angles in (0, pi/10], non-zero amplitudes."""
+    g = torch.Generator().manual_seed(seed)
+    n = D // 2
+    r = 0.5 + (0.9999 - 0.5) * torch.rand(n, generator=g, dtype=torch.float64)
+    nu = torch.log(-torch.log(r)).float()
+    theta_log = torch.log(0.01 + 0.3 * torch.rand(n, generator=g)).float()
+    directions = torch.randn(2, D, generator=g)
+    amplitudes = amplitude * torch.randn(2, 2, generator=g)
+    return [t.to(device).requires_grad_() for t in (nu, theta_log, directions, amplitudes)]
+
+
+def rglru_params(D: int, H: int, seed: int = 0, device="cpu"):
+    """Random RG-LRU parameters: base decays spanning (0.5, 0.9999), gate weights N(0, 1/(D/H)), biases non-zero."""
+    g = torch.Generator().manual_seed(seed)
+    hd = D // H
+    w_a = torch.randn(H, hd, hd, generator=g) / hd ** 0.5
+    w_x = torch.randn(H, hd, hd, generator=g) / hd ** 0.5
+    b_a = 0.5 * torch.randn(D, generator=g)
+    b_x = 0.5 * torch.randn(D, generator=g)
+    a0 = 0.5 + (0.9999 - 0.5) * torch.rand(D, generator=g, dtype=torch.float64)
+    sp = -torch.log(a0)
+    a_param = (sp + torch.log(-torch.expm1(-sp))).float()
+    return [t.to(device).requires_grad_() for t in (w_a, b_a, w_x, b_x, a_param)]
+
+
+def randn(shape, seed: int, dtype=torch.float32, device="cpu", requires_grad=True):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g).to(device=device, dtype=dtype).requires_grad_(requires_grad)
+
+
+def grads(outputs, cotangents, inputs):
+    """Gradients of sum(<output, cotangent>) with respect to every input that requires grad."""
+    loss = sum((o.double() * c.double()).sum() for o, c in zip(outputs, cotangents))
+    wanted = [t for t in inputs if t is not None and t.requires_grad]
+    return torch.autograd.grad(loss, wanted)
+
+
+SAMU_PARAMS = ("nu", "theta_log", "directions", "amplitudes")
+RGLRU_PARAMS = ("w_a", "b_a", "w_x", "b_x", "a_param")
+
+
+def gate_check(op: str, run, x_dtype, B, L, D, H=4, seed=0, with_state=True, device="cpu"):
+    """Run ``run`` (same signature as samu.samu_mixer / samu.rglru_mixer) and the SPEC §7 gate.
+
+    Returns {quantity: (error, threshold)}; every quantity is compared with the float64 reference:
+    y, final_state, dx, d_initial_state and every parameter gradient.
+    """
+    from samu import reference
+
+    x = randn((B, L, D), seed, dtype=torch.float32, device=device).detach().to(x_dtype).requires_grad_()
+    params = samu_params(D, seed + 1, device=device) if op == "samu" else rglru_params(D, H, seed + 1, device=device)
+    h0 = randn((B, D), seed + 2, device=device) if with_state else None
+    ref_fn = reference.samu_mixer if op == "samu" else reference.rglru_mixer
+    names = ("y", "final_state", "dx") + (("d_initial_state",) if with_state else ()) + (
+        SAMU_PARAMS if op == "samu" else RGLRU_PARAMS)
+    inputs = [x] + ([h0] if with_state else []) + params
+    # cotangents in the output's dtype; the final state is fp32
+    gy = randn((B, L, D), seed + 3, device=device, requires_grad=False).to(x_dtype)
+    gh = randn((B, D), seed + 4, device=device, requires_grad=False)
+
+    def evaluate(fn, **kw):
+        y, h = fn(x, *params, initial_state=h0, output_final_state=True, **kw)
+        return [y, h, *grads([y, h], [gy, gh], inputs)]
+
+    exact = evaluate(ref_fn)
+    serial32 = evaluate(ref_fn, dtype=torch.float32)
+    fast = evaluate(run)
+    result = {}
+    for i, name in enumerate(names):
+        err = rel_err(fast[i], exact[i])
+        stored_low = x_dtype != torch.float32 and name in ("y", "dx")
+        if stored_low:
+            threshold = 1.1 * rel_err(exact[i].to(x_dtype), exact[i]) + 5e-6
+        else:
+            threshold = 2.0 * rel_err(serial32[i], exact[i]) + 1e-6
+        result[name] = (err, threshold)
+    return result
+
+
+def assert_gate(result):
+    failed = {k: v for k, v in result.items() if not v[0] <= v[1]}
+    assert not failed, "gate failed (error, threshold): " + ", ".join(f"{k}={v}" for k, v in failed.items())

@@ -1,0 +1,79 @@
+"""SAMUMixer / RGLRUMixer modules: parameter counts, inits, step decoding."""
+
+import math
+
+import pytest
+import torch
+
+import samu
+from tests.helpers import rel_err
+
+
+@pytest.mark.parametrize("D,samu_count,rglru_count", [(1024, 3076, 134144), (2048, 6148, 530432),
+                                                       (2560, 7684, 826880)])
+def test_parameter_counts(D, samu_count, rglru_count):
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert count(samu.SAMUMixer(D)) == samu_count == 3 * D + 4
+    assert count(samu.RGLRUMixer(D)) == rglru_count == 2 * D * D // 16 + 3 * D
+
+
+def test_samu_init_follows_spec():
+    torch.manual_seed(0)
+    m = samu.SAMUMixer(4096)
+    r = torch.exp(-torch.exp(m.nu.detach().double()))
+    assert 0.9 ** 2 <= float((r * r).min()) and float((r * r).max()) <= 0.999 ** 2 + 1e-9
+    theta = torch.exp(m.theta_log.detach().double())
+    assert 0 < float(theta.min()) and float(theta.max()) <= math.pi / 10 + 1e-7
+    assert torch.equal(m.amplitudes, torch.zeros(2, 2))
+    assert abs(float(m.directions.detach().std()) - 1.0) < 0.05
+    assert all(p.dtype == torch.float32 for p in m.parameters())
+
+
+def test_rglru_init_follows_spec():
+    torch.manual_seed(0)
+    m = samu.RGLRUMixer(1024, num_heads=16)
+    a0 = torch.exp(-torch.nn.functional.softplus(m.a_param.detach().double()))
+    assert 0.9 ** 2 - 1e-6 <= float((a0 * a0).min()) and float((a0 * a0).max()) <= 0.999 ** 2 + 1e-6
+    assert abs(float(m.w_a.detach().std()) - (1 / 64) ** 0.5) < 0.01
+    assert torch.equal(m.b_a, torch.zeros(1024)) and torch.equal(m.b_x, torch.zeros(1024))
+
+
+def _nonzero_amplitudes(m):
+    with torch.no_grad():
+        m.amplitudes.copy_(torch.tensor([[0.7, -0.3], [0.4, 0.9]]))
+    return m
+
+
+@pytest.mark.parametrize("make", [lambda: _nonzero_amplitudes(samu.SAMUMixer(10)),
+                                  lambda: samu.RGLRUMixer(12, num_heads=3)])
+def test_step_equals_forward_token_by_token(make):
+    torch.manual_seed(1)
+    m = make()
+    x = torch.randn(2, 23, m.width)
+    h0 = torch.randn(2, m.width)
+    y, h = m(x, initial_state=h0, output_final_state=True)
+    state = h0
+    for t in range(x.shape[1]):
+        y_t, state = m.step(x[:, t], state)
+        assert rel_err(y_t, y[:, t]) < 1e-6
+    assert rel_err(state, h) < 1e-6
+
+
+@pytest.mark.parametrize("bad,match", [(dict(width=7), "positive even"), (dict(width=8, r_min=0.99, r_max=0.9), "r_min"),
+                                       (dict(width=8, max_phase=4.0), "max_phase")])
+def test_samu_module_bad_arguments(bad, match):
+    with pytest.raises(ValueError, match=match):
+        samu.SAMUMixer(**bad)
+
+
+def test_rglru_module_bad_heads():
+    with pytest.raises(ValueError, match="num_heads must be a positive divisor"):
+        samu.RGLRUMixer(10, num_heads=4)
+
+
+def test_step_rejects_bad_shapes():
+    m = samu.SAMUMixer(6)
+    with pytest.raises(ValueError, match=r"x_t must have shape \[B, 6\]"):
+        m.step(torch.zeros(2, 1, 6))
+    with pytest.raises(ValueError, match=r"state must have shape \[2, 6\]"):
+        m.step(torch.zeros(2, 6), torch.zeros(3, 6))
