@@ -1,0 +1,115 @@
+"""Griffin's RecurrentBlock and the residual layer a language model stacks (SPEC §9)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from samu.modules.layers import (Conv1D, GatedMLP, RMSNorm, check_sequence, check_tensor,
+                                 check_token, lecun_normal_, positive_int)
+from samu.modules.mixers import RGLRUMixer, SAMUMixer
+
+MIXERS = ("samu", "rglru")
+
+
+class BlockState(NamedTuple):
+    """Recurrent state of one RecurrentBlock: O(1) in the sequence length."""
+
+    conv: torch.Tensor   # [B, conv_width - 1, lru_width], the last inputs of the Conv1D
+    mixer: torch.Tensor  # [B, lru_width] fp32, the mixer state (fused coordinates for SAMU)
+
+
+class RecurrentBlock(nn.Module):
+    """Griffin's temporal block around a SAMU or RG-LRU mixer.
+
+    y = GeLU(u W_y + b_y); x = mixer(Conv1D(u W_x + b_x)); out = (x * y) W_out + b_out.
+
+    forward(u [B, L, width], state: BlockState | None, return_state) -> (out [B, L, width], BlockState | None)
+    step(u_t [B, width], state: BlockState | None) -> (out_t [B, width], BlockState)
+    """
+
+    def __init__(self, width: int, mixer: str = "samu", lru_width: int | None = None,
+                 num_heads: int = 16, conv_width: int = 4, *, backend: str = "auto", device=None,
+                 dtype=None):
+        super().__init__()
+        self.width = positive_int("width", width)
+        self.lru_width = positive_int("lru_width", width if lru_width is None else lru_width)
+        if mixer not in MIXERS:
+            raise ValueError(f"mixer must be one of {', '.join(map(repr, MIXERS))}, got {mixer!r}")
+        if mixer == "samu" and self.lru_width % 2:
+            raise ValueError(f"lru_width must be even for mixer='samu' (complex modes), got {self.lru_width}")
+        if mixer == "rglru" and self.lru_width % positive_int("num_heads", num_heads):
+            raise ValueError(f"num_heads must divide lru_width={self.lru_width}, got {num_heads}")
+        self.mixer_name = mixer
+        kw = dict(device=device, dtype=dtype)
+        self.linear_y = nn.Linear(width, self.lru_width, **kw)
+        self.linear_x = nn.Linear(width, self.lru_width, **kw)
+        self.conv1d = Conv1D(self.lru_width, conv_width, **kw)
+        if mixer == "samu":
+            self.mixer = SAMUMixer(self.lru_width, backend=backend, device=device)
+        else:
+            self.mixer = RGLRUMixer(self.lru_width, num_heads, backend=backend, device=device)
+        self.linear_out = nn.Linear(self.lru_width, width, **kw)
+        for linear in (self.linear_y, self.linear_x, self.linear_out):
+            lecun_normal_(linear)
+
+    def _unpack(self, state, batch: int):
+        if state is None:
+            return None, None
+        if not isinstance(state, tuple) or len(state) != 2:
+            raise TypeError(f"state must be a BlockState (conv, mixer) or None, got {type(state).__name__}")
+        conv, mixer = state
+        check_tensor("state.conv", conv, (batch, self.conv1d.kernel_size - 1, self.lru_width))
+        check_tensor("state.mixer", mixer, (batch, self.lru_width))
+        return conv, mixer
+
+    def forward(self, u, state=None, return_state=False):
+        check_sequence("u", u, self.width)
+        conv_state, mixer_state = self._unpack(state, u.shape[0])
+        y = F.gelu(self.linear_y(u), approximate="tanh")
+        x, conv_state = self.conv1d(self.linear_x(u), conv_state, return_state)
+        x, mixer_state = self.mixer(x, mixer_state, return_state)
+        out = self.linear_out(x * y)
+        return out, (BlockState(conv_state, mixer_state) if return_state else None)
+
+    def step(self, u_t, state=None):
+        check_token("u_t", u_t, self.width)
+        conv_state, mixer_state = self._unpack(state, u_t.shape[0])
+        y = F.gelu(self.linear_y(u_t), approximate="tanh")
+        x, conv_state = self.conv1d.step(self.linear_x(u_t), conv_state)
+        x, mixer_state = self.mixer.step(x, mixer_state)
+        return self.linear_out(x * y), BlockState(conv_state, mixer_state)
+
+    def extra_repr(self):
+        return f"width={self.width}, lru_width={self.lru_width}, mixer={self.mixer_name!r}"
+
+
+class ResidualLayer(nn.Module):
+    """x + RecurrentBlock(RMSNorm(x)), then + GatedMLP(RMSNorm(.)): one layer of the language model.
+
+    forward(x [B, L, width], state: BlockState | None, return_state) -> (x [B, L, width], BlockState | None)
+    step(x_t [B, width], state: BlockState | None) -> (x_t [B, width], BlockState)
+    """
+
+    def __init__(self, width: int, mixer: str = "samu", lru_width: int | None = None,
+                 num_heads: int = 16, conv_width: int = 4, mlp_expansion: int = 3,
+                 norm_eps: float = 1e-6, *, backend: str = "auto", device=None, dtype=None):
+        super().__init__()
+        kw = dict(device=device, dtype=dtype)
+        self.temporal_norm = RMSNorm(width, norm_eps, **kw)
+        self.block = RecurrentBlock(width, mixer, lru_width, num_heads, conv_width, backend=backend, **kw)
+        self.mlp_norm = RMSNorm(width, norm_eps, **kw)
+        self.mlp = GatedMLP(width, mlp_expansion, **kw)
+
+    def forward(self, x, state=None, return_state=False):
+        h, state = self.block(self.temporal_norm(x), state, return_state)
+        x = x + h
+        return x + self.mlp(self.mlp_norm(x)), state
+
+    def step(self, x_t, state=None):
+        h, state = self.block.step(self.temporal_norm(x_t), state)
+        x_t = x_t + h
+        return x_t + self.mlp(self.mlp_norm(x_t)), state

@@ -1,0 +1,151 @@
+"""The layers around the mixers: causal depthwise Conv1D, RMSNorm and the GeGLU gated MLP."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def positive_int(name: str, value) -> int:
+    """``value`` if it is a positive int, else a ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def check_tensor(name: str, t, shape, dtype=None) -> torch.Tensor:
+    """``t`` if it is a tensor of ``shape`` (and ``dtype``), else a clear error naming ``name``."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
+    return t
+
+
+def check_sequence(name: str, x, width: int) -> None:
+    """A [B, L, width] floating-point activation."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 3 or x.shape[-1] != width or x.shape[0] < 1 or x.shape[1] < 1:
+        raise ValueError(f"{name} must have shape [B, L, {width}] with B, L >= 1, got {list(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+
+
+def check_token(name: str, x_t, width: int) -> None:
+    """A [B, width] activation: one token per batch row, for step()."""
+    if not isinstance(x_t, torch.Tensor) or x_t.dim() != 2 or x_t.shape[1] != width:
+        shape = list(x_t.shape) if isinstance(x_t, torch.Tensor) else type(x_t).__name__
+        raise ValueError(f"{name} must have shape [B, {width}], got {shape}")
+
+
+def lecun_normal_(linear: nn.Linear) -> nn.Linear:
+    # Unit-variance outputs for unit-variance inputs, whatever the width.
+    nn.init.normal_(linear.weight, std=linear.in_features ** -0.5)
+    if linear.bias is not None:
+        nn.init.zeros_(linear.bias)
+    return linear
+
+
+class Conv1D(nn.Module):
+    """Causal depthwise convolution over time with a bias (Griffin's temporal Conv1D).
+
+    y_t = bias + sum_i weight[i] * x_{t - (K-1) + i}, so ``weight[-1]`` multiplies the current token.
+    The state is the last K-1 inputs, [B, K-1, D], in the input dtype (zeros before the sequence).
+
+    forward(x [B, L, D], state [B, K-1, D] | None, return_state) -> (y [B, L, D], state | None)
+    step(x_t [B, D], state [B, K-1, D] | None) -> (y_t [B, D], new_state [B, K-1, D])
+    """
+
+    def __init__(self, width: int, kernel_size: int = 4, *, device=None, dtype=None):
+        super().__init__()
+        self.width = positive_int("width", width)
+        self.kernel_size = positive_int("kernel_size", kernel_size)
+        self.weight = nn.Parameter(torch.empty(kernel_size, width, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(width, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        nn.init.normal_(self.weight, std=self.kernel_size ** -0.5)
+        nn.init.zeros_(self.bias)
+
+    def empty_state(self, batch: int, device=None, dtype=torch.float32) -> torch.Tensor:
+        return torch.zeros(batch, self.kernel_size - 1, self.width, device=device, dtype=dtype)
+
+    def forward(self, x, state=None, return_state=False):
+        check_sequence("x", x, self.width)
+        B, L, _ = x.shape
+        if state is None:
+            state = self.empty_state(B, x.device, x.dtype)
+        check_tensor("state", state, (B, self.kernel_size - 1, self.width))
+        window = torch.cat([state.to(x.dtype), x], dim=1)
+        weight, bias = self.weight.to(x.dtype), self.bias.to(x.dtype)
+        # The same sum, in the same order, for a full sequence and for one step: decoding is bitwise.
+        y = bias + window[:, :L] * weight[0]
+        for i in range(1, self.kernel_size):
+            y = torch.addcmul(y, window[:, i:i + L], weight[i])
+        new_state = window[:, window.shape[1] - (self.kernel_size - 1):] if return_state else None
+        return y, new_state
+
+    def step(self, x_t, state=None):
+        check_token("x_t", x_t, self.width)
+        y, new_state = self(x_t.unsqueeze(1), state, return_state=True)
+        return y[:, 0], new_state
+
+    def extra_repr(self):
+        return f"width={self.width}, kernel_size={self.kernel_size}"
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 and returned in x's dtype."""
+
+    def __init__(self, width: int, eps: float = 1e-6, *, device=None, dtype=None):
+        super().__init__()
+        self.width = positive_int("width", width)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+            raise ValueError(f"eps must be a positive number, got {eps!r}")
+        self.eps = float(eps)
+        self.weight = nn.Parameter(torch.ones(width, device=device, dtype=dtype))
+
+    def reset_parameters(self):
+        nn.init.ones_(self.weight)
+
+    def forward(self, x):
+        if not isinstance(x, torch.Tensor) or x.shape[-1:] != (self.width,):
+            shape = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"x must have shape [..., {self.width}], got {shape}")
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()
+        return y.to(x.dtype)
+
+    def extra_repr(self):
+        return f"width={self.width}, eps={self.eps}"
+
+
+class GatedMLP(nn.Module):
+    """GeGLU feed-forward: (GeLU(x W_gate + b) * (x W_up + b)) W_down + b, hidden = expansion * width."""
+
+    def __init__(self, width: int, expansion: int = 3, *, device=None, dtype=None):
+        super().__init__()
+        self.width = positive_int("width", width)
+        self.expansion = positive_int("expansion", expansion)
+        hidden = expansion * width
+        kw = dict(device=device, dtype=dtype)
+        self.gate_up = nn.Linear(width, 2 * hidden, **kw)
+        self.down = nn.Linear(hidden, width, **kw)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        lecun_normal_(self.gate_up)
+        lecun_normal_(self.down)
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.gelu(gate, approximate="tanh") * up)
+
+    def extra_repr(self):
+        return f"width={self.width}, expansion={self.expansion}"
