@@ -1,1 +1,150 @@
-"""SAMU Triton variants: autograd, torch.library registration and dispatch entries."""
+"""SAMU Triton variants: torch.library custom ops, autograd, and their dispatch entries.
+
+The forward and backward are registered as ``samu::samu_fwd`` / ``samu::samu_bwd`` with fake
+implementations, so torch.compile traces a model through the mixer without a graph break and
+CUDA graphs can capture it (no host synchronisation inside).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+
+from samu.ops import dispatch
+from samu.ops.samu.triton_bwd import bwd
+from samu.ops.samu.triton_fwd import fwd
+
+_empty = torch.empty
+
+
+def set_allocator(empty) -> None:
+    """Allocate kernel outputs with ``empty`` (tests pass one that fills NaN)."""
+    global _empty
+    _empty = empty
+
+
+@torch.library.custom_op("samu::samu_fwd", mutates_args=())
+def samu_fwd(x: torch.Tensor, nu: torch.Tensor, theta_log: torch.Tensor, directions: torch.Tensor,
+             amplitudes: torch.Tensor, initial_state: Optional[torch.Tensor], radial_bound: float,
+             K: int, BN: int, G: int, num_warps: int
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound,
+               K=K, BN=BN, G=G, num_warps=num_warps, empty=_empty)
+
+
+@samu_fwd.register_fake
+def _(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, K, BN, G, num_warps):
+    B, L, D = x.shape
+    f32 = dict(device=x.device, dtype=torch.float32)
+    return (x.new_empty(B, L, D), x.new_empty(B, D, **f32), x.new_empty(B, 4, L, **f32),
+            x.new_empty(2, **f32), x.new_empty(B, triton.cdiv(L, K), D, **f32))
+
+
+@torch.library.custom_op("samu::samu_bwd", mutates_args=())
+def samu_bwd(dy: torch.Tensor, dfinal: Optional[torch.Tensor], x: torch.Tensor, nu: torch.Tensor,
+             theta_log: torch.Tensor, directions: torch.Tensor, amplitudes: torch.Tensor, has_h0: bool,
+             ctl: torch.Tensor, rnorm: torch.Tensor, bound: torch.Tensor, radial_bound: float,
+             K: int, BN: int, G: int, num_warps: int
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dx, dnu, dtheta, ddir, damp, dh0 = bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl,
+                                           rnorm, bound, radial_bound, K=K, BN=BN, G=G, num_warps=num_warps,
+                                           empty=_empty)
+    # custom ops return fresh tensors: views of one buffer are copied out
+    dh0 = dh0 if has_h0 else x.new_empty(0, dtype=torch.float32)
+    return dx, dnu.clone(), dtheta.clone(), ddir.clone(), damp.clone(), dh0
+
+
+@samu_bwd.register_fake
+def _(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound,
+      K, BN, G, num_warps):
+    B, L, D = x.shape
+    f32 = dict(device=x.device, dtype=torch.float32)
+    return (x.new_empty(B, L, D), x.new_empty(D // 2, **f32), x.new_empty(D // 2, **f32),
+            x.new_empty(2, D, **f32), x.new_empty(2, 2, **f32),
+            x.new_empty(B, D, **f32) if has_h0 else x.new_empty(0, **f32))
+
+
+def _setup_context(ctx, inputs, output):
+    x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, K, BN, G, num_warps = inputs
+    _, _, ctl, rnorm, bound = output
+    ctx.save_for_backward(x, nu, theta_log, directions, amplitudes, ctl, rnorm, bound)
+    ctx.config = (radial_bound, K, BN, G, num_warps)
+    ctx.has_h0 = initial_state is not None
+    ctx.mark_non_differentiable(ctl, rnorm, bound)
+
+
+def _backward(ctx, dy, dfinal, _dctl, _drnorm, _dbound):
+    x, nu, theta_log, directions, amplitudes, ctl, rnorm, bound = ctx.saved_tensors
+    radial_bound, K, BN, G, num_warps = ctx.config
+    dy = torch.zeros_like(x) if dy is None else dy.contiguous()
+    dfinal = None if dfinal is None else dfinal.float().contiguous()
+    dx, dnu, dtheta, ddir, damp, dh0 = samu_bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, ctx.has_h0,
+                                                ctl, rnorm, bound, radial_bound, K, BN, G, num_warps)
+    return dx, dnu, dtheta, ddir, damp, (dh0 if ctx.has_h0 else None), None, None, None, None, None
+
+
+samu_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Tile sizes of one launch: chunk K, mode tile BN, chunks per group G (1: serial prefix)."""
+
+    K: int
+    BN: int
+    G: int
+    num_warps: int = 4
+
+
+def run(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, config: Config):
+    """Differentiable SAMU forward with one Triton configuration: (y, final_state fp32)."""
+    params = [p.float().contiguous() for p in (nu, theta_log, directions, amplitudes)]
+    h0 = None if initial_state is None else initial_state.float().contiguous()
+    y, final, *_ = samu_fwd(x.contiguous(), *params, h0, float(radial_bound),
+                            config.K, config.BN, config.G, config.num_warps)
+    return y, final
+
+
+def _tiles(D: int) -> int:
+    return min(32, triton.next_power_of_2(max(D // 2, 1)))
+
+
+def serial_config(B: int, L: int, D: int) -> Config:
+    return Config(K=32, BN=_tiles(D), G=1)
+
+
+def grouped_config(B: int, L: int, D: int) -> Config:
+    n_chunks = triton.cdiv(L, 32)
+    # about sqrt(nC) chunks per group balances the group-local and outer serial walks
+    return Config(K=32, BN=_tiles(D), G=max(2, triton.next_power_of_2(int(n_chunks ** 0.5))))
+
+
+def _scratch(config_of):
+    def scratch(B, L, D):
+        c = config_of(B, L, D)
+        n_chunks, n_tiles = triton.cdiv(L, c.K), triton.cdiv(D // 2, c.BN)
+        n_groups = triton.cdiv(n_chunks, c.G)
+        ck = 2 * n_chunks if c.G > 1 else 0
+        # fwd: ck + grp + start + bound; bwd: rck + rgrp + right + part + rows (+ ctl, dp: per token)
+        words = B * D * (2 * ck + 2 * (2 * n_groups + n_groups) + n_chunks + 3 * n_chunks) \
+            + B * L * (4 + 2 * n_tiles + 2)
+        formula = (f"4*B*D*({'4*ceil(L/K)' if c.G > 1 else '0'} + 6*ceil(L/(K*G)) + 4*ceil(L/K))"
+                   f" + 4*B*L*(6 + 2*ceil(D/(2*BN))) with K={c.K}, BN={c.BN}, G={c.G}")
+        return formula, 4 * words
+    return scratch
+
+
+def _variant(name, config_of, preference, description):
+    return dispatch.register(dispatch.Variant(
+        op="samu", name=name,
+        run=lambda x, nu, th, u, a, h0, kappa: run(x, nu, th, u, a, h0, kappa, config_of(*x.shape)),
+        preference=preference, scratch=_scratch(config_of), description=description))
+
+
+_variant("triton_serial", serial_config, lambda B, L, D: 0.0 if triton.cdiv(L, 32) <= 64 else 2.0,
+         "chunks of 32 tokens, serial prefix over all chunks")
+_variant("triton_grouped", grouped_config, lambda B, L, D: 1.0,
+         "chunks of 32 tokens in groups of ~sqrt(#chunks): group-local prefix, outer prefix, correction in replay")

@@ -1,0 +1,126 @@
+"""SAMU Triton kernels against the float64 reference (the Triton interpreter on CPU, CUDA with -m gpu)."""
+
+import pytest
+import torch
+
+import samu
+from samu.ops import dispatch
+from tests.helpers import assert_gate, gate_check, randn, rel_err, samu_params
+
+pytestmark = pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _nan_empty(*shape, **kw):
+    return torch.full(shape, float("nan"), **kw)
+
+
+@pytest.fixture(autouse=True)
+def poison_outputs():
+    """Every kernel output starts as NaN, so an element a kernel forgets to write fails the checks."""
+    from samu.ops.samu import function
+
+    function.set_allocator(_nan_empty)
+    yield
+    function.set_allocator(torch.empty)
+
+
+def _with_config(config):
+    from samu.ops.samu.function import run
+
+    def mixer(x, nu, theta_log, directions, amplitudes, *, initial_state=None, output_final_state=False,
+              radial_bound=2.0):
+        return run(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, config)
+
+    return mixer
+
+
+def _config(K, BN, G):
+    from samu.ops.samu.function import Config
+
+    return Config(K=K, BN=BN, G=G)
+
+
+# (B, L, D, K, BN, G): L not a multiple of K, L = 1, a ragged last group, N not a multiple of BN
+SHAPES = [(2, 37, 10, 8, 4, 1), (2, 37, 10, 8, 4, 2), (1, 1, 6, 8, 4, 3), (3, 64, 12, 16, 4, 2),
+          (1, 100, 8, 8, 2, 4)]
+
+
+@pytest.mark.parametrize("B,L,D,K,BN,G", SHAPES)
+def test_fp32_matches_reference(B, L, D, K, BN, G):
+    assert_gate(gate_check("samu", _with_config(_config(K, BN, G)), torch.float32, B, L, D, seed=L + G,
+                           device=DEVICE))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_matches_reference(dtype):
+    assert_gate(gate_check("samu", _with_config(_config(8, 4, 2)), dtype, 2, 45, 10, seed=7, device=DEVICE))
+
+
+def test_without_initial_state():
+    assert_gate(gate_check("samu", _with_config(_config(8, 4, 2)), torch.float32, 2, 29, 8, seed=8,
+                           with_state=False, device=DEVICE))
+
+
+@pytest.mark.parametrize("variant", ["triton_serial", "triton_grouped"])
+def test_named_variants_through_public_api(variant):
+    def mixer(*args, **kw):
+        return samu.samu_mixer(*args, backend=variant, **kw)
+
+    assert_gate(gate_check("samu", mixer, torch.float32, 2, 70, 10, seed=9, device=DEVICE))
+
+
+def test_deterministic_bits():
+    B, L, D = 2, 41, 10
+    x = randn((B, L, D), 1, device=DEVICE)
+    params = samu_params(D, 2, device=DEVICE)
+    h0 = randn((B, D), 3, device=DEVICE)
+    mixer = _with_config(_config(8, 4, 2))
+    runs = []
+    for _ in range(2):
+        y, h = mixer(x, *params, initial_state=h0, output_final_state=True)
+        grads = torch.autograd.grad((y * y).sum() + h.sum(), [x, h0, *params])
+        runs.append([y, h, *grads])
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+def test_rtu_degeneration():
+    """Zero amplitudes: the kernels compute the time-invariant RTU to fp32 rounding."""
+    B, L, D = 2, 40, 12
+    n = D // 2
+    x = randn((B, L, D), 4, requires_grad=False, device=DEVICE)
+    nu, theta_log, directions, _ = [p.detach() for p in samu_params(D, 5, device=DEVICE)]
+    y, _ = _with_config(_config(8, 4, 2))(x, nu, theta_log, directions, torch.zeros(2, 2, device=DEVICE))
+    r = torch.exp(-torch.exp(nu.double()))
+    lam = torch.polar(r, torch.exp(theta_log.double()))
+    gamma = torch.sqrt(1 - r * r)
+    h = torch.zeros(B, n, dtype=torch.complex128, device=DEVICE)
+    ys = []
+    for t in range(L):
+        h = lam * h + gamma * torch.complex(x[:, t, :n].double(), x[:, t, n:].double())
+        ys.append(torch.cat([h.real, h.imag], -1))
+    assert rel_err(y, torch.stack(ys, 1)) < 1e-6
+
+
+def test_matches_torch_path_with_split_sequence():
+    B, L, D, cut = 2, 50, 8, 19
+    x = randn((B, L, D), 6, requires_grad=False, device=DEVICE)
+    params = [p.detach() for p in samu_params(D, 7, device=DEVICE)]
+    mixer = _with_config(_config(8, 4, 2))
+    y, h = mixer(x, *params, output_final_state=True)
+    y1, h1 = mixer(x[:, :cut], *params, output_final_state=True)
+    y2, h2 = mixer(x[:, cut:], *params, initial_state=h1, output_final_state=True)
+    assert rel_err(torch.cat([y1, y2], 1), y) < 1e-6 and rel_err(h2, h) < 1e-6
+
+
+def test_custom_ops_pass_opcheck():
+    from samu.ops.samu.function import samu_fwd
+
+    B, L, D = 1, 9, 8
+    x = randn((B, L, D), 8, device=DEVICE)
+    nu, theta_log, directions, amplitudes = samu_params(D, 9, device=DEVICE)
+    h0 = randn((B, D), 10, device=DEVICE)
+    torch.library.opcheck(samu_fwd, (x, nu, theta_log, directions, amplitudes, h0, 2.0, 8, 4, 2, 4),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
