@@ -1,0 +1,188 @@
+"""Token data for training: the embedded stdlib corpus, the user's text, pre-tokenized files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import sys
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+# Every 100th file of the sorted stdlib listing is validation text: a fixed 99/1 split by file.
+VAL_EVERY = 100
+
+
+@dataclass(frozen=True)
+class TokenData:
+    """A train and a validation token stream (1-D integer arrays, memory-mapped where possible).
+
+    ``bytes_per_token`` is 1.0 for byte-level text (so bits per byte can be reported), else None.
+    """
+
+    name: str
+    train: np.ndarray
+    val: np.ndarray
+    vocab_size: int
+    bytes_per_token: float | None = None
+
+    def check(self, seq_len: int) -> None:
+        """Both splits must hold at least one window of ``seq_len`` + 1 tokens."""
+        for split in ("train", "val"):
+            n = len(getattr(self, split))
+            if n < seq_len + 1:
+                raise ValueError(f"{self.name}: the {split} split has {n} tokens; seq_len={seq_len} "
+                                 f"needs at least {seq_len + 1} (use a shorter --seq-len or more data)")
+
+    def windows(self, split: str, starts, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and next-token targets, [len(starts), seq_len] int64 each, from window ``starts``."""
+        tokens = self.train if split == "train" else self.val
+        rows = np.stack([np.asarray(tokens[s:s + seq_len + 1], dtype=np.int64) for s in starts])
+        rows = torch.from_numpy(rows)
+        return rows[:, :-1], rows[:, 1:]
+
+    def sample(self, batch_size: int, seq_len: int, rng: np.random.Generator):
+        """A batch of random training windows drawn with ``rng``."""
+        starts = rng.integers(0, len(self.train) - seq_len, size=batch_size)
+        return self.windows("train", starts, seq_len)
+
+    def val_starts(self, seq_len: int, count: int) -> np.ndarray:
+        """``count`` fixed window starts spread evenly over the validation split."""
+        return np.linspace(0, len(self.val) - seq_len - 1, count).round().astype(np.int64)
+
+
+def cache_dir() -> Path:
+    """$SAMU_CACHE, else $XDG_CACHE_HOME/samu, else ~/.cache/samu."""
+    if os.environ.get("SAMU_CACHE"):
+        return Path(os.environ["SAMU_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "samu"
+
+
+def stdlib_files(root: str | Path | None = None) -> list[Path]:
+    """The standard library's .py files, sorted by path relative to ``root``; no site-packages."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__")]
+        files += [Path(dirpath) / f for f in filenames if f.endswith(".py")]
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def _build_stdlib(root: Path, out: Path) -> dict:
+    files = stdlib_files(root)
+    if not files:
+        raise FileNotFoundError(f"no .py files found under the standard library folder {root}")
+    sizes = {"train": 0, "val": 0}
+    counts = {"train": 0, "val": 0}
+    with open(out / "train.bin", "wb") as train, open(out / "val.bin", "wb") as val:
+        for i, f in enumerate(files):
+            split = "val" if i % VAL_EVERY == VAL_EVERY - 1 else "train"
+            data = f.read_bytes()
+            (val if split == "val" else train).write(data)
+            sizes[split] += len(data)
+            counts[split] += 1
+    meta = {"python": sys.version, "stdlib": str(root), "files": counts, "bytes": sizes}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    return meta
+
+
+def stdlib_corpus(cache: str | Path | None = None) -> TokenData:
+    """Byte-level text of this interpreter's standard library (.py files), built once and cached.
+
+    Files are taken in sorted path order; every 100th is validation text. The cache is keyed by the
+    Python implementation, version and standard library location.
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    key = hashlib.sha256(str(root).encode()).hexdigest()[:8]
+    version = ".".join(map(str, sys.version_info[:3]))
+    folder = Path(cache or cache_dir()) / f"stdlib-{platform.python_implementation().lower()}{version}-{key}"
+    if not (folder / "meta.json").is_file():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".stdlib-", dir=folder.parent))
+        try:
+            _build_stdlib(root, tmp)
+            if (folder / "meta.json").is_file():
+                shutil.rmtree(tmp)
+            else:
+                shutil.rmtree(folder, ignore_errors=True)
+                os.rename(tmp, folder)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    train, val = (np.memmap(folder / f"{s}.bin", dtype=np.uint8, mode="r") for s in ("train", "val"))
+    return TokenData(f"python {version} stdlib", train, val, vocab_size=256, bytes_per_token=1.0)
+
+
+def _tail_split(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must lie in (0, 1), got {val_fraction!r}")
+    cut = len(tokens) - max(1, int(len(tokens) * val_fraction))
+    return tokens[:cut], tokens[cut:]
+
+
+def _existing(path) -> Path:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"data path not found: {path}")
+    return path
+
+
+def text_corpus(path, val_fraction: float = 0.01) -> TokenData:
+    """Byte-level text from a file, or from every non-hidden file under a folder (sorted paths).
+
+    The last ``val_fraction`` of the bytes is validation text.
+    """
+    path = _existing(path)
+    if path.is_file():
+        tokens = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
+    else:
+        files = sorted(p for p in path.rglob("*") if p.is_file()
+                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        if not files:
+            raise ValueError(f"data folder {path} holds no files")
+        tokens = np.frombuffer(b"".join(f.read_bytes() for f in files), dtype=np.uint8)
+    train, val = _tail_split(tokens, val_fraction)
+    return TokenData(str(path), train, val, vocab_size=256, bytes_per_token=1.0)
+
+
+def token_file(path, dtype: str = "uint16", val_fraction: float = 0.01) -> TokenData:
+    """Pre-tokenized data: a flat binary file of ``uint16`` or ``uint32`` token ids (native byte order).
+
+    The vocabulary size is taken as the largest token + 1; the last ``val_fraction`` is validation.
+    """
+    if dtype not in TOKEN_DTYPES:
+        raise ValueError(f"token dtype must be one of {', '.join(TOKEN_DTYPES)}, got {dtype!r}")
+    path = _existing(path)
+    if not path.is_file():
+        raise ValueError(f"token file {path} is not a file")
+    itemsize = np.dtype(TOKEN_DTYPES[dtype]).itemsize
+    size = path.stat().st_size
+    if size == 0 or size % itemsize:
+        raise ValueError(f"token file {path} has {size} bytes, not a positive multiple of {itemsize} ({dtype})")
+    tokens = np.memmap(path, dtype=TOKEN_DTYPES[dtype], mode="r")
+    train, val = _tail_split(tokens, val_fraction)
+    return TokenData(str(path), train, val, vocab_size=int(tokens.max()) + 1)
+
+
+DATA_FORMATS = ("text",) + tuple(TOKEN_DTYPES)
+
+
+def load_data(source: str = "stdlib", data_format: str = "text") -> TokenData:
+    """``source``: "stdlib" (the embedded corpus) or a path; ``data_format``: "text", "uint16" or "uint32"."""
+    if data_format not in DATA_FORMATS:
+        raise ValueError(f"data format must be one of {', '.join(DATA_FORMATS)}, got {data_format!r}")
+    if source == "stdlib":
+        if data_format != "text":
+            raise ValueError("the embedded stdlib corpus is byte-level text (data format 'text')")
+        return stdlib_corpus()
+    if data_format == "text":
+        return text_corpus(source)
+    return token_file(source, data_format)

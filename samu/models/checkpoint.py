@@ -1,0 +1,93 @@
+"""Checkpoints: one file holding the model state dict, its config as JSON and, for resuming
+training, the optimizer, scheduler and step. Written atomically; loaded with ``weights_only``."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from samu.models.config import LMConfig
+from samu.models.model import LanguageModel
+
+FORMAT = "samu-lm"
+VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A file that is not a readable samu checkpoint, or one that does not match what it claims."""
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The LanguageModel inside a DistributedDataParallel or torch.compile wrapper."""
+    while True:
+        inner = getattr(model, "module", getattr(model, "_orig_mod", None))
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+
+
+def atomic_write(path, write) -> None:
+    """Call ``write(tmp_path)``, then move the result onto ``path``: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_checkpoint(path, model: nn.Module, train_state: dict | None = None) -> None:
+    """Write ``model`` (a LanguageModel, possibly wrapped) and optional training state to ``path``."""
+    model = unwrap(model)
+    if not isinstance(model, LanguageModel):
+        raise TypeError(f"model must be a LanguageModel, got {type(model).__name__}")
+    payload = {"format": FORMAT, "version": VERSION, "config": json.dumps(model.config.to_dict()),
+               "model": model.state_dict()}
+    if train_state is not None:
+        payload["train"] = train_state
+    atomic_write(path, lambda tmp: torch.save(payload, tmp))
+
+
+def load_checkpoint(path, map_location="cpu") -> dict:
+    """The validated contents of a checkpoint: keys format, version, config (LMConfig), model, train?"""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"{path} is not a readable checkpoint (corrupt, truncated or not written "
+                              f"by samu; {type(e).__name__})") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a samu language-model checkpoint")
+    if payload.get("version") != VERSION:
+        raise CheckpointError(f"{path} has checkpoint version {payload.get('version')!r}; "
+                              f"this samu reads version {VERSION}")
+    try:
+        payload["config"] = LMConfig.from_dict(json.loads(payload["config"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{path} has an invalid model config: {e}") from None
+    if not isinstance(payload.get("model"), dict):
+        raise CheckpointError(f"{path} has no model state dict")
+    return payload
+
+
+def load_model(path, *, device=None, backend: str = "auto", payload: dict | None = None) -> LanguageModel:
+    """A LanguageModel built from a checkpoint's config, with its weights."""
+    payload = load_checkpoint(path) if payload is None else payload
+    model = LanguageModel(payload["config"], backend=backend, device=device)
+    try:
+        model.load_state_dict(payload["model"])
+    except RuntimeError as e:
+        first = " ".join(str(e).split())[:300]
+        raise CheckpointError(f"{path}: weights do not match the checkpoint's config ({first})") from None
+    return model

@@ -1,0 +1,91 @@
+"""LanguageModel: token embedding, a stack of residual layers, final RMSNorm, tied output head."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from samu.models.config import LMConfig
+from samu.modules.block import ResidualLayer
+from samu.modules.layers import RMSNorm
+
+
+class LanguageModel(nn.Module):
+    """A Griffin-style recurrent language model whose temporal mixer is SAMU or RG-LRU.
+
+    forward(tokens [B, L] int64, state: list[BlockState] | None, return_state)
+        -> (logits [B, L, vocab_size], list[BlockState] | None)
+    step(token [B] int64, state: list[BlockState] | None) -> (logits [B, vocab_size], list[BlockState])
+
+    The state holds one BlockState per layer (conv window + mixer state), independent of L.
+    """
+
+    def __init__(self, config: LMConfig, *, backend: str = "auto", device=None, dtype=None):
+        super().__init__()
+        if not isinstance(config, LMConfig):
+            raise TypeError(f"config must be an LMConfig, got {type(config).__name__}")
+        self.config = config
+        kw = dict(device=device, dtype=dtype)
+        self.embed = nn.Embedding(config.vocab_size, config.width, **kw)
+        self.layers = nn.ModuleList(
+            ResidualLayer(config.width, config.mixer, config.lru_width, config.num_heads,
+                          config.conv_width, config.mlp_expansion, config.norm_eps, backend=backend, **kw)
+            for _ in range(config.num_layers))
+        self.final_norm = RMSNorm(config.width, config.norm_eps, **kw)
+        self._init_weights()
+
+    @torch.no_grad()
+    def _init_weights(self):
+        # Unit-norm embedding rows: with the sqrt(width) input scale the residual stream starts at unit RMS.
+        nn.init.normal_(self.embed.weight, std=self.config.width ** -0.5)
+        # Each of the 2 * num_layers residual branches adds variance 1 / (2 * num_layers) at init.
+        scale = (2 * self.config.num_layers) ** -0.5
+        for layer in self.layers:
+            layer.block.linear_out.weight.mul_(scale)
+            layer.mlp.down.weight.mul_(scale)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def _check_state(self, state):
+        if state is not None and (not isinstance(state, (list, tuple)) or len(state) != len(self.layers)):
+            raise ValueError(f"state must be a list of {len(self.layers)} BlockStates (one per layer) or None")
+        return [None] * len(self.layers) if state is None else state
+
+    def _check_tokens(self, name, tokens, dim):
+        if not isinstance(tokens, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tokens).__name__}")
+        if tokens.dim() != dim or 0 in tokens.shape:
+            want = "[B, L]" if dim == 2 else "[B]"
+            raise ValueError(f"{name} must have shape {want} with nonzero sizes, got {list(tokens.shape)}")
+        if tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+            raise TypeError(f"{name} must be an integer tensor, got {tokens.dtype}")
+
+    def _embed(self, tokens):
+        return self.embed(tokens) * math.sqrt(self.config.width)
+
+    def _head(self, x):
+        return F.linear(self.final_norm(x), self.embed.weight)
+
+    def forward(self, tokens, state=None, return_state=False):
+        self._check_tokens("tokens", tokens, 2)
+        states = self._check_state(state)
+        x = self._embed(tokens)
+        new_states = []
+        for layer, s in zip(self.layers, states):
+            x, s = layer(x, s, return_state)
+            new_states.append(s)
+        return self._head(x), (new_states if return_state else None)
+
+    def step(self, token, state=None):
+        self._check_tokens("token", token, 1)
+        states = self._check_state(state)
+        x = self._embed(token)
+        new_states = []
+        for layer, s in zip(self.layers, states):
+            x, s = layer.step(x, s)
+            new_states.append(s)
+        return self._head(x), new_states

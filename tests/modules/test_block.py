@@ -1,0 +1,123 @@
+"""RecurrentBlock and ResidualLayer: SPEC §9 wiring, step decoding, carried state, counts, bad inputs."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import samu
+from samu.modules import BlockState, RecurrentBlock, ResidualLayer
+from tests.helpers import rel_err
+
+CASES = [dict(mixer="samu", lru_width=10), dict(mixer="rglru", lru_width=12, num_heads=3)]
+
+
+def _block(seed=0, **kw):
+    torch.manual_seed(seed)
+    block = RecurrentBlock(9, **kw)
+    if kw["mixer"] == "samu":
+        with torch.no_grad():
+            block.mixer.amplitudes.copy_(torch.tensor([[0.6, -0.2], [0.3, 0.8]]))
+    with torch.no_grad():
+        block.conv1d.bias.normal_()
+    return block
+
+
+@pytest.mark.parametrize("kw", CASES)
+def test_block_follows_spec_with_the_reference_mixer(kw):
+    block = _block(**kw)
+    u = torch.randn(2, 13, 9)
+    out, _ = block(u)
+    y = F.gelu(u @ block.linear_y.weight.t() + block.linear_y.bias, approximate="tanh")
+    x = u @ block.linear_x.weight.t() + block.linear_x.bias
+    K = block.conv1d.kernel_size
+    xp = F.pad(x, (0, 0, K - 1, 0))
+    x = block.conv1d.bias + sum(block.conv1d.weight[i] * xp[:, i:i + 13] for i in range(K))
+    m = block.mixer
+    if kw["mixer"] == "samu":
+        x, _ = samu.reference.samu_mixer(x, m.nu, m.theta_log, m.directions, m.amplitudes)
+    else:
+        x, _ = samu.reference.rglru_mixer(x, m.w_a, m.b_a, m.w_x, m.b_x, m.a_param)
+    expected = (x * y) @ block.linear_out.weight.double().t() + block.linear_out.bias
+    assert rel_err(out, expected) < 1e-5
+
+
+@pytest.mark.parametrize("kw", CASES)
+def test_block_step_equals_forward_token_by_token(kw):
+    block = _block(1, **kw)
+    u = torch.randn(3, 11, 9)
+    out, final = block(u, return_state=True)
+    state = None
+    for t in range(u.shape[1]):
+        out_t, state = block.step(u[:, t], state)
+        assert rel_err(out_t, out[:, t]) < 1e-5
+    assert rel_err(state.conv, final.conv) < 1e-6
+    assert rel_err(state.mixer, final.mixer) < 1e-5
+    assert state.mixer.dtype == torch.float32
+
+
+@pytest.mark.parametrize("kw", CASES)
+def test_block_carried_state_equals_unsplit(kw):
+    block = _block(2, **kw)
+    u = torch.randn(2, 17, 9)
+    out, final = block(u, return_state=True)
+    a, s = block(u[:, :6], return_state=True)
+    b, s = block(u[:, 6:], s, return_state=True)
+    assert rel_err(torch.cat([a, b], 1), out) < 1e-5
+    assert rel_err(s.mixer, final.mixer) < 1e-5 and rel_err(s.conv, final.conv) < 1e-6
+
+
+@pytest.mark.parametrize("kw", CASES)
+def test_residual_layer_step_and_split(kw):
+    torch.manual_seed(3)
+    layer = ResidualLayer(9, **kw)
+    x = torch.randn(2, 10, 9)
+    out, final = layer(x, return_state=True)
+    state = None
+    for t in range(x.shape[1]):
+        out_t, state = layer.step(x[:, t], state)
+        assert rel_err(out_t, out[:, t]) < 1e-5
+    a, s = layer(x[:, :3], return_state=True)
+    b, _ = layer(x[:, 3:], s)
+    assert rel_err(torch.cat([a, b], 1), out) < 1e-5
+    out.square().sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
+
+
+def test_block_state_is_constant_size():
+    block = _block(**CASES[0])
+    _, short = block(torch.randn(2, 3, 9), return_state=True)
+    _, long = block(torch.randn(2, 40, 9), return_state=True)
+    assert [t.shape for t in short] == [t.shape for t in long] == [(2, 3, 10), (2, 10)]
+
+
+@pytest.mark.parametrize("mixer,heads,mixer_count", [("samu", 16, 3 * 1024 + 4),
+                                                      ("rglru", 16, 2 * 1024 * 1024 // 16 + 3 * 1024)])
+def test_block_parameter_count(mixer, heads, mixer_count):
+    block = RecurrentBlock(1024, mixer, num_heads=heads, device="meta")
+    linears = 3 * (1024 * 1024 + 1024)
+    conv = 4 * 1024 + 1024
+    assert sum(p.numel() for p in block.parameters()) == linears + conv + mixer_count
+
+
+def test_block_bad_inputs():
+    with pytest.raises(ValueError, match="mixer must be one of"):
+        RecurrentBlock(8, "gru")
+    with pytest.raises(ValueError, match="lru_width must be even"):
+        RecurrentBlock(8, "samu", lru_width=7)
+    with pytest.raises(ValueError, match="num_heads must divide"):
+        RecurrentBlock(8, "rglru", num_heads=3)
+    with pytest.raises(ValueError, match="num_heads must be a positive integer"):
+        RecurrentBlock(8, "rglru", num_heads=0)
+    with pytest.raises(ValueError, match="width must be a positive integer"):
+        RecurrentBlock(0)
+    block = RecurrentBlock(8, "rglru", num_heads=4)
+    with pytest.raises(ValueError, match=r"u must have shape \[B, L, 8\]"):
+        block(torch.randn(2, 3, 6))
+    with pytest.raises(TypeError, match="state must be a BlockState"):
+        block(torch.randn(2, 3, 8), state=torch.zeros(2, 8))
+    with pytest.raises(ValueError, match="state.mixer must have shape"):
+        block(torch.randn(2, 3, 8), state=BlockState(torch.zeros(2, 3, 8), torch.zeros(1, 8)))
+    with pytest.raises(ValueError, match="state.conv must have shape"):
+        block.step(torch.randn(2, 8), state=BlockState(torch.zeros(2, 4, 8), torch.zeros(2, 8)))
+    with pytest.raises(ValueError, match=r"u_t must have shape \[B, 8\]"):
+        block.step(torch.randn(2, 1, 8))
