@@ -1,0 +1,312 @@
+"""The ``samu`` command: demo, train, generate, info (and bench, gate, report where installed).
+
+A user error (a missing path, a corrupt checkpoint, an unknown preset, a bad number) prints one
+line and exits non-zero; nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+DEMO_STEPS = 400
+DEMO_PROMPT = "def "
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _number(kind, low, strict=False):
+    """An argparse type: a finite ``kind`` >= low (> low when ``strict``)."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
+        if not math.isfinite(value) or value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low}, got {text!r}")
+        return value
+    return parse
+
+
+positive_int = _number(int, 0, strict=True)
+nonneg_int = _number(int, 0)
+nonneg_float = _number(float, 0.0)
+
+
+def _add_model_args(p):
+    g = p.add_argument_group("model")
+    g.add_argument("--preset", help="model preset: tiny, small or 400m (default tiny)")
+    g.add_argument("--mixer", choices=("samu", "rglru"), help="temporal mixer (default samu)")
+    g.add_argument("--width", type=positive_int, help="model width")
+    g.add_argument("--layers", type=positive_int, dest="num_layers", help="number of residual layers")
+    g.add_argument("--lru-width", type=positive_int, help="mixer width (default: the model width)")
+    g.add_argument("--num-heads", type=positive_int, help="RG-LRU gate heads (default 16)")
+    g.add_argument("--vocab-size", type=positive_int,
+                   help="vocabulary size (default 256 for text, the largest token + 1 for token files)")
+
+
+def _add_train_args(p):
+    g = p.add_argument_group("training")
+    g.add_argument("--steps", type=positive_int, help="optimizer steps (default 1000)")
+    g.add_argument("--batch-size", type=positive_int, help="sequences per process and micro-step (default 16)")
+    g.add_argument("--seq-len", type=positive_int, help="tokens per sequence (default 256)")
+    g.add_argument("--grad-accum", type=positive_int, help="micro-steps per optimizer step (default 1)")
+    g.add_argument("--lr", type=nonneg_float, help="peak learning rate (default 3e-3)")
+    g.add_argument("--min-lr", type=nonneg_float, help="final learning rate of the cosine (default 3e-4)")
+    g.add_argument("--warmup", type=nonneg_int, dest="warmup_steps", help="warm-up steps (default 50)")
+    g.add_argument("--weight-decay", type=nonneg_float, help="AdamW weight decay on dense matrices (default 0.1)")
+    g.add_argument("--grad-clip", type=nonneg_float, help="gradient-norm clip, 0 for none (default 1.0)")
+    g.add_argument("--eval-every", type=positive_int, help="steps between validations (default 100)")
+    g.add_argument("--eval-batches", type=positive_int, help="validation batches (default 8)")
+    g.add_argument("--checkpoint-every", type=positive_int, help="steps between checkpoints (default 500)")
+    g.add_argument("--seed", type=nonneg_int, help="seed of the weights and the data order (default 0)")
+    g.add_argument("--autocast", choices=("auto", "bf16", "none"), help="bf16 autocast (auto: on CUDA only)")
+    g.add_argument("--backend", help="mixer backend: auto, torch, reference, triton or a variant")
+
+
+def _add_runtime_args(p):
+    p.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+MODEL_KEYS = ("mixer", "width", "num_layers", "lru_width", "num_heads", "vocab_size")
+TRAIN_KEYS = ("steps", "batch_size", "seq_len", "grad_accum", "lr", "min_lr", "warmup_steps", "weight_decay",
+              "grad_clip", "eval_every", "eval_batches", "checkpoint_every", "seed", "autocast", "backend",
+              "device")
+
+
+def _given(args, keys) -> dict:
+    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+
+
+def _model_config(args, base=None):
+    from samu.models import LMConfig
+
+    overrides = _given(args, MODEL_KEYS)
+    if args.preset is not None or base is None:
+        return LMConfig.preset(args.preset or "tiny", **overrides)
+    return dataclasses.replace(base, **overrides)
+
+
+def _data_args(args) -> dict:
+    given = {}
+    if args.data is not None:
+        given["data"] = args.data
+    if args.data_format is not None:
+        given["data_format"] = args.data_format
+    return given
+
+
+def cmd_train(args):
+    from samu.data import load_data
+    from samu.models import load_checkpoint
+    from samu.train import CHECKPOINT, TrainConfig, train
+
+    out = Path(args.out)
+    if args.resume:
+        payload = load_checkpoint(out / CHECKPOINT)
+        if "train" not in payload:
+            raise ValueError(f"{out / CHECKPOINT} holds no training state to resume from")
+        saved = TrainConfig.from_dict(json.loads(payload["train"]["config"]))
+        model = _model_config(args, saved.model)
+        config = dataclasses.replace(saved, model=model, out_dir=str(out), progress=not args.no_progress,
+                                     **_data_args(args), **_given(args, TRAIN_KEYS))
+        data = load_data(config.data, config.data_format)
+    else:
+        config = TrainConfig(model=_model_config(args), out_dir=str(out), progress=not args.no_progress,
+                             **_data_args(args), **_given(args, TRAIN_KEYS))
+        data = load_data(config.data, config.data_format)
+        if config.data_format != "text" and args.vocab_size is None:
+            config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=data.vocab_size))
+    result = train(config, data=data, resume=args.resume)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    if result.log["val"]:
+        last = result.log["val"][-1]
+        bpb = f", {last['val_bpb']:.3f} bits/byte" if "val_bpb" in last else ""
+        print(f"step {last['step']}: validation loss {last['val_loss']:.4f}{bpb}")
+    print(f"checkpoint: {out / CHECKPOINT}; log: {out / 'log.json'}")
+
+
+def _decode(tokens, vocab_size) -> str:
+    if vocab_size == 256:
+        return bytes(tokens).decode("utf-8", errors="replace")
+    return " ".join(map(str, tokens))
+
+
+def _prompt(args, vocab_size):
+    import torch
+
+    if args.prompt_ids is not None:
+        try:
+            ids = [int(t) for t in args.prompt_ids.replace(",", " ").split()]
+        except ValueError:
+            raise ValueError(f"--prompt-ids must be integers separated by spaces or commas, got {args.prompt_ids!r}")
+    else:
+        if vocab_size != 256:
+            raise ValueError(f"this model has a {vocab_size}-token vocabulary, not bytes; pass --prompt-ids")
+        ids = list(args.prompt.encode("utf-8"))
+    if not ids:
+        raise ValueError("the prompt is empty; give at least one token")
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise ValueError(f"prompt token(s) {bad[:5]} outside the vocabulary [0, {vocab_size})")
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def cmd_generate(args):
+    from samu.models import generate, load_model
+    from samu.train import resolve_device
+
+    device = resolve_device(args.device or "auto")
+    model = load_model(args.checkpoint, device=device, backend=args.backend or "auto")
+    vocab = model.config.vocab_size
+    prompt = _prompt(args, vocab)
+    out = generate(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None,
+                   seed=args.seed)
+    print(_decode(out.tolist(), vocab))
+
+
+def cmd_demo(args):
+    import torch
+
+    from samu.data import stdlib_corpus
+    from samu.models import LMConfig, generate
+    from samu.train import CHECKPOINT, TrainConfig, train
+
+    start = time.perf_counter()
+    print("building the byte-level corpus from this Python's standard library (cached after the first run)")
+    data = stdlib_corpus()
+    config = TrainConfig(model=LMConfig.preset("tiny", mixer=args.mixer), out_dir=args.out, steps=args.steps,
+                         eval_every=max(1, args.steps // 4), checkpoint_every=args.steps, warmup_steps=min(50, args.steps // 5),
+                         seed=args.seed, device=args.device or "auto", progress=not args.no_progress)
+    print(f"training the tiny {args.mixer} model ({config.model.num_params() / 1e6:.2f}M parameters) for "
+          f"{args.steps} steps of {config.batch_size} x {config.seq_len} bytes on {data.name} "
+          f"({len(data.train) / 1e6:.1f} MB train, {len(data.val) / 1e3:.0f} kB validation); "
+          f"{torch.get_num_threads()} CPU threads")
+    result = train(config, data=data, overwrite=True)
+    before, after = result.log["val"][0]["val_bpb"], result.log["val"][-1]["val_bpb"]
+    print(f"validation bits/byte: {before:.3f} before training, {after:.3f} after {args.steps} steps "
+          f"({before - after:.3f} lower)")
+    print(f"checkpoint: {Path(args.out) / CHECKPOINT}")
+    prompt = torch.tensor(list(DEMO_PROMPT.encode()))
+    sample = generate(result.model, prompt, args.sample_bytes, temperature=0.8, top_k=40, seed=args.seed)
+    print(f"sample (prompt {DEMO_PROMPT!r}, temperature 0.8, top-k 40):")
+    print(_decode(sample.tolist(), 256))
+    print(f"done in {time.perf_counter() - start:.0f} s")
+
+
+def cmd_info(args):
+    import numpy
+    import torch
+
+    import samu
+    from samu.ops import dispatch
+
+    versions = [f"samu {samu.__version__}", f"python {platform.python_version()}", f"torch {torch.__version__}"]
+    if dispatch.triton_available():
+        import triton
+
+        versions.append(f"triton {triton.__version__}")
+    else:
+        versions.append("triton not installed")
+    versions.append(f"numpy {numpy.__version__}")
+    print(" | ".join(versions))
+    if torch.cuda.is_available():
+        names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+        print(f"device: cuda ({torch.cuda.device_count()}: {names})")
+        device, dtype = "cuda", torch.bfloat16
+    else:
+        print(f"device: cpu ({torch.get_num_threads()} threads); CUDA not available")
+        device, dtype = "cpu", torch.float32
+    print("backends: reference, torch" + (", triton" if dispatch.triton_available() else ""))
+    for op in dispatch.OPS:
+        try:
+            names = sorted(dispatch.variants(op))
+            print(f"  {op} Triton variants: {', '.join(names) or 'none registered'}")
+        except Exception as e:  # a broken kernel module should not hide the rest of the report
+            print(f"  {op} Triton variants: unavailable ({type(e).__name__}: {e})")
+    print("dispatch:")
+    for op in dispatch.OPS:
+        for shape in ((1, 2048, 1024), (4, 2048, 2048), (1, 32768, 1024)):
+            try:
+                print("  " + dispatch.explain(op, shape, dtype, device))
+            except Exception as e:  # a broken kernel module should not hide the rest of the report
+                print(f"  {op} {shape}: error ({type(e).__name__}: {e})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="samu", description="Fast, exact recurrent sequence mixers (SAMU, RG-LRU) "
+                                              "and the language models built on them.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("demo", help="train the tiny model on the embedded corpus, report bits/byte, sample")
+    p.add_argument("--steps", type=positive_int, default=DEMO_STEPS, help=f"training steps (default {DEMO_STEPS})")
+    p.add_argument("--mixer", choices=("samu", "rglru"), default="samu", help="temporal mixer (default samu)")
+    p.add_argument("--out", default="runs/demo", help="output folder, replaced on each demo (default runs/demo)")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed (default 0)")
+    p.add_argument("--sample-bytes", type=nonneg_int, default=300, help="bytes to generate (default 300)")
+    _add_runtime_args(p)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("train", help="train a language model")
+    p.add_argument("--data", help="'stdlib' (default: the embedded corpus), a text file or folder, or a token file")
+    p.add_argument("--data-format", choices=("text", "uint16", "uint32"),
+                   help="text (bytes, default) or a flat file of uint16/uint32 token ids")
+    p.add_argument("--out", default="runs/train", help="run folder: checkpoint.pt, log.json (default runs/train)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
+    _add_model_args(p)
+    _add_train_args(p)
+    _add_runtime_args(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("generate", help="sample from a checkpoint")
+    p.add_argument("checkpoint", help="a checkpoint.pt written by samu train or samu demo")
+    p.add_argument("--prompt", default=DEMO_PROMPT, help=f"text prompt for byte-level models (default {DEMO_PROMPT!r})")
+    p.add_argument("--prompt-ids", help="prompt as token ids, e.g. '12 7 99' (models with a token vocabulary)")
+    p.add_argument("--max-new-tokens", type=nonneg_int, default=300, help="tokens to generate (default 300)")
+    p.add_argument("--temperature", type=nonneg_float, default=0.8, help="0 for greedy (default 0.8)")
+    p.add_argument("--top-k", type=nonneg_int, default=40, help="sample among the k likeliest, 0 for all (default 40)")
+    p.add_argument("--seed", type=nonneg_int, help="seed for a reproducible sample")
+    p.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
+    p.add_argument("--backend", help="mixer backend for the prompt (default auto)")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("info", help="versions, device, available backends and dispatch choices")
+    p.set_defaults(func=cmd_info)
+
+    try:
+        from samu.bench import cli as bench_cli
+    except ModuleNotFoundError as e:
+        if e.name not in ("samu.bench", "samu.bench.cli"):
+            raise
+    else:
+        bench_cli.add_commands(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except KeyboardInterrupt:
+        print(f"samu {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, TypeError, OSError) as e:
+        print(f"samu {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

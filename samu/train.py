@@ -1,0 +1,353 @@
+"""Training loop: AdamW, warm-up + cosine schedule, clipping, accumulation, validation, checkpoints,
+exact resume, a JSON log, and data-parallel training under ``torchrun`` (DDP; rank 0 logs and saves).
+
+Batches are drawn by a generator seeded from (seed, step, global micro-batch index), so the data
+order is a function of the step alone: a resumed run sees exactly the batches the uninterrupted run
+would have seen, and 2 processes with ``grad_accum=1`` see the batches of 1 process with ``grad_accum=2``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from samu.data import DATA_FORMATS, TokenData, load_data
+from samu.models import LanguageModel, LMConfig, load_checkpoint, save_checkpoint
+from samu.models.checkpoint import CheckpointError, atomic_write
+
+CHECKPOINT = "checkpoint.pt"
+LOG = "log.json"
+AUTOCAST = ("auto", "bf16", "none")
+# Fields that define the optimisation: a resumed run must agree on all of them.
+RUN_FIELDS = ("model", "data", "data_format", "steps", "batch_size", "seq_len", "grad_accum", "lr",
+              "min_lr", "warmup_steps", "weight_decay", "betas", "grad_clip", "seed")
+
+
+@dataclass
+class TrainConfig:
+    """One training run. ``batch_size`` is per process and micro-step; tokens per step are
+    batch_size * seq_len * grad_accum * world_size."""
+
+    model: LMConfig = field(default_factory=lambda: LMConfig.preset("tiny"))
+    data: str = "stdlib"
+    data_format: str = "text"
+    out_dir: str = "runs/train"
+    steps: int = 1000
+    batch_size: int = 16
+    seq_len: int = 256
+    grad_accum: int = 1
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 50
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_batches: int = 8
+    checkpoint_every: int = 500
+    log_every: int = 10
+    seed: int = 0
+    device: str = "auto"
+    autocast: str = "auto"
+    backend: str = "auto"
+    progress: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.model, dict):
+            self.model = LMConfig.from_dict(self.model)
+        if not isinstance(self.model, LMConfig):
+            raise TypeError(f"model must be an LMConfig, got {type(self.model).__name__}")
+        self.betas = tuple(self.betas)
+        for name in ("steps", "batch_size", "seq_len", "grad_accum", "eval_every", "eval_batches",
+                     "checkpoint_every", "log_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("warmup_steps", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.min_lr > self.lr or self.lr == 0:
+            raise ValueError(f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        if self.data_format not in DATA_FORMATS:
+            raise ValueError(f"data_format must be one of {', '.join(DATA_FORMATS)}, got {self.data_format!r}")
+        if self.autocast not in AUTOCAST:
+            raise ValueError(f"autocast must be one of {', '.join(AUTOCAST)}, got {self.autocast!r}")
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["betas"] = list(self.betas)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown training config field(s): {', '.join(unknown)}")
+        return cls(**d)
+
+
+class CosineSchedule:
+    """Learning-rate multiplier: linear warm-up to 1, then a cosine down to ``min_ratio`` at ``total``."""
+
+    def __init__(self, warmup: int, total: int, min_ratio: float):
+        self.warmup, self.total, self.min_ratio = warmup, total, min_ratio
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
+        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@dataclass
+class _Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    owns_group: bool = False
+
+    def all_sum(self, values: list[float], device) -> list[float]:
+        if self.world == 1:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        return t.tolist()
+
+
+def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
+    """"auto" is this process's GPU where CUDA is available, else the CPU."""
+    if name == "auto":
+        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={name!r} requested but CUDA is not available")
+        if device.index is None:
+            device = torch.device(f"cuda:{local_rank}")
+    return device
+
+
+def _setup_distributed(config: TrainConfig) -> tuple[_Dist, torch.device]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return _Dist(), resolve_device(config.device, 0)
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    device = resolve_device(config.device, local_rank)
+    owns = not dist.is_initialized()
+    if owns:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        # Processes sharing a host share its cores.
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        torch.set_num_threads(max(1, torch.get_num_threads() // local_world))
+    return _Dist(rank, world, local_rank, owns), device
+
+
+def _autocast(config: TrainConfig, device: torch.device):
+    if config.autocast == "bf16" or (config.autocast == "auto" and device.type == "cuda"):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _optimizer(model: LanguageModel, config: TrainConfig) -> torch.optim.AdamW:
+    # Decay the dense matrices only: mixer parameters, norms and biases keep their scale.
+    dense = {id(m.weight) for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding))}
+    decay = [p for p in model.parameters() if id(p) in dense]
+    rest = [p for p in model.parameters() if id(p) not in dense]
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas)
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token loss in nats, computed in fp32."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+@torch.no_grad()
+def evaluate(model: LanguageModel, data: TokenData, config: TrainConfig, device, *, rank: int = 0,
+             world: int = 1, autocast=None) -> dict:
+    """Validation loss (nats/token) over fixed windows, and bits per byte for byte-level data."""
+    ctx = _Dist(rank, world)
+    starts = data.val_starts(config.seq_len, config.eval_batches * config.batch_size)[rank::world]
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(starts), config.batch_size):
+        x, y = data.windows("val", starts[i:i + config.batch_size], config.seq_len)
+        with autocast or contextlib.nullcontext():
+            logits, _ = model(x.to(device))
+        total += cross_entropy(logits, y.to(device)).item() * y.numel()
+        count += y.numel()
+    model.train(was_training)
+    total, count = ctx.all_sum([total, count], device)
+    loss = total / count
+    out = {"val_loss": loss}
+    if data.bytes_per_token:
+        out["val_bpb"] = loss / math.log(2) / data.bytes_per_token
+    return out
+
+
+@dataclass
+class TrainResult:
+    model: LanguageModel
+    log: dict
+
+
+def _check_resumable(saved: dict, config: TrainConfig, path: Path) -> None:
+    saved = TrainConfig.from_dict(saved)
+    if saved.model != config.model:
+        raise CheckpointError(f"{path} holds a model {saved.model} but the run asks for {config.model}")
+    differ = [f"{name} ({getattr(saved, name)!r} there, {getattr(config, name)!r} here)"
+              for name in RUN_FIELDS if name != "model" and getattr(saved, name) != getattr(config, name)]
+    if differ:
+        raise CheckpointError(f"cannot resume {path} exactly: " + "; ".join(differ))
+
+
+def train(config: TrainConfig, *, data: TokenData | None = None, resume: bool = False,
+          overwrite: bool = False) -> TrainResult:
+    """Train a LanguageModel as ``config`` says; writes checkpoint.pt and log.json to config.out_dir.
+
+    resume: continue from out_dir/checkpoint.pt (same batches, same schedule as an uninterrupted run).
+    overwrite: start afresh even where out_dir already holds a checkpoint (otherwise an error).
+    """
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    out = Path(config.out_dir)
+    ckpt_path = out / CHECKPOINT
+    payload = None
+    if resume:
+        payload = load_checkpoint(ckpt_path)
+        if "train" not in payload:
+            raise CheckpointError(f"{ckpt_path} holds no training state to resume from")
+        _check_resumable(json.loads(payload["train"]["config"]), config, ckpt_path)
+    elif ckpt_path.exists() and not overwrite:
+        raise FileExistsError(f"{out} already holds a run ({ckpt_path}); resume it or choose another output folder")
+    data = data if data is not None else load_data(config.data, config.data_format)
+    data.check(config.seq_len)
+    if data.vocab_size > config.model.vocab_size:
+        raise ValueError(f"the data has tokens up to {data.vocab_size - 1} but the model's vocab_size is "
+                         f"{config.model.vocab_size}")
+
+    ctx, device = _setup_distributed(config)
+    try:
+        return _run(config, data, payload, ctx, device, out)
+    finally:
+        if ctx.owns_group:
+            dist.destroy_process_group()
+
+
+def _run(config, data, payload, ctx: _Dist, device, out: Path) -> TrainResult:
+    # Every rank builds the same initial weights from the seed.
+    torch.manual_seed(config.seed)
+    model = LanguageModel(config.model, backend=config.backend).to(device)
+    optimizer = _optimizer(model, config)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, CosineSchedule(config.warmup_steps, config.steps, config.min_lr / config.lr))
+    start = 0
+    log = {"config": config.to_dict(), "params": model.num_params(), "world_size": ctx.world,
+           "device": str(device), "torch": torch.__version__,
+           "data": {"name": data.name, "train_tokens": len(data.train), "val_tokens": len(data.val)},
+           "train": [], "val": [], "checkpoints": []}
+    if payload is not None:
+        model.load_state_dict(payload["model"])
+        optimizer.load_state_dict(payload["train"]["optimizer"])
+        scheduler.load_state_dict(payload["train"]["scheduler"])
+        start = payload["train"]["step"]
+        log = json.loads(payload["train"]["log"])
+        log["resumed_at"] = log.get("resumed_at", []) + [start]
+    engine = model
+    if ctx.world > 1:
+        engine = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    autocast = _autocast(config, device)
+    main = ctx.rank == 0
+
+    def validate(step):
+        result = {"step": step, **evaluate(model, data, config, device, rank=ctx.rank, world=ctx.world,
+                                           autocast=autocast)}
+        log["val"].append(result)
+        if main and config.progress:
+            bpb = f", {result['val_bpb']:.3f} bits/byte" if "val_bpb" in result else ""
+            tqdm.write(f"step {step}: validation loss {result['val_loss']:.4f} nats/token{bpb}")
+        return result
+
+    def save(step):
+        if main:
+            log["checkpoints"].append(step)
+            state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                     "config": json.dumps(config.to_dict()), "log": json.dumps(log)}
+            save_checkpoint(out / CHECKPOINT, model, state)
+            write_log(out, log)
+        if ctx.world > 1:
+            dist.barrier()
+
+    if start == 0:
+        validate(0)
+    bar = tqdm(total=config.steps, initial=start, disable=not (main and config.progress), unit="step",
+               dynamic_ncols=True)
+    tokens_per_step = config.batch_size * config.seq_len * config.grad_accum * ctx.world
+    model.train()
+    t0 = time.perf_counter()
+    for step in range(start, config.steps):
+        loss_sum = 0.0
+        for micro in range(config.grad_accum):
+            rng = np.random.default_rng([config.seed, step, ctx.rank * config.grad_accum + micro])
+            x, y = data.sample(config.batch_size, config.seq_len, rng)
+            last = micro == config.grad_accum - 1
+            sync = contextlib.nullcontext() if last or ctx.world == 1 else engine.no_sync()
+            with sync:
+                with autocast:
+                    logits, _ = engine(x.to(device))
+                loss = cross_entropy(logits, y.to(device))
+                (loss / config.grad_accum).backward()
+            loss_sum += loss.item()
+        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip) if config.grad_clip else None
+        lr = optimizer.param_groups[0]["lr"]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        done = step + 1
+        loss = loss_sum / config.grad_accum
+        if done % config.log_every == 0 or done == config.steps:
+            elapsed = time.perf_counter() - t0
+            log["train"].append({"step": done, "loss": loss, "lr": lr, "time_s": elapsed,
+                                 "grad_norm": None if grad_norm is None else float(grad_norm),
+                                 "tokens_per_s": tokens_per_step * (done - start) / elapsed})
+        postfix = {"loss": f"{loss:.3f}"}
+        if done % config.eval_every == 0 or done == config.steps:
+            result = validate(done)
+            postfix["val"] = f"{result.get('val_bpb', result['val_loss']):.3f}"
+        if done % config.checkpoint_every == 0 or done == config.steps:
+            save(done)
+        bar.set_postfix(postfix, refresh=False)
+        bar.update(1)
+    bar.close()
+    log["done"] = True
+    if main:
+        write_log(out, log)
+    return TrainResult(model, log)
+
+
+def write_log(out: Path, log: dict) -> None:
+    atomic_write(out / LOG, lambda tmp: Path(tmp).write_text(json.dumps(log, indent=1)))

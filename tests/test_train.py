@@ -1,0 +1,157 @@
+"""Training loop: learning, schedule, exact resume, refusal to overwrite, DDP on CPU (gloo, 2 processes)."""
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from samu.data import TokenData, text_corpus
+from samu.models import CheckpointError, LMConfig, load_checkpoint
+from samu.train import CosineSchedule, TrainConfig, train
+
+MODEL = LMConfig(width=16, num_layers=2, lru_width=8)
+
+
+def _text(tmp_path):
+    """Byte text with structure to learn: repeated lines of a few words."""
+    rng = np.random.default_rng(0)
+    words = [b"alpha", b"beta", b"gamma", b"delta", b"(x)", b" = ", b"\n"]
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(b"".join(words[i] for i in rng.integers(0, len(words), 6000)))
+    return path
+
+
+def _config(tmp_path, name="run", **kw):
+    base = dict(model=MODEL, out_dir=str(tmp_path / name), steps=6, batch_size=3, seq_len=24,
+                warmup_steps=2, eval_every=3, eval_batches=2, checkpoint_every=3, log_every=1,
+                lr=1e-2, min_lr=1e-3, progress=False)
+    return TrainConfig(**{**base, **kw})
+
+
+def test_training_lowers_validation_loss_and_writes_a_log(tmp_path):
+    data = text_corpus(_text(tmp_path))
+    config = _config(tmp_path, steps=30, eval_every=30, lr=2e-2)
+    result = train(config, data=data)
+    first, last = result.log["val"][0], result.log["val"][-1]
+    assert first["step"] == 0 and last["step"] == 30
+    assert last["val_loss"] < first["val_loss"] - 1.0
+    assert last["val_bpb"] == pytest.approx(last["val_loss"] / math.log(2))
+    log = json.loads((tmp_path / "run" / "log.json").read_text())
+    assert log["done"] and len(log["train"]) == 30 and log["params"] == MODEL.num_params()
+    assert log["config"]["model"] == MODEL.to_dict()
+    assert load_checkpoint(tmp_path / "run" / "checkpoint.pt")["train"]["step"] == 30
+
+
+def test_cosine_schedule():
+    s = CosineSchedule(warmup=4, total=14, min_ratio=0.1)
+    assert [s(i) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert s(4) == 1.0 and s(9) == pytest.approx(0.55) and s(14) == pytest.approx(0.1) and s(20) == pytest.approx(0.1)
+    assert all(s(i) >= s(i + 1) for i in range(4, 20))
+
+
+class _Interrupted(Exception):
+    pass
+
+
+class _StopAfter(TokenData):
+    """Token data whose sampler raises after ``limit`` batches: an interrupted run."""
+
+    def __init__(self, data, limit):
+        super().__init__(data.name, data.train, data.val, data.vocab_size, data.bytes_per_token)
+        object.__setattr__(self, "calls", [0, limit])
+
+    def sample(self, *args):
+        self.calls[0] += 1
+        if self.calls[0] > self.calls[1]:
+            raise _Interrupted
+        return super().sample(*args)
+
+
+def _untimed(entries):
+    return [{k: v for k, v in e.items() if k not in ("time_s", "tokens_per_s")} for e in entries]
+
+
+@pytest.mark.parametrize("grad_accum", [1, 2])
+def test_resume_continues_exactly(tmp_path, grad_accum):
+    data = text_corpus(_text(tmp_path))
+    whole = train(_config(tmp_path, "whole", grad_accum=grad_accum), data=data)
+    with pytest.raises(_Interrupted):
+        train(_config(tmp_path, "parts", grad_accum=grad_accum), data=_StopAfter(data, 4 * grad_accum))
+    assert load_checkpoint(tmp_path / "parts" / "checkpoint.pt")["train"]["step"] == 3
+    resumed = train(_config(tmp_path, "parts", grad_accum=grad_accum), data=data, resume=True)
+    for (name, a), (_, b) in zip(whole.model.state_dict().items(), resumed.model.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert _untimed(resumed.log["train"]) == _untimed(whole.log["train"])
+    assert [v["val_loss"] for v in resumed.log["val"]] == [v["val_loss"] for v in whole.log["val"]]
+    assert resumed.log["resumed_at"] == [3]
+
+
+def test_refuses_to_overwrite_or_resume_a_different_run(tmp_path):
+    data = text_corpus(_text(tmp_path))
+    config = _config(tmp_path, steps=3)
+    train(config, data=data)
+    ckpt = tmp_path / "run" / "checkpoint.pt"
+    before = ckpt.read_bytes()
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        train(config, data=data)
+    with pytest.raises(CheckpointError, match=r"lr \(0.01 there, 0.02 here\)"):
+        train(dataclasses.replace(config, lr=2e-2), data=data, resume=True)
+    with pytest.raises(CheckpointError, match="holds a model"):
+        train(dataclasses.replace(config, model=dataclasses.replace(MODEL, width=20)), data=data, resume=True)
+    with pytest.raises(FileNotFoundError, match="checkpoint not found"):
+        train(_config(tmp_path, "fresh"), data=data, resume=True)
+    assert ckpt.read_bytes() == before
+
+
+def test_data_that_does_not_fit_is_rejected(tmp_path):
+    data = text_corpus(_text(tmp_path))
+    with pytest.raises(ValueError, match="the val split has"):
+        train(_config(tmp_path, seq_len=500), data=data)
+    with pytest.raises(ValueError, match="vocab_size is 100"):
+        train(_config(tmp_path, model=dataclasses.replace(MODEL, vocab_size=100)), data=data)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(steps=0), "steps must be a positive integer"),
+    (dict(batch_size=1.5), "batch_size must be a positive integer"),
+    (dict(lr=float("nan")), "lr must be a finite number"),
+    (dict(min_lr=1.0), "need 0 <= min_lr <= lr"),
+    (dict(betas=(0.9, 1.0)), "betas"),
+    (dict(autocast="fp8"), "autocast must be one of"),
+    (dict(data_format="csv"), "data_format must be one of"),
+    (dict(warmup_steps=-1), "warmup_steps must be a non-negative integer"),
+])
+def test_config_bad_values(kw, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**kw)
+
+
+def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path):
+    corpus = _text(tmp_path)
+    common = ["train", "--data", str(corpus), "--width", "16", "--layers", "2", "--lru-width", "8",
+              "--steps", "3", "--batch-size", "2", "--seq-len", "24", "--eval-batches", "2",
+              "--warmup", "1", "--device", "cpu", "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "samu.cli", *common, "--out", str(tmp_path / "ddp")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    from samu.cli import main
+
+    assert main([*common, "--grad-accum", "2", "--out", str(tmp_path / "single")]) == 0
+    ddp = load_checkpoint(tmp_path / "ddp" / "checkpoint.pt")
+    single = load_checkpoint(tmp_path / "single" / "checkpoint.pt")
+    for name, a in single["model"].items():
+        assert torch.allclose(ddp["model"][name], a, rtol=1e-4, atol=1e-6), name
+    ddp_log = json.loads((tmp_path / "ddp" / "log.json").read_text())
+    assert ddp_log["world_size"] == 2
+    assert ddp_log["val"][-1]["val_loss"] == pytest.approx(json.loads(ddp["train"]["log"])["val"][-1]["val_loss"])
+    single_log = json.loads(single["train"]["log"])
+    assert ddp_log["val"][-1]["val_loss"] == pytest.approx(single_log["val"][-1]["val_loss"], rel=1e-4)
