@@ -274,15 +274,16 @@ def _rglru_reduce_kernel(
     tl.store(da + (o_v - 2 * D), b_acc * b_sig, mask=m_a)
 
 
-def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, h0, states, c: float, *, K: int, G: int,
+def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states, c: float, *, K: int, G: int,
               num_warps: int = 4, num_stages: int = 1):
     """Chunked RG-LRU backward.
 
-    dy: [B, L, D] (any float dtype); dh_last: [B, D] fp32 or None; x, params, h0 as in the forward;
-    states: [B, ceil(L/K), D] fp32 from the forward with the same K. G must match nothing in the
-    forward (the adjoint groups its own chunks).
+    dy: [B, L, D] (any float dtype); dh_last: [B, D] fp32 or None; x and the parameters as in the
+    forward; has_h0: whether the forward had an initial state (its gradient is then returned);
+    states: [B, ceil(L/K), D] fp32 from the forward with the same K. G (chunks per program) is the
+    backward's own choice.
     Returns dx [B, L, D] x.dtype, dw_a [H, n, n], db_a [D], dw_x [H, n, n], db_x [D], da [D]
-    (all fp32) and dh0 [B, D] fp32 (None when h0 is None).
+    (all fp32) and dh0 [B, D] fp32 (None without an initial state).
     """
     B, L, D = x.shape
     H, n = w_a.shape[0], w_a.shape[1]
@@ -296,7 +297,7 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, h0, states, c: float,
     w16, w_inv, wt16, wt_inv = split_weights(w_a, w_x, transposed=True)
     dy = dy.contiguous()
     dx = new_buffer((B, L, D), x.dtype, dev)
-    dh0 = new_buffer((B, D), torch.float32, dev) if h0 is not None else None
+    dh0 = new_buffer((B, D), torch.float32, dev) if has_h0 else None
     M = 2 * H * n * n + 3 * D
     part = new_buffer((B * NG, M), torch.float32, dev)
     sums = new_buffer((2, B, NG, D), torch.float32, dev) if NG > 1 else part
@@ -308,7 +309,7 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, h0, states, c: float,
     _rglru_bwd_kernel[grid](
         x, dy, dh_last if dh_last is not None else part, w16, w_inv, wt16, wt_inv, b_a, b_x, a_param, states,
         sums, dx, dh0 if dh0 is not None else part, part, L, D, n, H, NC, G, NG, M, float(c),
-        K=K, BN=BN, NGP=NGP, X_PARTS=X_PARTS, HAS_DH=dh_last is not None, HAS_H0=h0 is not None,
+        K=K, BN=BN, NGP=NGP, X_PARTS=X_PARTS, HAS_DH=dh_last is not None, HAS_H0=has_h0,
         NATIVE=native(), num_warps=num_warps, num_stages=num_stages)
     dw_a = new_buffer((H, n, n), torch.float32, dev)
     dw_x = new_buffer((H, n, n), torch.float32, dev)

@@ -1,0 +1,200 @@
+"""RG-LRU Triton kernels against the float64 reference (the Triton interpreter on CPU, CUDA with -m gpu).
+
+Every check compares y, the final state, dx, d(initial_state) and every parameter gradient with
+the float64 reference under the SPEC §7 gate rule (tests/helpers.gate_check).
+"""
+
+import pytest
+import torch
+
+import samu
+from samu.ops import dispatch
+from tests.helpers import assert_gate, gate_check, randn, rel_err, rglru_params
+
+pytestmark = pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def poison_outputs():
+    """Every kernel output and scratch buffer starts as NaN, so an unwritten element fails the checks."""
+    from samu.ops.rglru import triton_fwd
+
+    previous = triton_fwd.poison_outputs(True)
+    yield
+    triton_fwd.poison_outputs(previous)
+
+
+def _config(K=16, grouped=True, target=1):
+    from samu.ops.rglru.function import Config
+
+    return Config(K=K, grouped=grouped, target_programs=target)
+
+
+def _with_config(config):
+    from samu.ops.rglru.function import run
+
+    def mixer(x, w_a, b_a, w_x, b_x, a_param, *, initial_state=None, output_final_state=False, c=8.0):
+        return run(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, config)
+
+    return mixer
+
+
+# (B, L, D, H, config): L not a multiple of K, L = 1, a ragged last group, head dims 8, 12 and 16
+# (padded to the 16-wide register tile), several groups per batch row, a single sweep
+CASES = [
+    (2, 37, 32, 4, dict(grouped=False)),
+    (2, 70, 48, 4, dict(target=32)),
+    (1, 1, 32, 4, dict(target=8)),
+    (1, 50, 80, 5, dict(target=20)),
+]
+
+
+@pytest.mark.parametrize("B,L,D,H,cfg", CASES)
+def test_fp32_matches_reference(B, L, D, H, cfg):
+    assert_gate(gate_check("rglru", _with_config(_config(**cfg)), torch.float32, B, L, D, H=H, seed=L + D,
+                           device=DEVICE))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_matches_reference(dtype):
+    assert_gate(gate_check("rglru", _with_config(_config(target=16)), dtype, 2, 45, 32, H=4, seed=5,
+                           device=DEVICE))
+
+
+def test_without_initial_state():
+    assert_gate(gate_check("rglru", _with_config(_config(target=16)), torch.bfloat16, 2, 40, 32, H=4, seed=9,
+                           with_state=False, device=DEVICE))
+
+
+def test_public_backend_names():
+    names = set(samu.dispatch.variants("rglru"))
+    assert {"triton_serial", "triton_grouped"} <= names
+
+    def grouped(*args, **kw):
+        return samu.rglru_mixer(*args, backend="triton_grouped", **kw)
+
+    assert_gate(gate_check("rglru", grouped, torch.float32, 1, 20, 32, H=4, seed=3, device=DEVICE))
+
+
+def test_deterministic():
+    """Same inputs, same bits: outputs and every gradient, twice."""
+    from samu.ops.rglru.function import run
+
+    config = _config(target=16)
+    x = randn((2, 50, 32), 0, device=DEVICE)
+    params = rglru_params(32, 4, 1, device=DEVICE)
+    h0 = randn((2, 32), 2, device=DEVICE)
+    gy = randn((2, 50, 32), 3, device=DEVICE, requires_grad=False)
+
+    def once():
+        y, h = run(x, *params, h0, 8.0, config)
+        return [y, h, *torch.autograd.grad((y * gy).sum() + h.sum(), [x, h0, *params])]
+
+    first, second = once(), once()
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+def test_split_sequence_carries_state():
+    """Running [0, s) then [s, L) from the carried state equals the unsplit run (outputs and final state)."""
+    from samu.ops.rglru.function import run
+
+    config = _config(target=16)
+    x = randn((2, 53, 32), 4, device=DEVICE, requires_grad=False)
+    params = [p.detach() for p in rglru_params(32, 4, 5, device=DEVICE)]
+    y, h = run(x, *params, None, 8.0, config)
+    y1, h1 = run(x[:, :21], *params, None, 8.0, config)
+    y2, h2 = run(x[:, 21:], *params, h1, 8.0, config)
+    assert rel_err(torch.cat([y1, y2], 1), y) < 1e-6
+    assert rel_err(h2, h) < 1e-6
+
+
+def test_split_weights_reconstruct():
+    """fp16 hi + lo with power-of-two scales reproduce w and w^T to 2^-21 relative per element, plus
+    2^-36 of the largest element sharing its scale (fp16 subnormals of the low part)."""
+    from samu.ops.rglru.triton_fwd import split_weights
+
+    H, n = 3, 12
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(2, H, n, n, generator=g) * torch.logspace(-6, 3, n)[None, None, :, None]
+    w = w.to(DEVICE)
+    w16, w_inv, wt16, wt_inv = split_weights(w[0], w[1], transposed=True)
+    for gate in range(2):
+        for parts, inv, want in ((w16, w_inv, w[gate]), (wt16, wt_inv, w[gate].transpose(1, 2))):
+            p = parts[gate, :, :, :n, :n].double()
+            back = (p[0] + p[1]) * inv[gate, :, None, :n].double()
+            want = want.double()
+            # one scale per column (the reduction axis is the row)
+            bound = 2.0 ** -21 * want.abs() + 2.0 ** -36 * want.abs().amax(dim=1, keepdim=True)
+            assert ((back - want).abs() <= bound).all()
+
+
+def test_custom_ops_opcheck():
+    from samu.ops.rglru.function import rglru_bwd_op, rglru_fwd_op
+
+    x = randn((1, 20, 16), 0, device=DEVICE)
+    params = rglru_params(16, 1, 1, device=DEVICE)
+    h0 = randn((1, 16), 2, device=DEVICE)
+    checks = ("test_schema", "test_faketensor", "test_autograd_registration")
+    torch.library.opcheck(rglru_fwd_op, (x, *params, h0, 8.0, 16, 1, 4, 4, True), test_utils=checks)
+    _, _, states = rglru_fwd_op(x, *params, h0, 8.0, 16, 1, 4, 4, True)
+    dy = randn((1, 20, 16), 3, device=DEVICE, requires_grad=False)
+    dh = randn((1, 16), 4, device=DEVICE, requires_grad=False)
+    plain = [t.detach() for t in (x, *params)]
+    torch.library.opcheck(rglru_bwd_op, (dy, dh, *plain, True, states.detach(), 8.0, 16, 1, 4),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: realistic shapes, torch.compile and CUDA graphs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["triton_serial", "triton_grouped"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("B,L,D", [(2, 1000, 1024), (1, 4097, 2560), (3, 777, 1536)])
+def test_gpu_gate(name, dtype, B, L, D):
+    def mixer(*args, **kw):
+        return samu.rglru_mixer(*args, backend=name, **kw)
+
+    assert_gate(gate_check("rglru", mixer, dtype, B, L, D, H=16, seed=B + L, device="cuda"))
+
+
+@pytest.mark.gpu
+def test_gpu_compile_fullgraph():
+    mixer = samu.RGLRUMixer(256, 16, backend="triton_grouped").cuda()
+    x = torch.randn(2, 300, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def f(x):
+        y, h = mixer(x, output_final_state=True)
+        return y.float().sum() + h.sum()
+
+    compiled = torch.compile(f, fullgraph=True)
+    eager = f(x)
+    assert rel_err(compiled(x), eager) < 1e-5
+    explanation = torch._dynamo.explain(f)(x)
+    assert explanation.graph_break_count == 0
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture():
+    params = [p.detach() for p in rglru_params(512, 16, 0, device="cuda")]
+    x = torch.randn(2, 700, 512, device="cuda", dtype=torch.bfloat16)
+    previous = samu.set_check_finite(False)
+    try:
+        y_eager, _ = samu.rglru_mixer(x, *params, backend="triton_grouped")
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            samu.rglru_mixer(x, *params, backend="triton_grouped")
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y_graph, _ = samu.rglru_mixer(x, *params, backend="triton_grouped")
+        graph.replay()
+        torch.cuda.synchronize()
+    finally:
+        samu.set_check_finite(previous)
+    assert torch.equal(y_graph, y_eager)
