@@ -76,14 +76,23 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--configs", help="K,BN,G,warps;... (default: the built-in sweep)")
+    ap.add_argument("--shapes", help="B,L,D;... (default: the primary shapes)")
+    ap.add_argument("--no-gates", action="store_true")
     args = ap.parse_args()
+    samu.set_check_finite(False)
+    global SHAPES, CONFIGS
+    if args.configs:
+        CONFIGS = [Config(*(int(v) for v in c.split(","))) for c in args.configs.split(";")]
+    if args.shapes:
+        SHAPES = [tuple(int(v) for v in c.split(",")) for c in args.shapes.split(";")]
     t0 = time.time()
     bw = copy_bandwidth()
     record = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "copy_bandwidth_Bps": bw, "configs": [], "gates": []}
     print(f"{record['gpu']} torch {torch.__version__} triton {triton.__version__} copy {bw / 1e12:.2f} TB/s",
           flush=True)
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (() if args.no_gates else (torch.float32, torch.bfloat16)):
         for name in ("triton_serial", "triton_grouped"):
             try:
                 res = gate_check("samu", lambda *a, **k: samu.samu_mixer(*a, backend=name, **k), dtype,
