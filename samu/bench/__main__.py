@@ -1,0 +1,5 @@
+import sys
+
+from samu.bench.cli import main
+
+sys.exit(main())

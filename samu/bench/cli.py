@@ -1,0 +1,154 @@
+"""The ``bench``, ``gate`` and ``report`` subcommands; ``add_commands`` plugs them into ``samu``."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+import torch
+
+from samu.bench.scopes import SCOPES
+from samu.bench.shapes import parse_shapes
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+          "fp32": torch.float32, "float32": torch.float32}
+
+
+def _dtype(text: str) -> torch.dtype:
+    if text not in DTYPES:
+        raise argparse.ArgumentTypeError(f"dtype must be one of {', '.join(DTYPES)}, got {text!r}")
+    return DTYPES[text]
+
+
+def _dtypes(text: str) -> list:
+    return [_dtype(t.strip()) for t in text.split(",") if t.strip()]
+
+
+def _shapes(text: str) -> list:
+    try:
+        return parse_shapes(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _names(allowed=None):
+    def parse(text: str) -> list:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if allowed is not None:
+            if items == ["all"]:
+                return list(allowed)
+            bad = [t for t in items if t not in allowed]
+            if bad:
+                raise argparse.ArgumentTypeError(f"unknown {', '.join(bad)}; choose from {', '.join(allowed)} or all")
+        if not items:
+            raise argparse.ArgumentTypeError("empty list")
+        return items
+    return parse
+
+
+def _at_least(minimum: int):
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"SPEC §8 asks for at least {minimum}, got {value}")
+        return value
+    return parse
+
+
+def _device(text: str) -> torch.device:
+    device = torch.device(text)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError("--device cuda asked for, but CUDA is not available here")
+    return device
+
+
+def _default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _common(p: argparse.ArgumentParser):
+    p.add_argument("--device", type=_device, default=_default_device(), help="cuda or cpu (default: cuda if present)")
+    p.add_argument("--seed", type=int, default=0, help="base seed; each op/shape/dtype derives its own")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--strict", action="store_true", help="exit 1 when anything failed")
+
+
+def add_commands(subparsers) -> None:
+    """Add ``bench``, ``gate`` and ``report`` to an argparse subparsers object."""
+    b = subparsers.add_parser("bench", help="time mixers, blocks and training steps (JSON record)",
+                              description="Counterbalanced timing, memory, launches and memory floor (SPEC §8).")
+    b.add_argument("--scopes", type=_names(SCOPES), default=["fwd", "fb"],
+                   help=f"comma list of {', '.join(SCOPES)} or all (default: fwd,fb)")
+    b.add_argument("--shapes", type=_shapes, default=parse_shapes("primary"),
+                   help="comma list of set names (primary, length, width, block, step, gate) or BxLxD")
+    b.add_argument("--dtype", type=_dtype, default=None, help="I/O dtype (default: bf16 on cuda, fp32 on cpu)")
+    b.add_argument("--impls", type=_names(), default=["auto"],
+                   help="samu backends to time: auto, torch, triton, variants (all registered) or variant names")
+    b.add_argument("--no-peers", dest="peers", action="store_false",
+                   help="skip the peers (backend torch and the third-party scans)")
+    b.add_argument("--warmup", type=_at_least(3), default=3, help="warm-ups per round (>= 3)")
+    b.add_argument("--samples", type=_at_least(5), default=5, help="timed samples per round (>= 5)")
+    b.add_argument("--preset", default="400m", help="LMConfig preset of the model scope (its width must be D)")
+    b.add_argument("--out", default="results/bench", help="record file (*.json) or folder (default: results/bench)")
+    _common(b)
+    b.set_defaults(func=_bench)
+
+    g = subparsers.add_parser("gate", help="run the SPEC §7 correctness gates (JSON record + dispatch status)",
+                              description="Compare backends with the float64 reference; thresholds from gates.toml.")
+    g.add_argument("--ops", type=_names(("samu", "rglru")), default=["samu", "rglru"])
+    g.add_argument("--shapes", type=_shapes, default=parse_shapes("primary"),
+                   help="comma list of set names or BxLxD (the set 'gate' adds L = 65536 and 131072)")
+    g.add_argument("--dtypes", type=_dtypes, default=[torch.bfloat16, torch.float32], help="default: bf16,fp32")
+    g.add_argument("--backends", type=_names(), default=["torch", "variants"],
+                   help="torch, triton, variants (every registered Triton variant) or variant names")
+    g.add_argument("--out", default="results/gates", help="record file (*.json) or folder (default: results/gates)")
+    g.add_argument("--results", default="results", help="records folder the status is rebuilt from")
+    g.add_argument("--status", default=None, help="status file (default: samu/gates/status.json or $SAMU_GATE_STATUS)")
+    g.add_argument("--no-status", action="store_true", help="write the record only")
+    g.add_argument("--status-only", action="store_true", help="only rebuild the status from --results")
+    _common(g)
+    g.set_defaults(func=_gate)
+
+    r = subparsers.add_parser("report", help="regenerate results/REPORT.md and its figures from the records",
+                              description="Deterministic: the same records give byte-identical output.")
+    r.add_argument("--results", default="results", help="records folder (quarantine/ is never read)")
+    r.add_argument("--out", default=None, help="report path (default: <results>/REPORT.md)")
+    r.add_argument("--no-figures", action="store_true", help="write the Markdown only")
+    r.add_argument("--brief", action="store_true", help="also print a short digest (SAMU vs RG-LRU, peers, gates)")
+    r.set_defaults(func=_report)
+
+
+def _command_line(args) -> str:
+    return "samu " + shlex.join(getattr(args, "argv", None) or sys.argv[1:])
+
+
+def _bench(args) -> int:
+    from samu.bench.runner import bench_command
+
+    args.dtype = args.dtype or (torch.bfloat16 if args.device.type == "cuda" else torch.float32)
+    args.command_line = _command_line(args)
+    return bench_command(args)
+
+
+def _gate(args) -> int:
+    from samu.gates.runner import gate_command
+
+    args.command_line = _command_line(args)
+    return gate_command(args)
+
+
+def _report(args) -> int:
+    from samu.bench.report import report_command
+
+    return report_command(args)
+
+
+def main(argv=None) -> int:
+    """``python -m samu.bench {bench,gate,report} ...`` (the same commands as ``samu``)."""
+    parser = argparse.ArgumentParser(prog="samu", description="samu measurement harness")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    args.argv = argv
+    return int(args.func(args) or 0)

@@ -1,0 +1,183 @@
+"""JSON records of bench and gate runs: environment, writing, loading, schema, quarantine.
+
+A record is one JSON file per command run: ``{"schema", "kind", "created", "command", "env",
+"rows", ...}``. Records are written once and never edited; a record found to be wrong is moved
+whole into ``results/quarantine/`` (see the README there) and is never read again.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+SCHEMAS = {"bench": "samu.bench/1", "gate": "samu.gate/1"}
+QUARANTINE = "quarantine"
+RESULTS = Path("results")
+
+_TOP = ("schema", "kind", "created", "command", "env", "rows")
+_ENV = ("torch", "triton", "python", "device", "gpu", "driver", "git_commit", "git_dirty")
+_ROW = {
+    "bench": ("scope", "op", "impl", "candidate", "peer", "shape", "dtype", "median_ms", "round_medians_ms",
+              "samples_ms", "peak_alloc", "peak_reserved", "launches", "params", "choice", "choice_reason",
+              "scratch_formula", "scratch_bytes", "floor_formula", "floor_bytes", "floor_ms", "floor_ratio"),
+    "gate": ("op", "backend", "variant", "shape", "shape_class", "dtype", "seed", "errors", "baselines",
+             "thresholds", "passed", "pass"),
+}
+
+
+def _run(args, cwd=None) -> "str | None":
+    try:
+        out = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+@functools.lru_cache(maxsize=None)
+def git_state() -> tuple:
+    """(commit, dirty) of the checkout holding this package; ``SAMU_GIT_COMMIT`` overrides both."""
+    if os.environ.get("SAMU_GIT_COMMIT"):
+        return os.environ["SAMU_GIT_COMMIT"], None
+    root = Path(__file__).resolve().parents[2]
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
+    if commit is None:
+        return "unknown", None
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
+    return commit, None if status is None else bool(status)
+
+
+def _driver() -> "str | None":
+    out = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    if out:
+        return out.splitlines()[0].strip()
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else version
+    except Exception:  # noqa: BLE001  (any NVML failure just means "driver unknown")
+        return None
+
+
+def environment(device) -> dict:
+    """What a reader needs to place a number: machine, software versions and the code's commit."""
+    device = torch.device(device)
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    commit, dirty = git_state()
+    cuda = device.type == "cuda"
+    return {
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "python": platform.python_version(),
+        "device": device.type,
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name(device) if cuda else None,
+        "gpu_memory": torch.cuda.get_device_properties(device).total_memory if cuda else None,
+        "driver": _driver() if cuda else None,
+        "cpu": platform.processor() or platform.machine(),
+        "triton_interpret": os.environ.get("TRITON_INTERPRET", "0") == "1",
+        "git_commit": commit,
+        "git_dirty": dirty,
+    }
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def new_record(kind: str, env: dict, command: str, **fields) -> dict:
+    if kind not in SCHEMAS:
+        raise ValueError(f"kind must be one of {sorted(SCHEMAS)}, got {kind!r}")
+    return {"schema": SCHEMAS[kind], "kind": kind, "created": now(), "command": command, "env": env,
+            "rows": [], **fields}
+
+
+def dumps(record: dict) -> str:
+    return json.dumps(record, indent=1, sort_keys=True, allow_nan=False) + "\n"
+
+
+def write_record(record: dict, out) -> Path:
+    """Write ``record`` to the file ``out`` (``*.json``) or into the folder ``out`` under a dated name."""
+    problems = validate(record)
+    if problems:
+        raise ValueError("record does not match its schema: " + "; ".join(problems))
+    out = Path(out)
+    if out.suffix != ".json":
+        stamp = record["created"].replace("-", "").replace(":", "")
+        out = out / f"{record['kind']}-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(dumps(record))
+    tmp.replace(out)
+    return out
+
+
+def validate(record) -> list[str]:
+    """Schema problems of one record (empty when it is well formed)."""
+    if not isinstance(record, dict):
+        return ["a record is a JSON object"]
+    problems = [f"missing {k!r}" for k in _TOP if k not in record]
+    kind = record.get("kind")
+    if kind not in SCHEMAS:
+        return problems + [f"unknown kind {kind!r}"]
+    if record.get("schema") != SCHEMAS[kind]:
+        problems.append(f"schema {record.get('schema')!r} is not {SCHEMAS[kind]!r}")
+    env = record.get("env")
+    if isinstance(env, dict):
+        problems += [f"env misses {k!r}" for k in _ENV if k not in env]
+    else:
+        problems.append("env is not an object")
+    rows = record.get("rows")
+    if not isinstance(rows, list):
+        return problems + ["rows is not a list"]
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            problems.append(f"row {i} is not an object")
+            continue
+        problems += [f"row {i} misses {k!r}" for k in _ROW[kind] if k not in row]
+        shape = row.get("shape")
+        if not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(s, int) for s in shape)):
+            problems.append(f"row {i} shape must be [B, L, D], got {shape!r}")
+    return problems
+
+
+def is_quarantined(path: Path, root: Path) -> bool:
+    return QUARANTINE in Path(path).relative_to(root).parts
+
+
+def load_records(root=RESULTS, kind: "str | None" = None) -> list[tuple[str, dict]]:
+    """Every record under ``root`` except quarantined ones: [(path relative to root, record)], sorted.
+
+    Files that are not samu records (no known ``schema``) are ignored; a malformed samu record
+    raises ValueError naming the file, so a broken record never silently drops out of a report.
+    """
+    root = Path(root)
+    found = []
+    for path in sorted(root.rglob("*.json"), key=lambda p: p.relative_to(root).as_posix()):
+        if is_quarantined(path, root):
+            continue
+        try:
+            record = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: not valid JSON ({err})") from None
+        if not isinstance(record, dict) or record.get("schema") not in SCHEMAS.values():
+            continue
+        problems = validate(record)
+        if problems:
+            raise ValueError(f"{path}: " + "; ".join(problems))
+        if kind is None or record["kind"] == kind:
+            found.append((path.relative_to(root).as_posix(), record))
+    return found

@@ -1,0 +1,391 @@
+"""``samu report``: REPORT.md and its figures, from the JSON records alone, deterministically.
+
+For every (scope, shape, dtype) the report uses the newest record that measured it, and takes
+all of that unit's rows from that one record, so every ratio compares candidates timed side by
+side in one run. Every table row and figure cites its record file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from samu.bench.records import load_records
+from samu.bench.shapes import BLOCK, LENGTH, PRIMARY, STEP, WIDTH, shape_str
+
+OP_LABEL = {"samu": "SAMU", "rglru": "RG-LRU"}
+MAIN = {"samu": "samu/auto", "rglru": "rglru/auto"}
+SCOPE_TITLE = {"fwd": "mixer forward", "fb": "mixer forward + backward", "block": "RMSNorm + RecurrentBlock forward + backward",
+               "step": "one residual layer: forward, backward, AdamW step", "model": "full-model training step"}
+MIB = float(1 << 20)
+
+
+@dataclass
+class Unit:
+    scope: str
+    shape: tuple
+    dtype: str
+    path: str
+    created: str
+    rows: dict = field(default_factory=dict)
+
+
+def collect(records) -> tuple[dict, list, list]:
+    """(bench units by (scope, shape, dtype), newest gate rows, records used)."""
+    units: dict = {}
+    gates: dict = {}
+    for path, record in records:
+        stamp = (record["created"], path)
+        if record["kind"] == "bench":
+            for row in record["rows"]:
+                key = (row["scope"], tuple(row["shape"]), row["dtype"])
+                unit = units.get(key)
+                if unit is None or stamp > (unit.created, unit.path):
+                    unit = units[key] = Unit(key[0], key[1], key[2], path, record["created"])
+                if (unit.created, unit.path) == stamp:
+                    unit.rows[row["candidate"]] = row
+        else:
+            for row in record["rows"]:
+                key = (row["op"], row["backend"], tuple(row["shape"]), row["dtype"])
+                if key not in gates or stamp > gates[key][0]:
+                    gates[key] = (stamp, row)
+    gate_rows = [dict(row, _record=stamp[1]) for key, (stamp, row) in sorted(gates.items())]
+    used = sorted({u.path for u in units.values()} | {r["_record"] for r in gate_rows})
+    return units, gate_rows, [(p, r) for p, r in records if p in used]
+
+
+def _ms(v) -> str:
+    return "n/a" if v is None else f"{v:.4g}"
+
+
+def _x(v) -> str:
+    return "n/a" if v is None else f"{v:.2f}"
+
+
+def _mib(v) -> str:
+    return "n/a" if v is None else f"{v / MIB:.1f}"
+
+
+def _launches(row) -> str:
+    return "n/a" if row is None or not row.get("launches") else str(row["launches"]["total"])
+
+
+def _pair(a, b, fmt) -> str:
+    return f"{fmt(a)} / {fmt(b)}"
+
+
+def _ratio(a, b) -> "float | None":
+    return a / b if a is not None and b else None
+
+
+def _get(row, key):
+    return None if row is None else row.get(key)
+
+
+def _link(path: str) -> str:
+    return f"[{Path(path).name}]({path})"
+
+
+def _title(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    # a literal "|" (shape classes use it) would split a Markdown cell
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in r) + " |" for r in rows]
+    return lines + [""]
+
+
+def _dtypes(units) -> list[str]:
+    return sorted({k[2] for k in units})
+
+
+def _units_for(units, scope, shapes):
+    """Units of ``scope`` at ``shapes`` (in that order), every dtype."""
+    return [units[(scope, tuple(s), d)] for s in shapes for d in _dtypes(units) if (scope, tuple(s), d) in units]
+
+
+def mixer_table(units, scope, shapes) -> list[str]:
+    rows = []
+    for u in _units_for(units, scope, shapes):
+        s, r = u.rows.get(MAIN["samu"]), u.rows.get(MAIN["rglru"])
+        if s is None and r is None:
+            continue
+        floor = _get(s, "floor_ms") or _get(r, "floor_ms")
+        rows.append([shape_str(u.shape), u.dtype, _ms(floor), _ms(_get(s, "median_ms")), _ms(_get(r, "median_ms")),
+                     _x(_ratio(_get(s, "median_ms"), _get(r, "median_ms"))),
+                     _pair(_get(s, "floor_ratio"), _get(r, "floor_ratio"), _x),
+                     _pair(_get(s, "peak_alloc"), _get(r, "peak_alloc"), _mib),
+                     f"{_launches(s)} / {_launches(r)}",
+                     _pair(_get(s, "scratch_bytes"), _get(r, "scratch_bytes"), _mib),
+                     f"{_get(s, 'choice') or 'n/a'} / {_get(r, 'choice') or 'n/a'}", _link(u.path)])
+    if not rows:
+        return ["No records.", ""]
+    return _table(["shape", "dtype", "floor ms", "SAMU ms", "RG-LRU ms", "SAMU / RG-LRU", "x floor (S / R)",
+                   "peak alloc MiB (S / R)", "launches (S / R)", "scratch MiB (S / R)", "dispatch (S / R)", "record"],
+                  rows)
+
+
+def module_table(units, scope, shapes) -> list[str]:
+    rows = []
+    for u in _units_for(units, scope, shapes):
+        s, r = u.rows.get(MAIN["samu"]), u.rows.get(MAIN["rglru"])
+        if s is None and r is None:
+            continue
+        preset = _get(s, "preset") or _get(r, "preset")
+        rows.append([shape_str(u.shape) + (f" ({preset})" if preset else ""), u.dtype,
+                     _ms(_get(s, "median_ms")), _ms(_get(r, "median_ms")),
+                     _x(_ratio(_get(s, "median_ms"), _get(r, "median_ms"))),
+                     _pair(_get(s, "peak_alloc"), _get(r, "peak_alloc"), _mib),
+                     _pair(_get(s, "peak_reserved"), _get(r, "peak_reserved"), _mib),
+                     f"{_get(s, 'params') or 'n/a'} / {_get(r, 'params') or 'n/a'}",
+                     f"{_launches(s)} / {_launches(r)}", _link(u.path)])
+    if not rows:
+        return ["No records.", ""]
+    return _table(["shape", "dtype", "SAMU ms", "RG-LRU ms", "SAMU / RG-LRU", "peak alloc MiB (S / R)",
+                   "peak reserved MiB (S / R)", "params (S / R)", "launches (S / R)", "record"], rows)
+
+
+def peer_table(units) -> list[str]:
+    rows = []
+    for key in sorted(k for k in units if k[0] in ("fwd", "fb")):
+        u = units[key]
+        for op in ("samu", "rglru"):
+            ours = u.rows.get(MAIN[op])
+            for name in sorted(n for n, row in u.rows.items() if row["op"] == op and n != MAIN[op]):
+                peer = u.rows[name]
+                agree = (peer.get("agreement") or {}).get("rel_error")
+                rows.append([shape_str(u.shape), u.dtype, u.scope, OP_LABEL[op], name, _ms(peer["median_ms"]),
+                             _ms(_get(ours, "median_ms")), _x(_ratio(peer["median_ms"], _get(ours, "median_ms"))),
+                             "n/a" if agree is None else f"{agree:.2e}", _link(u.path)])
+    if not rows:
+        return ["No peer rows in the records.", ""]
+    return _table(["shape", "dtype", "scope", "mixer", "peer", "peer ms", "samu ms (dispatch)", "peer / samu",
+                   "y rel. error vs samu", "record"], rows)
+
+
+def scratch_lines(units) -> list[str]:
+    formulas = sorted({(row["op"], row["choice"], row["scratch_formula"]) for u in units.values()
+                       for row in u.rows.values() if row.get("scratch_formula")})
+    if not formulas:
+        return ["No record names a Triton variant's scratch (the torch backend has none declared).", ""]
+    return [f"* {OP_LABEL[op]} `{choice}`: `{formula}`" for op, choice, formula in formulas] + [""]
+
+
+def gate_tables(gate_rows) -> list[str]:
+    if not gate_rows:
+        return ["No gate records.", ""]
+    summary, detail = [], []
+    for row in gate_rows:
+        ratios = [(row["errors"][q] / row["thresholds"][q], q) for q in row["passed"]
+                  if row["errors"].get(q) is not None and row["thresholds"].get(q)]
+        worst = max(ratios) if ratios else None
+        failing = [q for q, ok in sorted(row["passed"].items()) if not ok]
+        if "exception" in row:
+            failing.append("crashed: " + row["exception"].splitlines()[0][:80])
+        summary.append([OP_LABEL[row["op"]], row["backend"], row["variant"], shape_str(row["shape"]), row["dtype"],
+                        row["shape_class"], "pass" if row["pass"] else "**FAIL**",
+                        "n/a" if worst is None else f"{worst[0]:.3f} ({worst[1]})", ", ".join(failing) or "-",
+                        _link(row["_record"])])
+        cells = [f"{q} {row['errors'][q]:.2e} / {row['thresholds'][q]:.2e}"
+                 if row["errors"].get(q) is not None and row["thresholds"].get(q) is not None else f"{q} n/a"
+                 for q in row["passed"]]
+        detail.append([OP_LABEL[row["op"]], row["backend"], shape_str(row["shape"]), row["dtype"], "<br>".join(cells)])
+    lines = _table(["mixer", "backend", "variant", "shape", "dtype", "shape class", "result",
+                    "worst error / threshold", "failing", "record"], summary)
+    lines += ["Each result's relative Frobenius error against the float64 reference, and its threshold:", ""]
+    return lines + _table(["mixer", "backend", "shape", "dtype", "error / threshold"], detail)
+
+
+def status_lines(gate_records) -> list[str]:
+    from samu.gates.runner import status_from_records
+
+    status = status_from_records(gate_records)
+    if not status["blocked"]:
+        return ["No (op, variant, shape class) is blocked by the gate records.", ""]
+    return ["Blocked from dispatch (latest gate failed):", ""] + [
+        f"* {OP_LABEL[op]} `{variant}` in `{cls}`" for op, variant, cls in status["blocked"]] + [""]
+
+
+def notes_lines(records) -> list[str]:
+    lines = []
+    for path, record in records:
+        for item in record.get("skipped", []):
+            what = item.get("candidate") or item.get("backend")
+            lines.append(f"* skipped {what}: {item['reason']} ({_link(path)})")
+        for item in record.get("failed", []):
+            lines.append(f"* failed {item['candidate']} {item['scope']} {shape_str(item['shape'])}: "
+                         f"{item['error'].splitlines()[0][:160]} ({_link(path)})")
+    unique = list(dict.fromkeys(lines))
+    return (unique or ["None."]) + [""]
+
+
+def records_table(records) -> list[str]:
+    rows = []
+    for path, r in records:
+        env = r["env"]
+        bw = r.get("copy_bandwidth", {}).get("bytes_per_s")
+        rows.append([_link(path), r["kind"], r["created"], env.get("gpu") or env.get("device"), env.get("driver") or "n/a",
+                     env["torch"], env.get("triton") or "n/a", (env.get("git_commit") or "unknown")[:12],
+                     "n/a" if bw is None else f"{bw / 1e12:.2f} TB/s",
+                     "yes" if r.get("complete", True) else "**no** (stopped early)", f"`{r['command']}`"])
+    return _table(["record", "kind", "created", "device", "driver", "torch", "triton", "commit", "copy bandwidth",
+                   "complete", "command"], rows)
+
+
+def render(units, gate_rows, records, figures) -> str:
+    gate_records = [(p, r) for p, r in records if r["kind"] == "gate"]
+    out = ["# samu measurement report", "",
+           "Generated by `samu report` from the JSON records under `results/` (never from `results/quarantine/`).",
+           "Do not edit by hand: rerun `samu report`. Times are medians over two counterbalanced rounds; "
+           "ratios compare rows timed side by side in one record. `S / R` = SAMU / RG-LRU; "
+           "`x floor` = time over the memory floor (bytes a mixer must move / copy bandwidth of the same run).", "",
+           "## Records", ""] + records_table(records)
+    for scope in ("fb", "fwd"):
+        out += [f"## {_title(SCOPE_TITLE[scope])}: primary shapes", ""] + mixer_table(units, scope, PRIMARY)
+    out += ["## Length sweep (mixer forward + backward)", ""] + mixer_table(units, "fb", LENGTH)
+    out += ["## Width sweep (mixer forward + backward)", ""] + mixer_table(units, "fb", WIDTH)
+    out += ["## Peers side by side", "",
+            "Each peer (and any other candidate) is timed in the same run as the dispatched samu op on the same "
+            "inputs; the ratio is its time over samu's.", ""] + peer_table(units)
+    named = tuple(dict.fromkeys(PRIMARY + LENGTH + WIDTH + BLOCK + STEP))
+    for scope in ("block", "step", "model"):
+        shapes = named + tuple(sorted({k[1] for k in units if k[0] == scope} - set(named)))
+        out += [f"## {_title(SCOPE_TITLE[scope])}", ""] + module_table(units, scope, shapes)
+    other = sorted({k[1] for k in units if k[0] in ("fwd", "fb")} - set(PRIMARY + LENGTH + WIDTH))
+    if other:
+        out += ["## Other mixer shapes", ""]
+        for scope in ("fb", "fwd"):
+            out += [f"### {_title(SCOPE_TITLE[scope])}", ""] + mixer_table(units, scope, other)
+    out += ["## Analytic scratch of the dispatched variants", ""] + scratch_lines(units)
+    out += ["## Correctness gates", "", "Thresholds from `samu/gates/gates.toml` (SPEC §7).", ""]
+    out += gate_tables(gate_rows) + status_lines(gate_records)
+    out += ["## Figures", ""]
+    if not figures:
+        out += ["No figures (no records for them, or `--no-figures`).", ""]
+    for name, caption, sources in figures:
+        out += [f"![{caption}](figures/{name})", "",
+                f"*{caption}.* Source: " + ", ".join(_link(s) for s in sources) + ".", ""]
+    out += ["## Skipped and failed candidates", ""] + notes_lines(records)
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _sweeps(units, axis: int) -> dict:
+    """fb series along one shape axis: {(fixed dims, dtype): {candidate: [(x, ms)]}} with >= 2 points."""
+    groups: dict = {}
+    for (scope, shape, dtype), u in sorted(units.items()):
+        if scope != "fb":
+            continue
+        fixed = tuple(v for i, v in enumerate(shape) if i != axis)
+        for name, row in sorted(u.rows.items()):
+            groups.setdefault((fixed, dtype), {}).setdefault(name, []).append((shape[axis], row["median_ms"], u.path))
+    return {k: v for k, v in groups.items() if max(len(points) for points in v.values()) >= 2}
+
+
+def figures_for(units, out_dir: Path) -> list:
+    """Write the PNG figures into ``out_dir``; return [(file name, caption, sources)]."""
+    from matplotlib.figure import Figure
+
+    made = []
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def save(fig, name, caption, sources):
+        fig.tight_layout()
+        # no Software/date metadata, so the same records give the same bytes
+        fig.savefig(out_dir / name, dpi=110, metadata={"Software": None})
+        made.append((name, caption, sorted(set(sources))))
+
+    for axis, name, label, fixed_names, what in ((1, "time_vs_length.png", "sequence length L", ("B", "D"), "length"),
+                                                  (2, "time_vs_width.png", "width D", ("B", "L"), "width")):
+        groups = _sweeps(units, axis)
+        if not groups:
+            continue
+        fig = Figure(figsize=(7, 4.5))
+        ax = fig.add_subplot()
+        sources = []
+        for (fixed, dtype), series in groups.items():
+            where = ", ".join(f"{n}={v}" for n, v in zip(fixed_names, fixed))
+            for candidate, points in series.items():
+                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                        label=f"{candidate} ({where}, {dtype})")
+                sources += [p[2] for p in points]
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(label)
+        ax.set_ylabel("median ms")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=6)
+        save(fig, name, f"Mixer forward + backward time vs {what}", sources)
+
+    fb = [u for (scope, _, _), u in sorted(units.items()) if scope == "fb"]
+    if fb:
+        labels = [f"{shape_str(u.shape)}\n{u.dtype}" for u in fb]
+        for name, key, ylabel, caption, scale in (
+                ("floor_ratio.png", "floor_ratio", "time / memory floor",
+                 "Mixer forward + backward time over the memory floor", 1.0),
+                ("peak_memory.png", "peak_alloc", "peak allocated MiB",
+                 "Mixer forward + backward peak allocated memory (CUDA only; 0 where not measured)", MIB)):
+            fig = Figure(figsize=(max(6, 0.8 * len(fb) + 2), 4.5))
+            ax = fig.add_subplot()
+            for i, op in enumerate(("samu", "rglru")):
+                values = [(_get(u.rows.get(MAIN[op]), key) or 0) / scale for u in fb]
+                ax.bar([j + 0.4 * i - 0.2 for j in range(len(fb))], values, width=0.4, label=OP_LABEL[op])
+            ax.set_xticks(range(len(fb)), labels, fontsize=6, rotation=45)
+            ax.set_ylabel(ylabel)
+            ax.legend()
+            ax.grid(True, axis="y", alpha=0.3)
+            save(fig, name, caption, [u.path for u in fb])
+
+    paired = [u for _, u in sorted(units.items()) if MAIN["samu"] in u.rows and MAIN["rglru"] in u.rows]
+    if paired:
+        fig = Figure(figsize=(max(6, 0.5 * len(paired) + 2), 4.5))
+        ax = fig.add_subplot()
+        values = [u.rows[MAIN["samu"]]["median_ms"] / u.rows[MAIN["rglru"]]["median_ms"] for u in paired]
+        ax.bar(range(len(values)), values)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(values)), [f"{u.scope} {shape_str(u.shape)}\n{u.dtype}" for u in paired],
+                      fontsize=6, rotation=60)
+        ax.set_ylabel("SAMU / RG-LRU time")
+        save(fig, "samu_rglru_ratio.png", "SAMU / RG-LRU time ratio per scope and shape (below 1: SAMU faster)",
+             [u.path for u in paired])
+    return made
+
+
+def brief(units, gate_rows) -> str:
+    """A short plain-text digest: SAMU vs RG-LRU per unit, peer ratios, gate verdicts."""
+    lines = [f"{'scope':6} {'shape':14} {'dtype':9} {'SAMU ms':>9} {'RG-LRU ms':>9} {'S/R':>6} {'S xfloor':>8} {'R xfloor':>8}"]
+    for (scope, shape, dtype), u in sorted(units.items()):
+        s, r = u.rows.get(MAIN["samu"]), u.rows.get(MAIN["rglru"])
+        lines.append(f"{scope:6} {shape_str(shape):14} {dtype:9} {_ms(_get(s, 'median_ms')):>9} "
+                     f"{_ms(_get(r, 'median_ms')):>9} {_x(_ratio(_get(s, 'median_ms'), _get(r, 'median_ms'))):>6} "
+                     f"{_x(_get(s, 'floor_ratio')):>8} {_x(_get(r, 'floor_ratio')):>8}")
+        for name, row in sorted(u.rows.items()):
+            ours = u.rows.get(MAIN[row["op"]])
+            if row["peer"] or (row["impl"] != "auto" and ours is not None):
+                lines.append(f"{'':6} peer {name}: {_ms(row['median_ms'])} ms = "
+                             f"{_x(_ratio(row['median_ms'], _get(ours, 'median_ms')))}x {MAIN[row['op']]}")
+    failed = [g for g in gate_rows if not g["pass"]]
+    lines.append(f"gates: {len(gate_rows) - len(failed)} pass, {len(failed)} fail")
+    lines += [f"  FAIL {g['op']} {g['backend']} {shape_str(g['shape'])} {g['dtype']}: "
+              + (", ".join(q for q, ok in sorted(g["passed"].items()) if not ok) or g.get("exception", "")[:120])
+              for g in failed]
+    return "\n".join(lines)
+
+
+def build_report(results, out=None, figures: bool = True) -> tuple[Path, str]:
+    """Write the report (and figures) for the records under ``results``; return (path, brief digest)."""
+    results = Path(results)
+    out = Path(out) if out else results / "REPORT.md"
+    units, gate_rows, used = collect(load_records(results))
+    made = figures_for(units, out.parent / "figures") if figures else []
+    out.write_text(render(units, gate_rows, used, made))
+    return out, brief(units, gate_rows)
+
+
+def report_command(args) -> int:
+    out, digest = build_report(args.results, args.out, figures=not args.no_figures)
+    if args.brief:
+        print(digest)
+    print(f"report: {out}")
+    return 0

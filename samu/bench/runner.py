@@ -1,0 +1,154 @@
+"""``samu bench``: time every scope x shape with its candidates side by side and write one record."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from tqdm import tqdm
+
+from samu.bench import peers
+from samu.bench.records import environment, new_record, write_record
+from samu.bench.scopes import MIXER_SCOPES, OPS, SCOPES, memory_floor, mixer_candidates, module_candidate
+from samu.bench.shapes import shape_str
+from samu.bench.timing import Clock, copy_bandwidth, count_launches, peak_memory, time_side_by_side
+from samu.gates.inputs import derive_seed
+from samu.gates.rules import rel_error
+from samu.ops import dispatch
+
+
+def impls_for(op: str, impls: list[str], with_peers: bool) -> list[str]:
+    """Our candidates (``variants`` expands to every registered Triton variant), then the peers."""
+    out: list[str] = []
+    for item in impls:
+        for impl in (sorted(dispatch.variants(op)) if item == "variants" else [item]):
+            if impl not in out:
+                out.append(impl)
+    if with_peers:
+        out += [p for p in ("torch", *peers.peers_of(op)) if p not in out]
+    return out
+
+
+def _candidates(scope, shape, dtype, device, impls, with_peers, seed, preset):
+    found, skipped = [], []
+    for op in OPS:
+        if op == "samu" and shape[2] % 2:
+            skipped.append((f"{op}/*", "SAMU needs an even D"))
+            continue
+        s = derive_seed(seed, "bench", op, *shape)
+        if scope in MIXER_SCOPES:
+            c, sk = mixer_candidates(scope, op, impls_for(op, impls, with_peers), shape, dtype, device, s)
+            found += c
+        else:
+            c, sk = module_candidate(scope, op, shape, dtype, device, s, preset)
+            found += [c] if c is not None else []
+        skipped += [(k.name, k.reason) for k in sk]
+    return found, skipped
+
+
+def _agreement(candidates) -> dict:
+    """Relative error of each candidate's y against its op's dispatched candidate (mixer scopes)."""
+    out = {}
+    for op in OPS:
+        base = next((c for c in candidates if c.op == op and c.impl == "auto" and c.output), None)
+        if base is None:
+            continue
+        y = base.output()
+        for c in candidates:
+            if c.op == op and c is not base and c.output is not None:
+                err = rel_error(c.output(), y)
+                out[c.name] = {"against": base.name, "rel_error": err if math.isfinite(err) else None}
+        del y
+    return out
+
+
+def run_bench(scopes, shapes, dtype, device, impls=("auto",), with_peers=True, warmup=3, samples=5,
+              seed=0, preset="400m", progress=True, command="samu bench", out=None) -> dict:
+    """Run the bench and return its record; with ``out``, the record is rewritten after every unit,
+    so a run stopped early still leaves its finished rows (``complete`` stays false)."""
+    device = torch.device(device)
+    for scope in scopes:
+        if scope not in SCOPES:
+            raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
+    clock = Clock(device)
+    record = new_record("bench", environment(device), command, copy_bandwidth=copy_bandwidth(device, clock),
+                        timing={**clock.describe(), "warmup": warmup, "samples": samples, "rounds": 2},
+                        skipped=[], failed=[], complete=False)
+    bandwidth = record["copy_bandwidth"]["bytes_per_s"]
+    dname = str(dtype).replace("torch.", "")
+    units = [(scope, tuple(shape)) for shape in shapes for scope in scopes]
+    bar = tqdm(units, desc="bench", disable=not progress, dynamic_ncols=True)
+    announced = set()
+    for scope, shape in bar:
+        bar.set_postfix_str(f"{scope} {shape_str(shape)}")
+        candidates, skipped = _candidates(scope, shape, dtype, device, list(impls), with_peers, seed, preset)
+        for name, reason in skipped:
+            record["skipped"].append({"scope": scope, "shape": list(shape), "candidate": name, "reason": reason})
+            if (name, reason) not in announced:
+                announced.add((name, reason))
+                tqdm.write(f"skip {name}: {reason}")
+        # one untimed call each: compilation and autotuning happen here, failures drop out
+        ready = []
+        for c in candidates:
+            try:
+                c.run()
+                ready.append(c)
+            except Exception as err:  # noqa: BLE001  (one failing candidate must not end the run)
+                record["failed"].append({"scope": scope, "shape": list(shape), "candidate": c.name,
+                                         "error": f"{type(err).__name__}: {err}"[:2000]})
+                tqdm.write(f"FAILED {c.name} {scope} {shape_str(shape)}: {type(err).__name__}: {err}"[:400])
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+        if not ready:
+            continue
+        timings = time_side_by_side({c.name: c.run for c in ready}, clock, warmup=warmup, samples=samples)
+        agreement = _agreement(ready) if scope in MIXER_SCOPES else {}
+        floor_formula, floor_bytes = memory_floor(scope, shape, dtype)
+        floor_ms = floor_bytes / bandwidth * 1e3 if floor_bytes else None
+        for position, c in enumerate(ready):
+            t = timings[c.name]
+            memory = peak_memory(c.run, device) or {}
+            # launch counts are for samu's own ops; profiling a peer's thousands of launches costs seconds
+            launches = None if c.peer else count_launches(c.run, device)
+            record["rows"].append({
+                "scope": scope, "op": c.op, "impl": c.impl, "candidate": c.name, "peer": c.peer,
+                "shape": list(shape), "dtype": dname, "order": position,
+                "median_ms": t.median_ms, "round_medians_ms": t.round_medians_ms, "samples_ms": t.samples_ms,
+                "peak_alloc": memory.get("peak_alloc"), "peak_reserved": memory.get("peak_reserved"),
+                "launches": launches, "params": c.params,
+                "choice": c.choice, "choice_reason": c.choice_reason,
+                "scratch_formula": c.scratch[0], "scratch_bytes": c.scratch[1],
+                "floor_formula": floor_formula, "floor_bytes": floor_bytes, "floor_ms": floor_ms,
+                "floor_ratio": t.median_ms / floor_ms if floor_ms else None,
+                "agreement": agreement.get(c.name), **(c.extra or {}),
+            })
+        del candidates, ready
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if out is not None:
+            write_record(record, out)
+    record["complete"] = True
+    return record
+
+
+def summary(record: dict) -> str:
+    """A short fixed-width table of a bench record, for the end of a run."""
+    lines = [f"{'scope':6} {'shape':16} {'candidate':26} {'median ms':>10} {'x floor':>8} {'launches':>8}"]
+    for r in record["rows"]:
+        ratio = f"{r['floor_ratio']:.1f}" if r["floor_ratio"] else "-"
+        launches = str(r["launches"]["total"]) if r["launches"] else "-"
+        lines.append(f"{r['scope']:6} {shape_str(r['shape']):16} {r['candidate']:26} {r['median_ms']:10.3f} "
+                     f"{ratio:>8} {launches:>8}")
+    return "\n".join(lines)
+
+
+def bench_command(args) -> int:
+    """Entry of ``samu bench`` (argparse namespace from samu.bench.cli)."""
+    record = run_bench(args.scopes, args.shapes, args.dtype, args.device, impls=args.impls,
+                       with_peers=args.peers, warmup=args.warmup, samples=args.samples, seed=args.seed,
+                       preset=args.preset, progress=not args.quiet, command=args.command_line, out=args.out)
+    out = write_record(record, args.out)
+    print(summary(record))
+    print(f"record: {out} ({len(record['rows'])} rows, {len(record['skipped'])} skipped, "
+          f"{len(record['failed'])} failed)")
+    return 1 if record["failed"] and args.strict else 0

@@ -1,0 +1,212 @@
+"""Benchmark scopes (SPEC §8): what one timed call does, for each candidate implementation.
+
+* ``fwd``   mixer forward (under ``torch.no_grad``).
+* ``fb``    mixer forward + backward: dense output cotangent, input and all parameter gradients.
+* ``block`` RMSNorm + one RecurrentBlock, forward + backward (input and parameter gradients).
+* ``step``  one optimizer step of one residual layer: forward, backward, AdamW step.
+* ``model`` one full-model training step: forward, cross-entropy, backward, AdamW step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from samu.bench import peers
+from samu.gates.inputs import make_inputs
+from samu.ops import dispatch
+from samu.ops.functional import rglru_mixer, samu_mixer
+
+SCOPES = ("fwd", "fb", "block", "step", "model")
+MIXER_SCOPES = ("fwd", "fb")
+OPS = ("samu", "rglru")
+# The comparison builds timed beside the dispatched op: the chunked PyTorch backend and the peers.
+PEER_IMPLS = ("torch",) + tuple(peers.PEERS)
+
+
+@dataclass
+class Candidate:
+    name: str                   # "<op>/<impl>", e.g. "samu/auto", "rglru/fla-chunk_hgrn"
+    op: str
+    impl: str                   # a samu backend ("auto", "torch", a variant name) or a peer name
+    peer: bool
+    run: Callable[[], object]   # one execution of the scope
+    params: int
+    choice: "str | None" = None
+    choice_reason: "str | None" = None
+    scratch: tuple = (None, None)
+    output: "Callable[[], torch.Tensor] | None" = None   # y without grad, to check agreement
+    extra: "dict | None" = None
+
+
+@dataclass
+class Skip:
+    name: str
+    reason: str
+
+
+def memory_floor(scope: str, shape, dtype: torch.dtype) -> tuple:
+    """(formula, bytes) a mixer must move at least (SPEC §6); (None, None) outside the mixer scopes."""
+    B, L, D = shape
+    s = torch.empty((), dtype=dtype).element_size()
+    if scope == "fwd":
+        return f"2*B*L*D*s (fwd reads x, writes y; s={s} bytes)", 2 * B * L * D * s
+    if scope == "fb":
+        return f"5*B*L*D*s (fwd reads x, writes y; bwd reads x and dy, writes dx; s={s} bytes)", 5 * B * L * D * s
+    return None, None
+
+
+def _mixer(op: str, impl: str) -> Callable:
+    """f(x, *params) -> y for a samu backend or a peer."""
+    if impl in peers.PEERS:
+        return peers.PEERS[impl][1]
+    if op == "samu":
+        return lambda x, *p: samu_mixer(x, *p, backend=impl)[0]
+    return lambda x, *p: rglru_mixer(x, *p, backend=impl)[0]
+
+
+def _choice(op, shape, dtype, device, backend):
+    c = dispatch.choose(op, *shape, dtype, device, backend)
+    scratch = c.variant.scratch(*shape) if c.variant is not None else (None, None)
+    return c, tuple(scratch)
+
+
+def mixer_candidates(scope: str, op: str, impls: list[str], shape, dtype, device, seed: int):
+    """Candidates of a mixer scope on one shared set of inputs: ([Candidate], [Skip])."""
+    inputs = make_inputs(op, shape, dtype, device, seed)
+    grad = scope == "fb"
+    x = inputs["x"].requires_grad_(grad)
+    params = [p.requires_grad_(grad) for p in inputs["params"].values()]
+    dy = inputs["dy"]
+    n_params = sum(p.numel() for p in params)
+    found, skipped = [], []
+    for impl in impls:
+        name = f"{op}/{impl}"
+        if impl in peers.PEERS:
+            reason = peers.unavailable(impl, device)
+            if reason:
+                skipped.append(Skip(name, reason))
+                continue
+            choice, scratch = None, (None, None)
+        else:
+            try:
+                choice, scratch = _choice(op, shape, dtype, device, impl)
+            except (ValueError, TypeError) as err:
+                skipped.append(Skip(name, str(err)))
+                continue
+        f = _mixer(op, impl)
+
+        def output(f=f):
+            with torch.no_grad():
+                return f(x, *params)
+
+        if grad:
+            def run(f=f):
+                return torch.autograd.grad(f(x, *params), [x, *params], dy)
+        else:
+            run = output
+        found.append(Candidate(name, op, impl, impl in PEER_IMPLS, run, n_params,
+                               choice.name if choice else None, choice.reason if choice else None, scratch, output))
+    return found, skipped
+
+
+def _autocast(device: torch.device, dtype: torch.dtype):
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+class _Scoped(nn.Module):
+    """Makes a model-code module return its main output only (they also return recurrent state)."""
+
+    def __init__(self, *modules: nn.Module):
+        super().__init__()
+        self.parts = nn.ModuleList(modules)
+
+    def forward(self, x):
+        *pre, last = self.parts
+        for m in pre:
+            x = m(x)
+        return last(x)[0]
+
+
+def build_module(scope: str, op: str, width: int, preset: str, device) -> nn.Module:
+    """block: RMSNorm + RecurrentBlock; step: one ResidualLayer; model: LanguageModel of ``preset``."""
+    from samu.models import LanguageModel, LMConfig
+    from samu.modules import RecurrentBlock, ResidualLayer, RMSNorm
+
+    if scope == "block":
+        return _Scoped(RMSNorm(width, device=device), RecurrentBlock(width, mixer=op, device=device))
+    if scope == "step":
+        return _Scoped(ResidualLayer(width, mixer=op, device=device))
+    model = LanguageModel(LMConfig.preset(preset, mixer=op), device=device)
+    wrapped = _Scoped(model)
+    wrapped.config = model.config
+    return wrapped
+
+
+def module_candidate(scope: str, op: str, shape, dtype, device, seed: int, preset: str = "400m"):
+    """The candidate of a block, step or model scope for mixer ``op``: (Candidate | None, [Skip])."""
+    B, L, D = shape
+    name = f"{op}/auto"
+    torch.manual_seed(seed)
+    if scope == "model":
+        from samu.models import LMConfig
+
+        width = LMConfig.preset(preset).width
+        if width != D:
+            return None, [Skip(name, f"model scope: preset {preset!r} has width {width}, not D={D}")]
+    device = torch.device(device)
+    try:
+        choice, scratch = _choice(op, shape, dtype, device, "auto")
+        module = build_module(scope, op, D, preset, device)
+    except (ValueError, TypeError) as err:
+        return None, [Skip(name, str(err))]
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    params = [p for p in module.parameters() if p.requires_grad]
+    n_params = sum(p.numel() for p in params)
+    cast = _autocast(device, dtype)
+    if scope in ("block", "step"):
+        x = torch.randn(B, L, D, generator=gen, device=device).to(dtype).requires_grad_()
+        dy_fp32 = torch.randn(B, L, D, generator=gen, device=device)
+        cast_dy: dict = {}
+
+        def dy(like):
+            # the cotangent in the output's dtype, cast once (on the untimed first call), not per sample
+            if like.dtype not in cast_dy:
+                cast_dy[like.dtype] = dy_fp32.to(like.dtype)
+            return cast_dy[like.dtype]
+    else:
+        vocab = int(module.config.vocab_size)
+        tokens = torch.randint(vocab, (B, L + 1), generator=gen, device=device)
+    if scope == "block":
+        def run():
+            with cast:
+                y = module(x)
+            return torch.autograd.grad(y, [x, *params], dy(y))
+    else:
+        opt = torch.optim.AdamW(params, lr=1e-4, fused=device.type == "cuda")
+
+        def backward():
+            with cast:
+                out = module(x if scope == "step" else tokens[:, :-1])
+            if scope == "step":
+                out.backward(dy(out))
+            else:
+                F.cross_entropy(out.float().flatten(0, 1), tokens[:, 1:].flatten()).backward()
+
+        def run():
+            backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if scope == "step":
+                x.grad = None
+
+    extra = {"preset": preset} if scope == "model" else None
+    return Candidate(name, op, "auto", False, run, n_params, choice.name, choice.reason, scratch, None, extra), []

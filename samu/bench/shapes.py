@@ -1,0 +1,47 @@
+"""Named shape sets (SPEC §8) and the ``--shapes`` syntax: set names or literal ``BxLxD``."""
+
+from __future__ import annotations
+
+PRIMARY = ((4, 2048, 2048), (2, 4096, 2560), (1, 32768, 1024), (1, 32768, 2048), (1, 8192, 1024))
+LENGTH = tuple((1, L, 1024) for L in (8192, 16384, 32768, 65536, 131072))
+WIDTH = tuple((1, 32768, D) for D in (1024, 1536, 2048, 2560))
+# Block and optimizer-step scopes cover every mixer shape, plus one block of the 400m preset (width 1664).
+BLOCK = tuple(dict.fromkeys(PRIMARY + LENGTH + WIDTH + ((4, 2048, 1664),)))
+# Full-model training steps of the 400m preset: 8192 tokens as 4 x 2048 and as one 8192-token sequence.
+STEP = ((4, 2048, 1664), (1, 8192, 1664))
+
+SETS = {"primary": PRIMARY, "length": LENGTH, "width": WIDTH, "block": BLOCK, "step": STEP}
+# The gates also cover the very long shapes (issue 3).
+GATE = PRIMARY + ((1, 65536, 1024), (1, 131072, 1024))
+SETS["gate"] = GATE
+
+
+def parse_shapes(spec: str) -> list[tuple[int, int, int]]:
+    """``"primary,1x64x32"`` -> unique (B, L, D) tuples in first-seen order."""
+    shapes: list[tuple[int, int, int]] = []
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            continue
+        if item in SETS:
+            new = list(SETS[item])
+        else:
+            parts = item.lower().split("x")
+            if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+                names = ", ".join(sorted(SETS))
+                raise ValueError(f"shape {item!r} is neither a set name ({names}) nor BxLxD with positive integers")
+            new = [tuple(int(p) for p in parts)]
+        for shape in new:
+            if shape not in shapes:
+                shapes.append(shape)
+    if not shapes:
+        raise ValueError(f"no shapes in {spec!r}")
+    return shapes
+
+
+def shape_sets(shape) -> list[str]:
+    """The named sets a shape belongs to (the report groups rows by these)."""
+    return [name for name, members in SETS.items() if tuple(shape) in members]
+
+
+def shape_str(shape) -> str:
+    return "x".join(str(s) for s in shape)

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The measurement suite for one H200 run through the device tool (issue 5); under 9 minutes in all.
+#
+#   bash scripts/gpu_suite.sh [STAGE ...]     stages: tests gate primary sweeps modules (default: all)
+#
+# Writes under $OUT (default ./out): suite.log, gates.json, status.json, bench_primary.json,
+# bench_sweeps.json, bench_modules.json, REPORT.md (7 files, one folder) and prints a digest last.
+# Peers: wheels of fla-core and accelerated-scan in .whl/ (carry it) are installed to /tmp/peers;
+# without them the peers are skipped with a clear line. Set SAMU_GIT_COMMIT when .git does not travel.
+# Every stage has its own time limit and rewrites its record after each unit, so a stage cut short
+# still returns what it finished. Shape and argument overrides (for a CPU smoke run, say):
+# GATE_SHAPES PRIMARY_SHAPES SWEEP_SHAPES MODULE_SHAPES, EXTRA (added to every samu command) and
+# BENCH_EXTRA (bench only), e.g. EXTRA="--device cpu" BENCH_EXTRA="--preset tiny".
+set -u
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/out}"
+mkdir -p "$OUT"
+STAGES="${*:-tests gate primary sweeps modules}"
+PY="${PYTHON:-python3}"
+EXTRA="${EXTRA:-}"
+BENCH_EXTRA="${BENCH_EXTRA:-}"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# dispatch reads the status this run's gates write, not the committed one
+export SAMU_GATE_STATUS="$OUT/status.json"
+[ -f samu/gates/status.json ] && [ ! -f "$OUT/status.json" ] && cp samu/gates/status.json "$OUT/status.json"
+exec > >(tee -a "$OUT/suite.log") 2>&1
+
+wheels=$(ls .whl/fla_core-*.whl .whl/accelerated_scan-*.whl .whl/einops-*.whl 2>/dev/null)
+if [ -n "$wheels" ]; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/peers $wheels \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/peers" && echo "peers installed:" $wheels
+else
+  echo "peers: no fla-core / accelerated-scan wheels in .whl/; peer rows will be skipped"
+fi
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
+$PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+
+stage() {  # stage NAME SECONDS COMMAND...
+  local name=$1 limit=$2; shift 2
+  case " $STAGES " in *" $name "*) ;; *) return 0 ;; esac
+  echo "=== $name (limit ${limit}s): $*"
+  local start=$SECONDS
+  timeout --signal=INT --kill-after=15 "$limit" "$@"
+  echo "=== $name: exit $? after $((SECONDS - start))s"
+}
+
+# timeout runs programs, not shell functions: spell every command out
+SAMU="$PY -m samu.bench"
+stage tests 90 $PY -m pytest -m gpu -q -p no:cacheprovider
+stage gate 140 $SAMU gate --quiet $EXTRA --shapes "${GATE_SHAPES:-gate}" --dtypes bf16,fp32 \
+  --backends torch,variants --out "$OUT/gates.json" --results "$OUT"
+stage primary 100 $SAMU bench --quiet $EXTRA $BENCH_EXTRA --scopes fwd,fb --shapes "${PRIMARY_SHAPES:-primary}" \
+  --out "$OUT/bench_primary.json"
+stage sweeps 110 $SAMU bench --quiet $EXTRA $BENCH_EXTRA --scopes fb --shapes "${SWEEP_SHAPES:-length,width}" \
+  --out "$OUT/bench_sweeps.json"
+stage modules 110 $SAMU bench --quiet $EXTRA $BENCH_EXTRA --scopes block,step,model \
+  --shapes "${MODULE_SHAPES:-block,step}" --out "$OUT/bench_modules.json"
+
+echo "=== digest"
+$PY -m samu.bench report --results "$OUT" --out "$OUT/REPORT.md" --no-figures --brief

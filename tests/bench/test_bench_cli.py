@@ -1,0 +1,44 @@
+import json
+
+import pytest
+
+from samu.bench.cli import main
+from samu.bench.records import load_records, validate
+from samu.gates import blocked
+
+
+def test_bench_gate_report_end_to_end_on_cpu(tmp_path, capsys):
+    results = tmp_path / "results"
+    assert main(["bench", "--device", "cpu", "--shapes", "1x12x8", "--scopes", "fwd,fb", "--no-peers",
+                 "--out", str(results / "bench" / "b.json"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "samu/auto" in out and "record:" in out
+    status = tmp_path / "status.json"
+    assert main(["gate", "--device", "cpu", "--ops", "rglru", "--shapes", "1x12x8", "--dtypes", "fp32",
+                 "--backends", "torch", "--out", str(results / "gates"), "--results", str(results),
+                 "--status", str(status), "--quiet"]) == 0
+    blocked.cache_clear()
+    assert json.loads(status.read_text())["passed"] == [["rglru", "torch", "float32|L<=8192|D<=1024"]]
+    records = load_records(results)
+    assert [r["kind"] for _, r in records] == ["bench", "gate"]
+    assert all(validate(r) == [] for _, r in records)
+    assert records[0][1]["command"].startswith("samu bench --device cpu")
+    assert main(["report", "--results", str(results), "--brief"]) == 0
+    report = (results / "REPORT.md").read_text()
+    assert "[b.json](bench/b.json)" in report and "gates: 1 pass, 0 fail" in capsys.readouterr().out
+    assert (results / "figures" / "samu_rglru_ratio.png").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench", "--warmup", "2"],
+    ["bench", "--samples", "4"],
+    ["bench", "--shapes", "primary,huge"],
+    ["bench", "--scopes", "fwd,nope"],
+    ["gate", "--dtypes", "int8"],
+    ["gate", "--ops", "lstm"],
+])
+def test_bad_arguments_are_refused_before_running(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv + ["--device", "cpu"])
+    assert exit_info.value.code == 2
+    assert "error" in capsys.readouterr().err

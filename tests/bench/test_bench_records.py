@@ -1,0 +1,68 @@
+import json
+
+import pytest
+import torch
+
+from samu.bench.peers import PEERS
+from samu.bench.records import environment, load_records, new_record, validate, write_record
+from samu.bench.runner import run_bench
+
+
+@pytest.fixture(scope="module")
+def cpu_record():
+    """A real (tiny) bench run on CPU: its record is what the schema must accept."""
+    return run_bench(["fwd", "fb"], [(1, 16, 8)], torch.float32, "cpu", with_peers=True, progress=False)
+
+
+def test_bench_record_matches_schema(cpu_record):
+    assert validate(cpu_record) == []
+    assert cpu_record["complete"] is True
+    names = [r["candidate"] for r in cpu_record["rows"] if r["impl"] not in PEERS]
+    assert names == ["samu/auto", "samu/torch", "rglru/auto", "rglru/torch"] * 2
+    row = cpu_record["rows"][1]
+    assert row["scope"] == "fwd" and row["shape"] == [1, 16, 8] and row["dtype"] == "float32"
+    assert len(row["samples_ms"]) == 2 and all(len(r) == 5 for r in row["samples_ms"])
+    assert row["floor_bytes"] == 2 * 16 * 8 * 4
+    assert row["floor_ratio"] == pytest.approx(row["median_ms"] / row["floor_ms"])
+    assert row["agreement"]["against"] == "samu/auto" and row["agreement"]["rel_error"] < 1e-6
+    assert row["choice"] == "torch" and row["choice_reason"] and row["peer"]
+    assert not cpu_record["rows"][0]["peer"]
+    # every peer is either timed or listed with the reason it could not run, never silently dropped
+    seen = {s["candidate"] for s in cpu_record["skipped"]} | {r["candidate"] for r in cpu_record["rows"]}
+    assert {"samu/ascan-complex", "rglru/fla-chunk_hgrn", "rglru/ascan-scalar"} <= seen
+    assert all(s["reason"] for s in cpu_record["skipped"])
+    env = cpu_record["env"]
+    assert env["device"] == "cpu" and env["torch"] == torch.__version__ and env["git_commit"]
+    assert cpu_record["copy_bandwidth"]["bytes_per_s"] > 0
+
+
+def test_validate_names_what_is_missing(cpu_record):
+    broken = json.loads(json.dumps(cpu_record))
+    del broken["rows"][0]["median_ms"]
+    del broken["env"]["gpu"]
+    broken["rows"][1]["shape"] = [1, 16]
+    problems = validate(broken)
+    assert "row 0 misses 'median_ms'" in problems
+    assert "env misses 'gpu'" in problems
+    assert any(p.startswith("row 1 shape") for p in problems)
+    with pytest.raises(ValueError, match="median_ms"):
+        write_record(broken, "unused.json")
+
+
+def test_write_then_load_skips_quarantine_and_foreign_json(tmp_path, cpu_record):
+    path = write_record(cpu_record, tmp_path / "bench")
+    assert path.parent == tmp_path / "bench" and path.name.startswith("bench-")
+    (tmp_path / "quarantine").mkdir()
+    (tmp_path / "quarantine" / "wrong.json").write_text(json.dumps(cpu_record))
+    (tmp_path / "status.json").write_text('{"blocked": []}')
+    loaded = load_records(tmp_path)
+    assert [p for p, _ in loaded] == [f"bench/{path.name}"]
+    assert loaded[0][1] == cpu_record
+
+
+def test_load_refuses_a_malformed_samu_record(tmp_path):
+    record = new_record("gate", environment("cpu"), "samu gate")
+    record["rows"].append({"op": "samu"})
+    (tmp_path / "g.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="g.json"):
+        load_records(tmp_path)

@@ -1,0 +1,57 @@
+import pytest
+import torch
+
+from samu.bench.runner import impls_for
+from samu.bench.scopes import memory_floor, mixer_candidates, module_candidate
+
+
+def test_memory_floor_formulas():
+    formula, n = memory_floor("fwd", (2, 8, 4), torch.bfloat16)
+    assert n == 2 * 2 * 8 * 4 * 2 and formula.startswith("2*B*L*D*s")
+    formula, n = memory_floor("fb", (2, 8, 4), torch.float32)
+    assert n == 5 * 2 * 8 * 4 * 4 and "dy" in formula
+    assert memory_floor("block", (2, 8, 4), torch.float32) == (None, None)
+
+
+def test_impls_for_adds_peers_after_our_backends():
+    assert impls_for("samu", ["auto"], with_peers=False) == ["auto"]
+    assert impls_for("samu", ["auto", "torch"], with_peers=True) == ["auto", "torch", "ascan-complex"]
+    assert impls_for("rglru", ["auto"], with_peers=True) == ["auto", "torch", "fla-chunk_hgrn", "ascan-scalar"]
+
+
+@pytest.mark.parametrize("op", ["samu", "rglru"])
+def test_mixer_fb_candidate_returns_input_and_every_parameter_gradient(op):
+    found, skipped = mixer_candidates("fb", op, ["auto", "torch", "not-a-backend"], (2, 9, 8), torch.float32,
+                                      "cpu", seed=1)
+    assert [c.name for c in found] == [f"{op}/auto", f"{op}/torch"]
+    assert [s.name for s in skipped] == [f"{op}/not-a-backend"]
+    auto = found[0]
+    assert auto.choice == "torch" and "cpu" in auto.choice_reason
+    grads = auto.run()
+    n_params = 4 if op == "samu" else 5
+    assert len(grads) == 1 + n_params
+    assert grads[0].shape == (2, 9, 8)
+    assert sum(g.numel() for g in grads[1:]) == auto.params
+    assert all(bool(torch.isfinite(g).all()) for g in grads)
+
+
+def test_mixer_fwd_candidate_is_gradient_free():
+    (c, *_), _ = mixer_candidates("fwd", "samu", ["auto"], (1, 5, 4), torch.float32, "cpu", seed=0)
+    y = c.run()
+    assert y.shape == (1, 5, 4) and not y.requires_grad
+
+
+@pytest.mark.parametrize("scope", ["block", "step"])
+def test_module_scopes_run_on_cpu(scope):
+    c, skipped = module_candidate(scope, "rglru", (1, 6, 16), torch.float32, "cpu", seed=0)
+    assert skipped == [] and c.name == "rglru/auto" and c.params > 0
+    c.run()
+    c.run()
+
+
+def test_model_scope_needs_the_preset_width():
+    c, skipped = module_candidate("model", "samu", (1, 6, 64), torch.float32, "cpu", seed=0, preset="tiny")
+    assert c is None and "width 128" in skipped[0].reason
+    c, skipped = module_candidate("model", "samu", (1, 6, 128), torch.float32, "cpu", seed=0, preset="tiny")
+    assert skipped == [] and c.extra == {"preset": "tiny"}
+    c.run()

@@ -1,0 +1,114 @@
+import json
+
+import pytest
+import torch
+
+from samu.bench.records import write_record
+from samu.gates import blocked
+from samu.gates.runner import quantities, run_gates, status_from_records, update_status
+from samu.ops import dispatch
+from samu.ops.samu.torch import samu_mixer_torch
+
+SHAPE = (1, 33, 8)
+CLASS = dispatch.shape_class(33, 8, torch.float32)
+
+
+def _good(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound):
+    return samu_mixer_torch(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound)
+
+
+def _bad(*args):
+    # a 0.1% output scale error: far above every threshold, as a wrong parenthesisation might be
+    y, h = _good(*args)
+    return y * 1.001, h
+
+
+def _crash(*args):
+    raise RuntimeError("kernel launch failed")
+
+
+@pytest.fixture
+def dummy_variants(tmp_path, monkeypatch):
+    """Three registered SAMU variants ranked bad < crash < good, and a private status file."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("SAMU_GATE_STATUS", str(tmp_path / "status.json"))
+    dispatch.variants("samu")
+    names = {"test_gate_bad": (_bad, -3e9), "test_gate_crash": (_crash, -2.5e9), "test_gate_good": (_good, -2e9)}
+    for name, (run, score) in names.items():
+        dispatch.register(dispatch.Variant("samu", name, run, lambda B, L, D, s=score: s,
+                                           lambda B, L, D: ("0", 0), "test dummy"))
+    blocked.cache_clear()
+    yield list(names)
+    for name in names:
+        dispatch._VARIANTS["samu"].pop(name, None)
+    blocked.cache_clear()
+
+
+def test_failing_variant_is_recorded_and_never_dispatched_for_its_shape_class(dummy_variants, tmp_path):
+    assert dispatch.choose("samu", *SHAPE, torch.float32, "cpu", "triton").name == "test_gate_bad"
+    record = run_gates(["samu"], [SHAPE], [torch.float32], dummy_variants, "cpu", progress=False)
+    rows = {r["backend"]: r for r in record["rows"]}
+    assert rows["test_gate_good"]["pass"] and all(rows["test_gate_good"]["passed"].values())
+    bad = rows["test_gate_bad"]
+    assert not bad["pass"] and not bad["passed"]["y"] and bad["passed"]["final_state"]
+    assert bad["errors"]["y"] == pytest.approx(1e-3, rel=1e-3)
+    assert set(bad["thresholds"]) == set(quantities("samu"))
+    crash = rows["test_gate_crash"]
+    assert not crash["pass"] and "kernel launch failed" in crash["exception"]
+
+    path = write_record(record, tmp_path / "results" / "gates")
+    status_path, status = update_status(tmp_path / "results")
+    assert status_path == tmp_path / "status.json"
+    assert ["samu", "test_gate_bad", CLASS] in status["blocked"]
+    assert ["samu", "test_gate_crash", CLASS] in status["blocked"]
+    assert ["samu", "test_gate_good", CLASS] in status["passed"]
+    assert status["sources"] == [f"gates/{path.name}"]
+    # dispatch now skips both failures in this class, but not in a class the gates did not cover
+    assert dispatch.choose("samu", *SHAPE, torch.float32, "cpu", "triton").name == "test_gate_good"
+    assert dispatch.choose("samu", 1, 9000, 8, torch.float32, "cpu", "triton").name == "test_gate_bad"
+    # an explicit request still reaches the failing variant, so it can be gated again
+    assert dispatch.choose("samu", *SHAPE, torch.float32, "cpu", "test_gate_bad").name == "test_gate_bad"
+
+
+def test_torch_backend_passes_its_gates_for_both_mixers_and_dtypes():
+    record = run_gates(["samu", "rglru"], [(2, 37, 10)], [torch.float32, torch.bfloat16], ["torch"], "cpu",
+                       progress=False)
+    assert record["complete"] and len(record["rows"]) == 4
+    for row in record["rows"]:
+        assert row["pass"], row
+        assert set(row["errors"]) == set(quantities(row["op"]))
+        low = row["dtype"] == "bfloat16"
+        assert row["rules"]["y"] == ("low_precision" if low else "fp32")
+        assert row["rules"]["d_initial_state"] == "fp32"
+        assert set(row["baselines"]["rounded_float64"]) == ({"y", "dx"} if low else set())
+
+
+def _gate_record(created, rows):
+    return ("r", {"kind": "gate", "created": created, "rows": rows})
+
+
+def _row(variant, ok, cls="c"):
+    return {"op": "samu", "variant": variant, "shape_class": cls, "pass": ok}
+
+
+def test_status_follows_the_newest_record_per_variant_and_class():
+    old = _gate_record("2026-01-01T00:00:00Z", [_row("v", False), _row("w", True)])
+    new = _gate_record("2026-01-02T00:00:00Z", [_row("v", True), _row("v", False, cls="d")])
+    status = status_from_records([old, new])
+    assert status["blocked"] == [["samu", "v", "d"]]
+    assert status["passed"] == [["samu", "v", "c"], ["samu", "w", "c"]]
+    # within one record any failing shape of the class blocks it
+    mixed = _gate_record("2026-01-03T00:00:00Z", [_row("v", True), _row("v", False)])
+    assert status_from_records([old, new, mixed])["blocked"] == [["samu", "v", "c"], ["samu", "v", "d"]]
+
+
+def test_quarantined_gate_records_never_reach_the_status(tmp_path):
+    record = run_gates(["rglru"], [(1, 9, 4)], [torch.float32], ["torch"], "cpu", progress=False)
+    write_record(record, tmp_path / "gates" / "ok.json")
+    bad = json.loads(json.dumps(record))
+    bad["created"] = "2099-01-01T00:00:00Z"
+    bad["rows"][0]["pass"] = False
+    write_record(bad, tmp_path / "quarantine" / "wrong.json")
+    _, status = update_status(tmp_path, path=tmp_path / "status.json")
+    assert status["blocked"] == [] and status["sources"] == ["gates/ok.json"]
+    blocked.cache_clear()
