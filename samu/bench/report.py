@@ -230,6 +230,8 @@ def records_table(records) -> list[str]:
                      env["torch"], env.get("triton") or "n/a", (env.get("git_commit") or "unknown")[:12],
                      "n/a" if bw is None else f"{bw / 1e12:.2f} TB/s",
                      "yes" if r.get("complete", True) else "**no** (stopped early)", f"`{r['command']}`"])
+    if not rows:
+        return ["No records.", ""]
     return _table(["record", "kind", "created", "device", "driver", "torch", "triton", "commit", "copy bandwidth",
                    "complete", "command"], rows)
 

@@ -107,15 +107,21 @@ def count_launches(fn: Callable, device) -> "dict | None":
     device = torch.device(device)
     if device.type != "cuda":
         return None
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize(device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize(device)
+    return launch_counts(prof.events())
+
+
+def launch_counts(events) -> dict:
+    """Count the CUDA-side profiler events by kind; host-side events (ops, runtime calls) are not launches."""
+    from torch.autograd import DeviceType
+
     counts = {"kernels": 0, "memcpy": 0, "memset": 0}
-    for event in prof.events():
+    for event in events:
         if event.device_type != DeviceType.CUDA:
             continue
         name = event.name.lower()

@@ -1,7 +1,10 @@
+from types import SimpleNamespace
+
 import pytest
 import torch
+from torch.autograd import DeviceType
 
-from samu.bench.timing import (Clock, count_launches, counterbalanced_order, median, peak_memory,
+from samu.bench.timing import (Clock, count_launches, counterbalanced_order, launch_counts, median, peak_memory,
                                time_side_by_side)
 
 
@@ -56,3 +59,11 @@ def test_cpu_clock_and_cuda_only_measures():
     assert clock(lambda: torch.ones(10).sum()) >= 0.0
     assert peak_memory(lambda: None, "cpu") is None
     assert count_launches(lambda: None, "cpu") is None
+
+
+def test_launch_counts_count_device_events_only():
+    events = [SimpleNamespace(name=n, device_type=d) for n, d in [
+        ("aten::mm", DeviceType.CPU), ("cudaLaunchKernel", DeviceType.CPU),
+        ("_samu_fwd_kernel", DeviceType.CUDA), ("ampere_bf16_gemm", DeviceType.CUDA),
+        ("Memcpy DtoD (Device -> Device)", DeviceType.CUDA), ("Memset (Device)", DeviceType.CUDA)]]
+    assert launch_counts(events) == {"kernels": 2, "memcpy": 1, "memset": 1, "total": 4}
