@@ -9,7 +9,7 @@
 # without them the peers are skipped with a clear line. Set SAMU_GIT_COMMIT when .git does not travel.
 # Every stage has its own time limit and rewrites its record after each unit, so a stage cut short
 # still returns what it finished. Shape and argument overrides (for a CPU smoke run, say):
-# GATE_SHAPES PRIMARY_SHAPES SWEEP_SHAPES MODULE_SHAPES, EXTRA (added to every samu command) and
+# GATE_SHAPES GATE_DTYPES PRIMARY_SHAPES SWEEP_SHAPES MODULE_SHAPES, EXTRA (added to every samu command) and
 # BENCH_EXTRA (bench only), e.g. EXTRA="--device cpu" BENCH_EXTRA="--preset tiny".
 set -u
 cd "$(dirname "$0")/.."
@@ -47,14 +47,15 @@ stage() {  # stage NAME SECONDS COMMAND...
 
 # timeout runs programs, not shell functions: spell every command out
 SAMU="$PY -m samu.bench"
-stage tests 90 $PY -m pytest -m gpu -q -p no:cacheprovider
-stage gate 140 $SAMU gate --quiet $EXTRA --shapes "${GATE_SHAPES:-gate}" --dtypes bf16,fp32 \
+stage tests 80 $PY -m pytest -m gpu -q -p no:cacheprovider
+stage gate 130 $SAMU gate --quiet $EXTRA --shapes "${GATE_SHAPES:-gate}" --dtypes "${GATE_DTYPES:-bf16,fp32}" \
   --backends torch,variants --out "$OUT/gates.json" --results "$OUT"
-stage primary 100 $SAMU bench --quiet $EXTRA $BENCH_EXTRA --scopes fwd,fb --shapes "${PRIMARY_SHAPES:-primary}" \
+stage primary 130 $SAMU bench --quiet $EXTRA $BENCH_EXTRA --scopes fwd,fb --shapes "${PRIMARY_SHAPES:-primary}" \
   --out "$OUT/bench_primary.json"
+# the chunked torch backend is a peer at the primary shapes only: at 131K it costs seconds a call
 stage sweeps 110 $SAMU bench --quiet $EXTRA $BENCH_EXTRA --scopes fb --shapes "${SWEEP_SHAPES:-length,width}" \
-  --out "$OUT/bench_sweeps.json"
-stage modules 110 $SAMU bench --quiet $EXTRA $BENCH_EXTRA --scopes block,step,model \
+  --peers fla-chunk_hgrn,ascan-scalar,ascan-complex --out "$OUT/bench_sweeps.json"
+stage modules 90 $SAMU bench --quiet $EXTRA $BENCH_EXTRA --scopes block,step,model \
   --shapes "${MODULE_SHAPES:-block,step}" --out "$OUT/bench_modules.json"
 
 echo "=== digest"

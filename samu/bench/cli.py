@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from samu.bench.scopes import SCOPES
+from samu.bench.scopes import PEER_IMPLS, SCOPES
 from samu.bench.shapes import parse_shapes
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
@@ -85,8 +85,8 @@ def add_commands(subparsers) -> None:
     b.add_argument("--dtype", type=_dtype, default=None, help="I/O dtype (default: bf16 on cuda, fp32 on cpu)")
     b.add_argument("--impls", type=_names(), default=["auto"],
                    help="samu backends to time: auto, torch, triton, variants (all registered) or variant names")
-    b.add_argument("--no-peers", dest="peers", action="store_false",
-                   help="skip the peers (backend torch and the third-party scans)")
+    b.add_argument("--peers", type=_names(PEER_IMPLS + ("none",)), default=list(PEER_IMPLS),
+                   help=f"peers timed beside the mixers: {', '.join(PEER_IMPLS)}, all (default) or none")
     b.add_argument("--warmup", type=_at_least(3), default=3, help="warm-ups per round (>= 3)")
     b.add_argument("--samples", type=_at_least(5), default=5, help="timed samples per round (>= 5)")
     b.add_argument("--preset", default="400m", help="LMConfig preset of the model scope (its width must be D)")
@@ -127,6 +127,7 @@ def _bench(args) -> int:
     from samu.bench.runner import bench_command
 
     args.dtype = args.dtype or (torch.bfloat16 if args.device.type == "cuda" else torch.float32)
+    args.peers = [p for p in args.peers if p != "none"]
     args.command_line = _command_line(args)
     return bench_command(args)
 

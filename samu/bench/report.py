@@ -355,18 +355,16 @@ def figures_for(units, out_dir: Path) -> list:
 
 
 def brief(units, gate_rows) -> str:
-    """A short plain-text digest: SAMU vs RG-LRU per unit, peer ratios, gate verdicts."""
-    lines = [f"{'scope':6} {'shape':14} {'dtype':9} {'SAMU ms':>9} {'RG-LRU ms':>9} {'S/R':>6} {'S xfloor':>8} {'R xfloor':>8}"]
+    """A short plain-text digest: one line per unit (SAMU vs RG-LRU, each other candidate's time
+    over its mixer's dispatched op), then the gate verdicts."""
+    lines = [f"{'scope':5} {'shape':13} {'dtype':8} {'SAMU ms':>8} {'RG ms':>8} {'S/R':>5} {'xfloor S/R':>13}  others / ours"]
     for (scope, shape, dtype), u in sorted(units.items()):
         s, r = u.rows.get(MAIN["samu"]), u.rows.get(MAIN["rglru"])
-        lines.append(f"{scope:6} {shape_str(shape):14} {dtype:9} {_ms(_get(s, 'median_ms')):>9} "
-                     f"{_ms(_get(r, 'median_ms')):>9} {_x(_ratio(_get(s, 'median_ms'), _get(r, 'median_ms'))):>6} "
-                     f"{_x(_get(s, 'floor_ratio')):>8} {_x(_get(r, 'floor_ratio')):>8}")
-        for name, row in sorted(u.rows.items()):
-            ours = u.rows.get(MAIN[row["op"]])
-            if row["peer"] or (row["impl"] != "auto" and ours is not None):
-                lines.append(f"{'':6} peer {name}: {_ms(row['median_ms'])} ms = "
-                             f"{_x(_ratio(row['median_ms'], _get(ours, 'median_ms')))}x {MAIN[row['op']]}")
+        others = [f"{name}={_x(_ratio(row['median_ms'], _get(u.rows.get(MAIN[row['op']]), 'median_ms')))}"
+                  for name, row in sorted(u.rows.items()) if name not in MAIN.values()]
+        lines.append(f"{scope:5} {shape_str(shape):13} {dtype:8} {_ms(_get(s, 'median_ms')):>8} "
+                     f"{_ms(_get(r, 'median_ms')):>8} {_x(_ratio(_get(s, 'median_ms'), _get(r, 'median_ms'))):>5} "
+                     f"{_pair(_get(s, 'floor_ratio'), _get(r, 'floor_ratio'), _x):>13}  {' '.join(others)}")
     failed = [g for g in gate_rows if not g["pass"]]
     lines.append(f"gates: {len(gate_rows) - len(failed)} pass, {len(failed)} fail")
     lines += [f"  FAIL {g['op']} {g['backend']} {shape_str(g['shape'])} {g['dtype']}: "

@@ -8,6 +8,7 @@ import torch
 from tqdm import tqdm
 
 from samu.bench import peers
+from samu.bench.scopes import PEER_IMPLS
 from samu.bench.records import environment, new_record, write_record
 from samu.bench.scopes import MIXER_SCOPES, OPS, SCOPES, memory_floor, mixer_candidates, module_candidate
 from samu.bench.shapes import shape_str
@@ -17,15 +18,16 @@ from samu.gates.rules import rel_error
 from samu.ops import dispatch
 
 
-def impls_for(op: str, impls: list[str], with_peers: bool) -> list[str]:
-    """Our candidates (``variants`` expands to every registered Triton variant), then the peers."""
+def impls_for(op: str, impls: list[str], with_peers) -> list[str]:
+    """Our candidates (``variants`` expands to every registered Triton variant), then the peers of
+    ``op`` among ``with_peers`` (True: all of PEER_IMPLS, False: none, or a list of names)."""
     out: list[str] = []
     for item in impls:
         for impl in (sorted(dispatch.variants(op)) if item == "variants" else [item]):
             if impl not in out:
                 out.append(impl)
-    if with_peers:
-        out += [p for p in ("torch", *peers.peers_of(op)) if p not in out]
+    wanted = PEER_IMPLS if with_peers is True else (with_peers or ())
+    out += [p for p in ("torch", *peers.peers_of(op)) if p in wanted and p not in out]
     return out
 
 

@@ -9,7 +9,7 @@ from samu.gates import blocked
 
 def test_bench_gate_report_end_to_end_on_cpu(tmp_path, capsys):
     results = tmp_path / "results"
-    assert main(["bench", "--device", "cpu", "--shapes", "1x12x8", "--scopes", "fwd,fb", "--no-peers",
+    assert main(["bench", "--device", "cpu", "--shapes", "1x12x8", "--scopes", "fwd,fb", "--peers", "none",
                  "--out", str(results / "bench" / "b.json"), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "samu/auto" in out and "record:" in out
@@ -34,6 +34,7 @@ def test_bench_gate_report_end_to_end_on_cpu(tmp_path, capsys):
     ["bench", "--samples", "4"],
     ["bench", "--shapes", "primary,huge"],
     ["bench", "--scopes", "fwd,nope"],
+    ["bench", "--peers", "torch,lstm-scan"],
     ["gate", "--dtypes", "int8"],
     ["gate", "--ops", "lstm"],
 ])

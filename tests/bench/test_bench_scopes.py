@@ -17,6 +17,8 @@ def test_impls_for_adds_peers_after_our_backends():
     assert impls_for("samu", ["auto"], with_peers=False) == ["auto"]
     assert impls_for("samu", ["auto", "torch"], with_peers=True) == ["auto", "torch", "ascan-complex"]
     assert impls_for("rglru", ["auto"], with_peers=True) == ["auto", "torch", "fla-chunk_hgrn", "ascan-scalar"]
+    assert impls_for("rglru", ["auto"], with_peers=["ascan-scalar", "ascan-complex"]) == ["auto", "ascan-scalar"]
+    assert impls_for("samu", ["auto"], with_peers=[]) == ["auto"]
 
 
 @pytest.mark.parametrize("op", ["samu", "rglru"])
