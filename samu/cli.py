@@ -32,7 +32,8 @@ def _number(kind, low, strict=False):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
+            what = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
         if not math.isfinite(value) or value < low or (strict and value == low):
             raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low}, got {text!r}")
         return value
@@ -128,7 +129,8 @@ def cmd_train(args):
                              **_data_args(args), **_given(args, TRAIN_KEYS))
         data = load_data(config.data, config.data_format)
         if config.data_format != "text" and args.vocab_size is None:
-            config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=data.vocab_size))
+            model = dataclasses.replace(config.model, vocab_size=data.vocab_size)
+            config = dataclasses.replace(config, model=model)
     result = train(config, data=data, resume=args.resume)
     if int(os.environ.get("RANK", "0")) != 0:
         return
@@ -152,7 +154,8 @@ def _prompt(args, vocab_size):
         try:
             ids = [int(t) for t in args.prompt_ids.replace(",", " ").split()]
         except ValueError:
-            raise ValueError(f"--prompt-ids must be integers separated by spaces or commas, got {args.prompt_ids!r}")
+            raise ValueError(f"--prompt-ids must be integers separated by spaces or commas, "
+                             f"got {args.prompt_ids!r}")
     else:
         if vocab_size != 256:
             raise ValueError(f"this model has a {vocab_size}-token vocabulary, not bytes; pass --prompt-ids")
@@ -183,18 +186,20 @@ def cmd_demo(args):
 
     from samu.data import stdlib_corpus
     from samu.models import LMConfig, generate
-    from samu.train import CHECKPOINT, TrainConfig, train
+    from samu.train import CHECKPOINT, TrainConfig, resolve_device, train
 
     start = time.perf_counter()
+    device = resolve_device(args.device or "auto")
+    where = f"{device.type} ({torch.get_num_threads()} threads)" if device.type == "cpu" else str(device)
     print("building the byte-level corpus from this Python's standard library (cached after the first run)")
     data = stdlib_corpus()
     config = TrainConfig(model=LMConfig.preset("tiny", mixer=args.mixer), out_dir=args.out, steps=args.steps,
-                         eval_every=max(1, args.steps // 4), checkpoint_every=args.steps, warmup_steps=min(50, args.steps // 5),
-                         seed=args.seed, device=args.device or "auto", progress=not args.no_progress)
+                         eval_every=max(1, args.steps // 4), checkpoint_every=args.steps,
+                         warmup_steps=min(50, args.steps // 5), seed=args.seed, device=str(device),
+                         progress=not args.no_progress)
     print(f"training the tiny {args.mixer} model ({config.model.num_params() / 1e6:.2f}M parameters) for "
           f"{args.steps} steps of {config.batch_size} x {config.seq_len} bytes on {data.name} "
-          f"({len(data.train) / 1e6:.1f} MB train, {len(data.val) / 1e3:.0f} kB validation); "
-          f"{torch.get_num_threads()} CPU threads")
+          f"({len(data.train) / 1e6:.1f} MB train, {len(data.val) / 1e3:.0f} kB validation) on {where}")
     result = train(config, data=data, overwrite=True)
     before, after = result.log["val"][0]["val_bpb"], result.log["val"][-1]["val_bpb"]
     print(f"validation bits/byte: {before:.3f} before training, {after:.3f} after {args.steps} steps "
@@ -261,7 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("train", help="train a language model")
-    p.add_argument("--data", help="'stdlib' (default: the embedded corpus), a text file or folder, or a token file")
+    p.add_argument("--data", help="'stdlib' (default: the embedded corpus), a text file or folder, "
+                                  "or a token file")
     p.add_argument("--data-format", choices=("text", "uint16", "uint32"),
                    help="text (bytes, default) or a flat file of uint16/uint32 token ids")
     p.add_argument("--out", default="runs/train", help="run folder: checkpoint.pt, log.json (default runs/train)")
@@ -273,11 +279,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="sample from a checkpoint")
     p.add_argument("checkpoint", help="a checkpoint.pt written by samu train or samu demo")
-    p.add_argument("--prompt", default=DEMO_PROMPT, help=f"text prompt for byte-level models (default {DEMO_PROMPT!r})")
+    p.add_argument("--prompt", default=DEMO_PROMPT,
+                   help=f"text prompt for byte-level models (default {DEMO_PROMPT!r})")
     p.add_argument("--prompt-ids", help="prompt as token ids, e.g. '12 7 99' (models with a token vocabulary)")
     p.add_argument("--max-new-tokens", type=nonneg_int, default=300, help="tokens to generate (default 300)")
     p.add_argument("--temperature", type=nonneg_float, default=0.8, help="0 for greedy (default 0.8)")
-    p.add_argument("--top-k", type=nonneg_int, default=40, help="sample among the k likeliest, 0 for all (default 40)")
+    p.add_argument("--top-k", type=nonneg_int, default=40,
+                   help="sample among the k likeliest, 0 for all (default 40)")
     p.add_argument("--seed", type=nonneg_int, help="seed for a reproducible sample")
     p.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
     p.add_argument("--backend", help="mixer backend for the prompt (default auto)")

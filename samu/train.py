@@ -243,7 +243,8 @@ def train(config: TrainConfig, *, data: TokenData | None = None, resume: bool = 
             raise CheckpointError(f"{ckpt_path} holds no training state to resume from")
         _check_resumable(json.loads(payload["train"]["config"]), config, ckpt_path)
     elif ckpt_path.exists() and not overwrite:
-        raise FileExistsError(f"{out} already holds a run ({ckpt_path}); resume it or choose another output folder")
+        raise FileExistsError(f"{out} already holds a run ({ckpt_path}); resume it or choose another "
+                              f"output folder")
     data = data if data is not None else load_data(config.data, config.data_format)
     data.check(config.seq_len)
     if data.vocab_size > config.model.vocab_size:
@@ -279,21 +280,22 @@ def _run(config, data, payload, ctx: _Dist, device, out: Path) -> TrainResult:
         log["resumed_at"] = log.get("resumed_at", []) + [start]
     engine = model
     if ctx.world > 1:
-        engine = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        device_ids = [device.index] if device.type == "cuda" else None
+        engine = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
     autocast = _autocast(config, device)
-    main = ctx.rank == 0
+    is_main = ctx.rank == 0
 
     def validate(step):
         result = {"step": step, **evaluate(model, data, config, device, rank=ctx.rank, world=ctx.world,
                                            autocast=autocast)}
         log["val"].append(result)
-        if main and config.progress:
+        if is_main and config.progress:
             bpb = f", {result['val_bpb']:.3f} bits/byte" if "val_bpb" in result else ""
             tqdm.write(f"step {step}: validation loss {result['val_loss']:.4f} nats/token{bpb}")
         return result
 
     def save(step):
-        if main:
+        if is_main:
             log["checkpoints"].append(step)
             state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                      "config": json.dumps(config.to_dict()), "log": json.dumps(log)}
@@ -304,13 +306,15 @@ def _run(config, data, payload, ctx: _Dist, device, out: Path) -> TrainResult:
 
     if start == 0:
         validate(0)
-    bar = tqdm(total=config.steps, initial=start, disable=not (main and config.progress), unit="step",
+    bar = tqdm(total=config.steps, initial=start, disable=not (is_main and config.progress), unit="step",
                dynamic_ncols=True)
+    postfix = {}
     tokens_per_step = config.batch_size * config.seq_len * config.grad_accum * ctx.world
     model.train()
     t0 = time.perf_counter()
     for step in range(start, config.steps):
-        loss_sum = 0.0
+        # Summed on the device: reading a loss back synchronises, so it happens at log steps only.
+        loss_sum = torch.zeros((), device=device)
         for micro in range(config.grad_accum):
             rng = np.random.default_rng([config.seed, step, ctx.rank * config.grad_accum + micro])
             x, y = data.sample(config.batch_size, config.seq_len, rng)
@@ -321,20 +325,20 @@ def _run(config, data, payload, ctx: _Dist, device, out: Path) -> TrainResult:
                     logits, _ = engine(x.to(device))
                 loss = cross_entropy(logits, y.to(device))
                 (loss / config.grad_accum).backward()
-            loss_sum += loss.item()
+            loss_sum += loss.detach()
         grad_norm = nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip) if config.grad_clip else None
         lr = optimizer.param_groups[0]["lr"]
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         done = step + 1
-        loss = loss_sum / config.grad_accum
         if done % config.log_every == 0 or done == config.steps:
             elapsed = time.perf_counter() - t0
+            loss = loss_sum.item() / config.grad_accum
             log["train"].append({"step": done, "loss": loss, "lr": lr, "time_s": elapsed,
                                  "grad_norm": None if grad_norm is None else float(grad_norm),
                                  "tokens_per_s": tokens_per_step * (done - start) / elapsed})
-        postfix = {"loss": f"{loss:.3f}"}
+            postfix["loss"] = f"{loss:.3f}"
         if done % config.eval_every == 0 or done == config.steps:
             result = validate(done)
             postfix["val"] = f"{result.get('val_bpb', result['val_loss']):.3f}"
@@ -344,7 +348,7 @@ def _run(config, data, payload, ctx: _Dist, device, out: Path) -> TrainResult:
         bar.update(1)
     bar.close()
     log["done"] = True
-    if main:
+    if is_main:
         write_log(out, log)
     return TrainResult(model, log)
 

@@ -34,7 +34,8 @@ class LMConfig:
         if self.mixer == "samu" and self.mixer_width % 2:
             raise ValueError(f"lru_width must be even for mixer='samu', got {self.mixer_width}")
         if self.mixer == "rglru" and self.mixer_width % self.num_heads:
-            raise ValueError(f"num_heads={self.num_heads} must divide lru_width={self.mixer_width} for mixer='rglru'")
+            raise ValueError(f"num_heads={self.num_heads} must divide lru_width={self.mixer_width} "
+                             f"for mixer='rglru'")
         if (isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float))
                 or not (math.isfinite(self.norm_eps) and self.norm_eps > 0)):
             raise ValueError(f"norm_eps must be a finite positive number, got {self.norm_eps!r}")

@@ -38,15 +38,16 @@ def generate(model: LanguageModel, prompt: torch.Tensor, max_new_tokens: int, *,
     """
     if not isinstance(model, LanguageModel):
         raise TypeError(f"model must be a LanguageModel, got {type(model).__name__}")
-    if not isinstance(prompt, torch.Tensor) or prompt.dim() not in (1, 2) or prompt.shape[-1] < 1:
+    if not isinstance(prompt, torch.Tensor) or prompt.dim() not in (1, 2) or prompt.numel() == 0:
         shape = list(prompt.shape) if isinstance(prompt, torch.Tensor) else type(prompt).__name__
-        raise ValueError(f"prompt must be a [B, T] or [T] tensor of tokens with T >= 1, got {shape}")
+        raise ValueError(f"prompt must be a non-empty [B, T] or [T] tensor of tokens, got {shape}")
     vocab = model.config.vocab_size
     if prompt.is_floating_point() or prompt.is_complex() or prompt.min() < 0 or prompt.max() >= vocab:
         raise ValueError(f"prompt must hold integer tokens in [0, {vocab})")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < float("inf"):
+    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+            or not 0 <= temperature < float("inf")):
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")

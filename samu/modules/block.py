@@ -105,11 +105,13 @@ class ResidualLayer(nn.Module):
         self.mlp = GatedMLP(width, mlp_expansion, **kw)
 
     def forward(self, x, state=None, return_state=False):
+        check_sequence("x", x, self.block.width)
         h, state = self.block(self.temporal_norm(x), state, return_state)
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), state
 
     def step(self, x_t, state=None):
+        check_token("x_t", x_t, self.block.width)
         h, state = self.block.step(self.temporal_norm(x_t), state)
         x_t = x_t + h
         return x_t + self.mlp(self.mlp_norm(x_t)), state

@@ -218,3 +218,20 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
         save_checkpoint(path, _model(SMALL[0], 1))
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["model.pt"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+def test_step_equals_forward_on_gpu(mixer):
+    config = LMConfig(width=64, num_layers=2, mixer=mixer, num_heads=4)
+    model = _model(config, 7).cuda()
+    tokens = torch.randint(0, 256, (2, 37), device="cuda", generator=torch.Generator("cuda").manual_seed(7))
+    with torch.no_grad():
+        logits, _ = model(tokens)
+        state = None
+        for t in range(tokens.shape[1]):
+            logits_t, state = model.step(tokens[:, t], state)
+            assert rel_err(logits_t, logits[:, t]) < 1e-4
+    out = generate(model, tokens[:, :5], 20, seed=0)
+    assert out.shape == (2, 25) and out.is_cuda
