@@ -15,7 +15,7 @@ import triton
 
 from samu.ops import dispatch
 from samu.ops.samu.triton_bwd import bwd
-from samu.ops.samu.triton_fwd import fwd
+from samu.ops.samu.triton_fwd import CTL, fwd
 
 _empty = torch.empty
 
@@ -39,7 +39,7 @@ def samu_fwd(x: torch.Tensor, nu: torch.Tensor, theta_log: torch.Tensor, directi
 def _(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, K, BN, G, num_warps):
     B, L, D = x.shape
     f32 = dict(device=x.device, dtype=torch.float32)
-    return (x.new_empty(B, L, D), x.new_empty(B, D, **f32), x.new_empty(B, 4, L, **f32),
+    return (x.new_empty(B, L, D), x.new_empty(B, D, **f32), x.new_empty(B, CTL.value, L, **f32),
             x.new_empty(2, **f32), x.new_empty(B, triton.cdiv(L, K), D, **f32))
 
 

@@ -1,15 +1,18 @@
 """SAMU backward in Triton (SPEC §3.1): adjoint summaries, reverse prefix, replay, reductions.
 
 Kernels, in launch order:
-  _adjoint_summary_kernel  conjugated reverse chunk summaries with a group-local prefix (right to left)
-  _prefix_kernel           (from triton_fwd, REVERSE) adjoint entering every group from the right
-  _main_kernel             per (chunk, mode tile): delta and h_{t-1} as register tiles, the per-token
-                           controller partials [B, 2, n_tiles, L] and per-mode partial sums
+  _adjoint_summary_kernel  adjoint chunk summaries of delta_t = conj(lambda_{t+1}) delta_{t+1} + g_t,
+                           composed right to left within a group (group-local reverse prefix)
+  _prefix_kernel           (from triton_fwd, REVERSE) the adjoint entering every group from the right
+  _main_kernel             persistent; per (chunk, mode tile): delta walked right to left into a
+                           per-program slot, then h_{t-1} walked left to right beside it; writes the
+                           per-token controller partials and per-mode partial sums
   _controller_kernel       fixed-order sum of the controller partials over mode tiles -> dp, dA partials
-  _dx_kernel               dx = gamma delta + dp . u_hat, and the direction-gradient partials
+  _dx_kernel               delta again; dx = gamma delta + dp . u_hat and the direction-gradient partials
   _reduce_kernel           fixed-order sums over all partial rows -> parameter gradients
 Extra layouts (fp32): rck [B, nC, 2, D], rgrp [B, nG, 2, D], right [B, nG, D] mirror ck, grp, start;
-part [B, 2, n_tiles, L]; dp [B, 2, L]; rows [B * nC, 3 D] = (w dL/dw | dL/dpsi | du_0 | du_1) partials.
+slots [n_slots, K, D_tile]; part [B, 2, n_tiles, L]; dp [B, 2, L];
+rows [B * nC, 3 D] = (w dL/dw | dL/dpsi | du_0 | du_1) partials; dA_rows [*, 4].
 """
 
 from __future__ import annotations
@@ -18,143 +21,124 @@ import torch
 import triton
 import triton.language as tl
 
-from samu.ops.samu.triton_fwd import (_affine_combine, _entering, _gamma, _load_pair, _mode_row,
-                                      _prefix_kernel, _token_col, _transition)
-from samu.ops.triton_utils import cast_to, tanh
+from samu.ops.samu.triton_fwd import (CTL, _cfma, _controls, _entering, _gamma, _input_step, _load_pair,
+                                      _mode_row, _prefix_kernel, _store_pair, _transition)
+from samu.ops.triton_utils import tanh
 
 
 @triton.jit
-def _first_row(b, K: tl.constexpr):
-    """Row 0 of a [K, BN] tile, as [BN] (an exact selection)."""
-    return tl.sum(tl.where(tl.arange(0, K)[:, None] == 0, b, 0.0), axis=0)
-
-
-@triton.jit
-def _adjoint_scan(dy, dfinal, ctl, i_b, i_c, L, D, N, b_rate, b_cth, b_sth, i_n, mask_n,
-                  K: tl.constexpr, HAS_DFINAL: tl.constexpr):
-    """Local reverse scan of delta_t = conj(lambda_{t+1}) delta_{t+1} + g_t over chunk i_c from zero.
-
-    g is dy in complex form, plus the final-state cotangent at t = L - 1; lambda_L := 0.
-    """
-    i_t = i_c * K + tl.arange(0, K)
-    mask_t = i_t < L
-    mask = mask_t[:, None] & mask_n[None, :]
-    row = (i_b.to(tl.int64) * L + i_t.to(tl.int64)) * D
-    b_gr, b_gi = _load_pair(dy, row[:, None], i_n[None, :], N, mask)
+def _adjoint_step(dy, dfinal, p_ctl, i_b, t, L, D, N, i_n, mask_n, b_rate, b_cth, b_sth,
+                  HAS_DFINAL: tl.constexpr):
+    """conj(lambda_{t+1}) (identity from L on) and g_t (dy plus the final-state cotangent at L-1)."""
+    nxt = t + 1 < L
+    m, cphi, sphi = _controls(p_ctl, t + 1, L, nxt)
+    _, _, b_lr, b_li = _transition(m, cphi, sphi, b_rate, b_cth, b_sth)
+    b_ar = tl.where(nxt, b_lr, 1.0)
+    b_ai = tl.where(nxt, -b_li, 0.0)
+    b_gr, b_gi = _load_pair(dy, (i_b.to(tl.int64) * L + t) * D + i_n, N, mask_n & (t < L))
     if HAS_DFINAL:
-        last = (i_t == L - 1)[:, None] & mask_n[None, :]
-        p_f = dfinal + i_b.to(tl.int64) * D + i_n[None, :]
-        b_gr += tl.load(p_f + tl.zeros([K], dtype=tl.int64)[:, None], mask=last, other=0.0)
-        b_gi += tl.load(p_f + N + tl.zeros([K], dtype=tl.int64)[:, None], mask=last, other=0.0)
-    mask_next = (i_t + 1) < L
-    b_m, b_cphi, b_sphi = _token_col(ctl, i_b, i_t + 1, L, mask_next)
-    _, _, b_lr, b_li = _transition(b_m, b_cphi, b_sphi, b_rate, b_cth, b_sth)
-    b_lr = tl.where(mask_next[:, None], b_lr, 0.0)
-    b_li = tl.where(mask_next[:, None], -b_li, 0.0)
-    return tl.associative_scan((b_lr, b_li, b_gr, b_gi), 0, _affine_combine, reverse=True)
-
-
-@triton.jit
-def _adjoint(dy, dfinal, ctl, rck, right, i_b, i_c, L, D, N, n_chunks, n_groups, b_rate, b_cth, b_sth,
-             i_n, mask_n, K: tl.constexpr, G: tl.constexpr, HAS_DFINAL: tl.constexpr):
-    """delta over chunk i_c as a [K, BN] complex tile (local reverse scan plus the entering adjoint)."""
-    s_ar, s_ai, s_br, s_bi = _adjoint_scan(dy, dfinal, ctl, i_b, i_c, L, D, N, b_rate, b_cth, b_sth,
-                                           i_n, mask_n, K, HAS_DFINAL)
-    b_er, b_ei = _entering(rck, right, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G)
-    return s_br + s_ar * b_er[None, :] - s_ai * b_ei[None, :], s_bi + s_ar * b_ei[None, :] + s_ai * b_er[None, :]
+        b_fr, b_fi = _load_pair(dfinal, i_b.to(tl.int64) * D + i_n, N, mask_n & (t == L - 1))
+        b_gr += b_fr
+        b_gi += b_fi
+    return b_ar, b_ai, b_gr, b_gi
 
 
 @triton.jit
 def _adjoint_summary_kernel(dy, dfinal, ctl, nu, theta_log, rck, rgrp, L, D, N, n_chunks, n_groups,
                             K: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, HAS_DFINAL: tl.constexpr):
-    """Reverse chunk summaries of one group, composed right to left (group-local reverse prefix)."""
+    """Map from the adjoint at a group's right end to the adjoint entering each of its chunks."""
     i_g, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
     b_rate, b_cth, b_sth = _mode_row(nu, theta_log, i_n, mask_n)
+    p_ctl = ctl + i_b.to(tl.int64) * CTL * L
     b_qr = tl.full([BN], 1.0, dtype=tl.float32)
     b_qi = tl.zeros([BN], dtype=tl.float32)
     b_fr = tl.zeros([BN], dtype=tl.float32)
     b_fi = tl.zeros([BN], dtype=tl.float32)
     for i_k in range(G):
         i_c = i_g * G + (G - 1 - i_k)
-        if i_c < n_chunks:
-            if G > 1:
-                p_ck = rck + (i_b.to(tl.int64) * n_chunks + i_c) * 2 * D
-                tl.store(p_ck + i_n, b_qr, mask=mask_n)
-                tl.store(p_ck + N + i_n, b_qi, mask=mask_n)
-                tl.store(p_ck + D + i_n, b_fr, mask=mask_n)
-                tl.store(p_ck + D + N + i_n, b_fi, mask=mask_n)
-            s_ar, s_ai, s_br, s_bi = _adjoint_scan(dy, dfinal, ctl, i_b, i_c, L, D, N, b_rate, b_cth, b_sth,
-                                                   i_n, mask_n, K, HAS_DFINAL)
-            c_ar, c_ai = _first_row(s_ar, K), _first_row(s_ai, K)
-            c_br, c_bi = _first_row(s_br, K), _first_row(s_bi, K)
-            b_qr, b_qi, b_fr, b_fi = _affine_combine(b_qr, b_qi, b_fr, b_fi, c_ar, c_ai, c_br, c_bi)
-    p_grp = rgrp + (i_b.to(tl.int64) * n_groups + i_g) * 2 * D
-    tl.store(p_grp + i_n, b_qr, mask=mask_n)
-    tl.store(p_grp + N + i_n, b_qi, mask=mask_n)
-    tl.store(p_grp + D + i_n, b_fr, mask=mask_n)
-    tl.store(p_grp + D + N + i_n, b_fi, mask=mask_n)
+        if G > 1:
+            off = (i_b.to(tl.int64) * n_chunks + i_c) * 2 * D + i_n
+            ok = mask_n & (i_c < n_chunks)
+            tl.store(rck + off, b_qr, mask=ok)
+            tl.store(rck + off + N, b_qi, mask=ok)
+            tl.store(rck + off + D, b_fr, mask=ok)
+            tl.store(rck + off + D + N, b_fi, mask=ok)
+        for k in tl.static_range(K - 1, -1, -1):
+            t = i_c * K + k
+            b_ar, b_ai, b_gr, b_gi = _adjoint_step(dy, dfinal, p_ctl, i_b, t, L, D, N, i_n, mask_n,
+                                                   b_rate, b_cth, b_sth, HAS_DFINAL)
+            b_fr, b_fi = _cfma(b_ar, b_ai, b_fr, b_fi, b_gr, b_gi)
+            b_qr, b_qi = b_ar * b_qr - b_ai * b_qi, b_ar * b_qi + b_ai * b_qr
+    off = (i_b.to(tl.int64) * n_groups + i_g) * 2 * D + i_n
+    tl.store(rgrp + off, b_qr, mask=mask_n)
+    tl.store(rgrp + off + N, b_qi, mask=mask_n)
+    tl.store(rgrp + off + D, b_fr, mask=mask_n)
+    tl.store(rgrp + off + D + N, b_fi, mask=mask_n)
 
 
 @triton.jit
-def _main_kernel(x, dy, dfinal, ctl, nu, theta_log, bound, rck, right, part, rows, dh0,
-                 L, D, N, n_chunks, n_groups, n_tiles,
+def _main_kernel(x, dy, dfinal, ctl, nu, theta_log, bound, rck, right, slots, part, rows, dh0,
+                 L, D, N, n_chunks, n_groups, n_tiles, n_items,
                  K: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, HAS_DFINAL: tl.constexpr,
                  HAS_H0: tl.constexpr):
-    """Per (chunk, mode tile): the transition and scale cotangents, reduced over modes and tokens."""
-    i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n = i_j * BN + tl.arange(0, BN)
-    mask_n = i_n < N
-    b_rate, b_cth, b_sth = _mode_row(nu, theta_log, i_n, mask_n)
-    b_dr, b_di = _adjoint(dy, dfinal, ctl, rck, right, i_b, i_c, L, D, N, n_chunks, n_groups, b_rate, b_cth,
-                          b_sth, i_n, mask_n, K, G, HAS_DFINAL)
-    i_k = tl.arange(0, K)
-    i_t = i_c * K + i_k
-    mask_t = i_t < L
-    mask = mask_t[:, None] & mask_n[None, :]
-    # h_{t-1} as an inclusive scan of the coefficients shifted by one token, the entering state at row 0
-    mask_prev = (i_k >= 1) & mask_t
-    b_m, b_cphi, b_sphi = _token_col(ctl, i_b, i_t - 1, L, mask_prev)
-    b_w, _, b_lr, b_li = _transition(b_m, b_cphi, b_sphi, b_rate, b_cth, b_sth)
-    b_g = _gamma(b_w)
-    row_prev = (i_b.to(tl.int64) * L + (i_t - 1).to(tl.int64)) * D
-    b_zr, b_zi = _load_pair(x, row_prev[:, None], i_n[None, :], N, mask_prev[:, None] & mask_n[None, :])
-    b_sr, b_si = _load_pair(bound, (i_b.to(tl.int64) * n_chunks + i_c) * D, i_n, N, mask_n)
-    first = (i_k == 0)[:, None]
-    _, _, b_hr, b_hi = tl.associative_scan(
-        (tl.where(first, 0.0, b_lr), tl.where(first, 0.0, b_li),
-         tl.where(first, b_sr[None, :], b_g * b_zr), tl.where(first, b_si[None, :], b_g * b_zi)),
-        0, _affine_combine)
-    # this token's transition, scale and input
-    b_m, b_cphi, b_sphi = _token_col(ctl, i_b, i_t, L, mask_t)
-    b_w, b_rho, b_lr, b_li = _transition(b_m, b_cphi, b_sphi, b_rate, b_cth, b_sth)
-    b_g = _gamma(b_w)
-    row = (i_b.to(tl.int64) * L + i_t.to(tl.int64)) * D
-    b_zr, b_zi = _load_pair(x, row[:, None], i_n[None, :], N, mask)
-    # v = conj(G_lambda) = conj(delta) h_{t-1}; with v lambda: dL/dpsi = -Im(v lambda), w rho dL/drho = w Re(v lambda)
-    b_vr = b_dr * b_hr + b_di * b_hi
-    b_vi = b_dr * b_hi - b_di * b_hr
-    b_vlr = b_vr * b_lr - b_vi * b_li
-    b_vli = b_vr * b_li + b_vi * b_lr
-    b_dpsi = tl.where(mask, -b_vli, 0.0)
-    b_dgamma = b_dr * b_zr + b_di * b_zi
-    # w dL/dw = -w rho dL/drho + (w / gamma) rho^2 dL/dgamma; w / gamma -> 0 as w -> 0
-    b_wg = tl.where(b_w > 0.0, b_w / tl.where(b_w > 0.0, b_g, 1.0), 0.0)
-    b_wdw = tl.where(mask, -b_w * b_vlr + b_wg * b_rho * b_rho * b_dgamma, 0.0)
-    p_part = part + ((i_b.to(tl.int64) * 2 * n_tiles + i_j) * L) + i_t
-    tl.store(p_part, tl.sum(b_wdw, axis=1), mask=mask_t)
-    tl.store(p_part + n_tiles * L, tl.sum(b_dpsi, axis=1), mask=mask_t)
-    p_rows = rows + (i_b.to(tl.int64) * n_chunks + i_c) * 3 * D
-    tl.store(p_rows + i_n, tl.sum(b_wdw, axis=0), mask=mask_n)
-    tl.store(p_rows + N + i_n, tl.sum(b_dpsi, axis=0), mask=mask_n)
-    if HAS_H0:
-        if i_c == 0:
-            # d initial_state = conj(lambda_0) delta_0
-            p_h = dh0 + i_b.to(tl.int64) * D + tl.zeros([K], dtype=tl.int64)[:, None] + i_n[None, :]
-            row0 = first & mask_n[None, :]
-            tl.store(p_h, b_lr * b_dr + b_li * b_di, mask=row0)
-            tl.store(p_h + N, b_lr * b_di - b_li * b_dr, mask=row0)
+    """Per (chunk, mode tile): the transition and scale cotangents, reduced over modes and over tokens."""
+    pid = tl.program_id(0)
+    p_slot = slots + pid.to(tl.int64) * K * 2 * BN + tl.arange(0, BN)
+    for item in range(pid, n_items, tl.num_programs(0)):
+        i_j = item % n_tiles
+        i_c = (item // n_tiles) % n_chunks
+        i_b = item // (n_tiles * n_chunks)
+        i_n = i_j * BN + tl.arange(0, BN)
+        mask_n = i_n < N
+        b_rate, b_cth, b_sth = _mode_row(nu, theta_log, i_n, mask_n)
+        p_ctl = ctl + i_b.to(tl.int64) * CTL * L
+        # delta, right to left, kept in this program's slot (it stays in cache)
+        b_dr, b_di = _entering(rck, right, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G)
+        for k in tl.static_range(K - 1, -1, -1):
+            t = i_c * K + k
+            b_ar, b_ai, b_gr, b_gi = _adjoint_step(dy, dfinal, p_ctl, i_b, t, L, D, N, i_n, mask_n,
+                                                   b_rate, b_cth, b_sth, HAS_DFINAL)
+            b_dr, b_di = _cfma(b_ar, b_ai, b_dr, b_di, b_gr, b_gi)
+            tl.store(p_slot + k * 2 * BN, b_dr)
+            tl.store(p_slot + k * 2 * BN + BN, b_di)
+        tl.debug_barrier()
+        # h_{t-1}, left to right, beside delta_t
+        b_hr, b_hi = _load_pair(bound, (i_b.to(tl.int64) * n_chunks + i_c) * D + i_n, N, mask_n)
+        b_snu = tl.zeros([BN], dtype=tl.float32)
+        b_spsi = tl.zeros([BN], dtype=tl.float32)
+        for k in tl.static_range(K):
+            t = i_c * K + k
+            valid = mask_n & (t < L)
+            b_dr = tl.load(p_slot + k * 2 * BN)
+            b_di = tl.load(p_slot + k * 2 * BN + BN)
+            b_w, b_rho, b_lr, b_li, b_g, b_zr, b_zi = _input_step(x, p_ctl, i_b, t, L, D, N, i_n, mask_n,
+                                                                  b_rate, b_cth, b_sth)
+            # v = conj(G_lambda) = conj(delta) h_{t-1}; dL/dpsi = -Im(v lambda), w rho dL/drho = w Re(v lambda)
+            b_vr = b_dr * b_hr + b_di * b_hi
+            b_vi = b_dr * b_hi - b_di * b_hr
+            b_vlr = b_vr * b_lr - b_vi * b_li
+            b_vli = b_vr * b_li + b_vi * b_lr
+            b_dpsi = tl.where(valid, -b_vli, 0.0)
+            # w dL/dw = -w rho dL/drho + (w / gamma) rho^2 dL/dgamma; w / gamma -> 0 as w -> 0
+            b_wg = tl.where(b_w > 0.0, b_w / tl.where(b_w > 0.0, b_g, 1.0), 0.0)
+            b_wdw = tl.where(valid, -b_w * b_vlr + b_wg * b_rho * b_rho * (b_dr * b_zr + b_di * b_zi), 0.0)
+            p_part = part + (i_b.to(tl.int64) * 2 * n_tiles + i_j) * L + t
+            tl.store(p_part, tl.sum(b_wdw, axis=0), mask=t < L)
+            tl.store(p_part + n_tiles * L, tl.sum(b_dpsi, axis=0), mask=t < L)
+            b_snu += b_wdw
+            b_spsi += b_dpsi
+            if HAS_H0:
+                if t == 0:
+                    # d initial_state = conj(lambda_0) delta_0
+                    _store_pair(dh0, i_b.to(tl.int64) * D + i_n, N, b_lr * b_dr + b_li * b_di,
+                                b_lr * b_di - b_li * b_dr, mask_n)
+            b_hr, b_hi = _cfma(b_lr, b_li, b_hr, b_hi, b_g * b_zr, b_g * b_zi)
+        tl.debug_barrier()
+        off = (i_b.to(tl.int64) * n_chunks + i_c) * 3 * D + i_n
+        tl.store(rows + off, b_snu, mask=mask_n)
+        tl.store(rows + off + N, b_spsi, mask=mask_n)
 
 
 @triton.jit
@@ -169,7 +153,7 @@ def _controller_kernel(ctl, amplitudes, part, dp, dA_rows, L, n_tiles, kappa, BT
     for i_j in range(n_tiles):
         b_sw += tl.load(p_part + i_j * L, mask=mask_t, other=0.0)
         b_spsi += tl.load(p_part + (n_tiles + i_j) * L, mask=mask_t, other=0.0)
-    p_ctl = ctl + i_b.to(tl.int64) * 4 * L + i_t
+    p_ctl = ctl + i_b.to(tl.int64) * CTL * L + i_t
     b_p0 = tl.load(p_ctl, mask=mask_t, other=0.0)
     b_p1 = tl.load(p_ctl + L, mask=mask_t, other=0.0)
     a00, a01 = tl.load(amplitudes + 0), tl.load(amplitudes + 1)
@@ -197,36 +181,43 @@ def _dx_kernel(x, dy, dfinal, ctl, nu, theta_log, directions, rnorm, rck, right,
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
     b_rate, b_cth, b_sth = _mode_row(nu, theta_log, i_n, mask_n)
-    b_dr, b_di = _adjoint(dy, dfinal, ctl, rck, right, i_b, i_c, L, D, N, n_chunks, n_groups, b_rate, b_cth,
-                          b_sth, i_n, mask_n, K, G, HAS_DFINAL)
-    i_t = i_c * K + tl.arange(0, K)
-    mask_t = i_t < L
-    mask = mask_t[:, None] & mask_n[None, :]
-    b_m = tl.load(ctl + i_b.to(tl.int64) * 4 * L + 2 * L + i_t, mask=mask_t, other=0.0)
-    b_g = _gamma(b_m[:, None] * b_rate)
+    p_ctl = ctl + i_b.to(tl.int64) * CTL * L
+    p_dp = dp + i_b.to(tl.int64) * 2 * L
     r0, r1 = tl.load(rnorm), tl.load(rnorm + 1)
-    b_u0r, b_u0i = _load_pair(directions, 0, i_n, N, mask_n)
-    b_u1r, b_u1i = _load_pair(directions, D, i_n, N, mask_n)
+    b_u0r, b_u0i = _load_pair(directions, i_n, N, mask_n)
+    b_u1r, b_u1i = _load_pair(directions, D + i_n, N, mask_n)
     b_u0r, b_u0i, b_u1r, b_u1i = b_u0r * r0, b_u0i * r0, b_u1r * r1, b_u1i * r1
-    p_dp = dp + i_b.to(tl.int64) * 2 * L + i_t
-    b_dp0 = tl.load(p_dp, mask=mask_t, other=0.0)[:, None]
-    b_dp1 = tl.load(p_dp + L, mask=mask_t, other=0.0)[:, None]
-    b_dxr = b_g * b_dr + b_dp0 * b_u0r[None, :] + b_dp1 * b_u1r[None, :]
-    b_dxi = b_g * b_di + b_dp0 * b_u0i[None, :] + b_dp1 * b_u1i[None, :]
-    row = (i_b.to(tl.int64) * L + i_t.to(tl.int64)) * D
-    p_dx = dx + row[:, None] + i_n[None, :]
-    tl.store(p_dx, cast_to(b_dxr, dx.dtype.element_ty), mask=mask)
-    tl.store(p_dx + N, cast_to(b_dxi, dx.dtype.element_ty), mask=mask)
-    # dL/du_j = r_j sum_t dp_{t,j} (x_t - p_{t,j} u_hat_j); r_j is applied in the final reduction
-    b_xr, b_xi = _load_pair(x, row[:, None], i_n[None, :], N, mask)
-    p_ctl = ctl + i_b.to(tl.int64) * 4 * L + i_t
-    b_p0 = tl.load(p_ctl, mask=mask_t, other=0.0)[:, None]
-    b_p1 = tl.load(p_ctl + L, mask=mask_t, other=0.0)[:, None]
-    p_rows = rows + (i_b.to(tl.int64) * n_chunks + i_c) * 3 * D + D
-    tl.store(p_rows + i_n, tl.sum(b_dp0 * (b_xr - b_p0 * b_u0r[None, :]), axis=0), mask=mask_n)
-    tl.store(p_rows + N + i_n, tl.sum(b_dp0 * (b_xi - b_p0 * b_u0i[None, :]), axis=0), mask=mask_n)
-    tl.store(p_rows + D + i_n, tl.sum(b_dp1 * (b_xr - b_p1 * b_u1r[None, :]), axis=0), mask=mask_n)
-    tl.store(p_rows + D + N + i_n, tl.sum(b_dp1 * (b_xi - b_p1 * b_u1i[None, :]), axis=0), mask=mask_n)
+    b_a0r = tl.zeros([BN], dtype=tl.float32)
+    b_a0i = tl.zeros([BN], dtype=tl.float32)
+    b_a1r = tl.zeros([BN], dtype=tl.float32)
+    b_a1i = tl.zeros([BN], dtype=tl.float32)
+    b_dr, b_di = _entering(rck, right, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G)
+    for k in tl.static_range(K - 1, -1, -1):
+        t = i_c * K + k
+        valid = t < L
+        b_ar, b_ai, b_gr, b_gi = _adjoint_step(dy, dfinal, p_ctl, i_b, t, L, D, N, i_n, mask_n,
+                                               b_rate, b_cth, b_sth, HAS_DFINAL)
+        b_dr, b_di = _cfma(b_ar, b_ai, b_dr, b_di, b_gr, b_gi)
+        m = tl.load(p_ctl + 2 * L + t, mask=valid, other=0.0)
+        b_g = _gamma(m * b_rate)
+        dp0 = tl.load(p_dp + t, mask=valid, other=0.0)
+        dp1 = tl.load(p_dp + L + t, mask=valid, other=0.0)
+        row = (i_b.to(tl.int64) * L + t) * D + i_n
+        _store_pair(dx, row, N, b_g * b_dr + dp0 * b_u0r + dp1 * b_u1r, b_g * b_di + dp0 * b_u0i + dp1 * b_u1i,
+                    mask_n & valid)
+        # dL/du_j = r_j sum_t dp_{t,j} (x_t - p_{t,j} u_hat_j); r_j is applied in the final reduction
+        b_xr, b_xi = _load_pair(x, row, N, mask_n & valid)
+        p0 = tl.load(p_ctl + t, mask=valid, other=0.0)
+        p1 = tl.load(p_ctl + L + t, mask=valid, other=0.0)
+        b_a0r += dp0 * (b_xr - p0 * b_u0r)
+        b_a0i += dp0 * (b_xi - p0 * b_u0i)
+        b_a1r += dp1 * (b_xr - p1 * b_u1r)
+        b_a1i += dp1 * (b_xi - p1 * b_u1i)
+    off = (i_b.to(tl.int64) * n_chunks + i_c) * 3 * D + D + i_n
+    tl.store(rows + off, b_a0r, mask=mask_n)
+    tl.store(rows + off + N, b_a0i, mask=mask_n)
+    tl.store(rows + off + D, b_a1r, mask=mask_n)
+    tl.store(rows + off + D + N, b_a1i, mask=mask_n)
 
 
 @triton.jit
@@ -261,6 +252,13 @@ def _reduce_kernel(rows, dA_rows, theta_log, rnorm, out, dA, n_rows, n_dA_rows, 
         tl.store(dA + i_a, tl.sum(b_acc4, axis=0))
 
 
+def _slots(device, n_items: int) -> int:
+    """Programs of the persistent main kernel: enough to fill the GPU; few in the interpreter."""
+    if device.type == "cuda":
+        return min(n_items, 16 * torch.cuda.get_device_properties(device).multi_processor_count)
+    return min(n_items, 3)
+
+
 def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound, *,
         K, BN, G, num_warps=4, empty=torch.empty):
     """Backward pass. Returns dx (x.dtype), dnu, dtheta_log, ddirections, damplitudes, dh0 (or None)."""
@@ -274,19 +272,21 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     df = dfinal if has_df else ctl
     rck = empty(B, n_chunks, 2, D, **f32) if G > 1 else ctl
     rgrp = empty(B, n_groups, 2, D, **f32)
-    grid = (n_groups, n_tiles, B)
-    _adjoint_summary_kernel[grid](dy, df, ctl, nu, theta_log, rck, rgrp, L, D, N, n_chunks, n_groups,
-                                  K=K, BN=BN, G=G, HAS_DFINAL=has_df, num_warps=num_warps)
+    _adjoint_summary_kernel[(n_groups, n_tiles, B)](dy, df, ctl, nu, theta_log, rck, rgrp, L, D, N, n_chunks,
+                                                    n_groups, K=K, BN=BN, G=G, HAS_DFINAL=has_df,
+                                                    num_warps=num_warps)
     right = empty(B, n_groups, D, **f32)
     _prefix_kernel[(n_tiles, B)](rgrp, rgrp, right, D, N, n_groups, BN=BN, HAS_H0=False, REVERSE=True,
                                  num_warps=1)
     part = empty(B, 2, n_tiles, L, **f32)
     rows = empty(B * n_chunks, 3 * D, **f32)
     dh0 = empty(B, D, **f32) if has_h0 else None
-    _main_kernel[(n_chunks, n_tiles, B)](x, dy, df, ctl, nu, theta_log, bound, rck, right, part, rows,
-                                         dh0 if has_h0 else rows, L, D, N, n_chunks, n_groups, n_tiles,
-                                         K=K, BN=BN, G=G, HAS_DFINAL=has_df, HAS_H0=has_h0,
-                                         num_warps=num_warps)
+    n_items = B * n_chunks * n_tiles
+    n_slots = _slots(x.device, n_items)
+    slots = torch.empty(n_slots, K, 2 * BN, **f32)
+    _main_kernel[(n_slots,)](x, dy, df, ctl, nu, theta_log, bound, rck, right, slots, part, rows,
+                             dh0 if has_h0 else rows, L, D, N, n_chunks, n_groups, n_tiles, n_items,
+                             K=K, BN=BN, G=G, HAS_DFINAL=has_df, HAS_H0=has_h0, num_warps=num_warps)
     BT = 128
     n_tb = triton.cdiv(L, BT)
     dp = empty(B, 2, L, **f32)

@@ -1,8 +1,12 @@
 """SAMU forward in Triton: controller, chunk summaries with a group-local prefix, outer prefix, replay.
 
+Every chunk is walked token by token with the modes of a tile spread over the threads, so each
+thread runs the recurrence of its own modes in registers (no cross-thread scan). Per-token
+controls (m, cos phi, sin phi) are scalar loads shared by all modes.
+
 Layouts (fp32 unless noted; complex quantities in fused coordinates, real parts then imaginary):
   x, y      [B, L, D]       input dtype
-  ctl       [B, 4, L]       p0, p1, m, phi per token (planar, so a chunk's vector is contiguous)
+  ctl       [B, 6, L]       p0, p1, m, phi, cos phi, sin phi per token (planar)
   rnorm     [2]             1 / ||u_j||
   ck        [B, nC, 2, D]   per chunk: (prod lambda, state) of the group's chunks before it
   grp       [B, nG, 2, D]   per group: (prod lambda, state) over the whole group
@@ -19,21 +23,44 @@ import triton.language as tl
 
 from samu.ops.triton_utils import cast_to, one_minus_exp_neg, tanh
 
-
-@triton.jit
-def _affine_combine(ar1, ai1, br1, bi1, ar2, ai2, br2, bi2):
-    # (a1, b1) then (a2, b2): h -> a2 (a1 h + b1) + b2, complex
-    return (ar2 * ar1 - ai2 * ai1, ar2 * ai1 + ai2 * ar1,
-            ar2 * br1 - ai2 * bi1 + br2, ar2 * bi1 + ai2 * br1 + bi2)
+CTL = tl.constexpr(6)  # planes of ctl: p0, p1, m, phi, cos phi, sin phi
 
 
 @triton.jit
-def _transition(b_m, b_cphi, b_sphi, b_rate, b_cth, b_sth):
-    """w, rho and lambda = rho exp(i(theta + phi)) for a [K, 1] token column and a [1, BN] mode row."""
-    b_w = b_m * b_rate
+def _cmul(ar, ai, br, bi):
+    return ar * br - ai * bi, ar * bi + ai * br
+
+
+@triton.jit
+def _cfma(ar, ai, hr, hi, br, bi):
+    # a h + b, complex
+    return ar * hr - ai * hi + br, ar * hi + ai * hr + bi
+
+
+@triton.jit
+def _mode_row(nu, theta_log, i_n, mask_n):
+    """Per-mode constants of a [BN] tile: rate exp(nu), cos and sin of theta = exp(theta_log)."""
+    b_rate = tl.exp(tl.load(nu + i_n, mask=mask_n, other=0.0))
+    b_th = tl.exp(tl.load(theta_log + i_n, mask=mask_n, other=0.0))
+    return b_rate, tl.cos(b_th), tl.sin(b_th)
+
+
+@triton.jit
+def _controls(p_ctl, t, L, valid):
+    """m, cos phi, sin phi of token t (scalars; m = 0 and phi = 0 where not valid)."""
+    m = tl.load(p_ctl + 2 * L + t, mask=valid, other=0.0)
+    c = tl.load(p_ctl + 4 * L + t, mask=valid, other=1.0)
+    s = tl.load(p_ctl + 5 * L + t, mask=valid, other=0.0)
+    return m, c, s
+
+
+@triton.jit
+def _transition(m, cphi, sphi, b_rate, b_cth, b_sth):
+    """w = m exp(nu), rho = exp(-w) and lambda = rho exp(i(theta + phi)) for one token, [BN]."""
+    b_w = m * b_rate
     b_rho = tl.exp(-b_w)
-    b_lr = b_rho * (b_cth * b_cphi - b_sth * b_sphi)
-    b_li = b_rho * (b_sth * b_cphi + b_cth * b_sphi)
+    b_lr = b_rho * (b_cth * cphi - b_sth * sphi)
+    b_li = b_rho * (b_sth * cphi + b_cth * sphi)
     return b_w, b_rho, b_lr, b_li
 
 
@@ -44,49 +71,30 @@ def _gamma(b_w):
 
 
 @triton.jit
-def _mode_row(nu, theta_log, i_n, mask_n):
-    """Per-mode constants for a [BN] tile: rate exp(nu), cos and sin of theta = exp(theta_log)."""
-    b_rate = tl.exp(tl.load(nu + i_n, mask=mask_n, other=0.0))
-    b_th = tl.exp(tl.load(theta_log + i_n, mask=mask_n, other=0.0))
-    return b_rate[None, :], tl.cos(b_th)[None, :], tl.sin(b_th)[None, :]
-
-
-@triton.jit
-def _token_col(ctl, i_b, i_t, L, mask_t):
-    """Per-token m, cos(phi), sin(phi) for a [K] tile, as [K, 1] columns (m = 0 where masked)."""
-    p_ctl = ctl + i_b.to(tl.int64) * 4 * L
-    b_m = tl.load(p_ctl + 2 * L + i_t, mask=mask_t, other=0.0)
-    b_phi = tl.load(p_ctl + 3 * L + i_t, mask=mask_t, other=0.0)
-    return b_m[:, None], tl.cos(b_phi)[:, None], tl.sin(b_phi)[:, None]
-
-
-@triton.jit
-def _load_pair(ptr, row_off, i_n, N, mask):
-    """Real and imaginary parts of a complex tile stored in fused coordinates."""
-    b_re = tl.load(ptr + row_off + i_n, mask=mask, other=0.0).to(tl.float32)
-    b_im = tl.load(ptr + row_off + N + i_n, mask=mask, other=0.0).to(tl.float32)
+def _load_pair(ptr, off, N, mask):
+    """Real and imaginary parts of a complex tile stored in fused coordinates, as fp32."""
+    b_re = tl.load(ptr + off, mask=mask, other=0.0).to(tl.float32)
+    b_im = tl.load(ptr + off + N, mask=mask, other=0.0).to(tl.float32)
     return b_re, b_im
 
 
 @triton.jit
-def _chunk_scan(x, ctl, i_b, i_c, L, D, N, b_rate, b_cth, b_sth, i_n, mask_n,
-                K: tl.constexpr):
-    """Local scan of chunk i_c for one mode tile from a zero state: (prod lambda, state) per token."""
-    i_t = i_c * K + tl.arange(0, K)
-    mask_t = i_t < L
-    b_m, b_cphi, b_sphi = _token_col(ctl, i_b, i_t, L, mask_t)
-    _, b_rho, b_lr, b_li = _transition(b_m, b_cphi, b_sphi, b_rate, b_cth, b_sth)
-    b_g = _gamma(b_m * b_rate)
-    row = (i_b.to(tl.int64) * L + i_t.to(tl.int64)) * D
-    mask = mask_t[:, None] & mask_n[None, :]
-    b_zr, b_zi = _load_pair(x, row[:, None], i_n[None, :], N, mask)
-    return tl.associative_scan((b_lr, b_li, b_g * b_zr, b_g * b_zi), 0, _affine_combine)
+def _store_pair(ptr, off, N, b_re, b_im, mask):
+    tl.store(ptr + off, cast_to(b_re, ptr.dtype.element_ty), mask=mask)
+    tl.store(ptr + off + N, cast_to(b_im, ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _last_row(b, K: tl.constexpr):
-    """Row K-1 of a [K, BN] tile, as [BN] (an exact selection)."""
-    return tl.sum(tl.where(tl.arange(0, K)[:, None] == K - 1, b, 0.0), axis=0)
+def _input_step(x, p_ctl, i_b, t, L, D, N, i_n, mask_n, b_rate, b_cth, b_sth):
+    """Transition and scaled input of token t, [BN] each; identity (lambda = 1, input 0) past L."""
+    valid = t < L
+    m, cphi, sphi = _controls(p_ctl, t, L, valid)
+    b_w, b_rho, b_lr, b_li = _transition(m, cphi, sphi, b_rate, b_cth, b_sth)
+    b_lr = tl.where(valid, b_lr, 1.0)
+    b_li = tl.where(valid, b_li, 0.0)
+    b_g = _gamma(b_w)
+    b_zr, b_zi = _load_pair(x, (i_b.to(tl.int64) * L + t) * D + i_n, N, mask_n & valid)
+    return b_w, b_rho, b_lr, b_li, b_g, b_zr, b_zi
 
 
 @triton.jit
@@ -119,11 +127,13 @@ def _controller_kernel(x, directions, amplitudes, ctl, rnorm, L, D, kappa,
     b_c0 = tl.load(amplitudes + 0) * b_p0 + tl.load(amplitudes + 1) * b_p1
     b_c1 = tl.load(amplitudes + 2) * b_p0 + tl.load(amplitudes + 3) * b_p1
     b_m = tl.exp(kappa * tanh(b_c0 / kappa))
-    p_ctl = ctl + i_b.to(tl.int64) * 4 * L + i_t
+    p_ctl = ctl + i_b.to(tl.int64) * CTL * L + i_t
     tl.store(p_ctl, b_p0, mask=mask_t)
     tl.store(p_ctl + L, b_p1, mask=mask_t)
     tl.store(p_ctl + 2 * L, b_m, mask=mask_t)
     tl.store(p_ctl + 3 * L, b_c1, mask=mask_t)
+    tl.store(p_ctl + 4 * L, tl.cos(b_c1), mask=mask_t)
+    tl.store(p_ctl + 5 * L, tl.sin(b_c1), mask=mask_t)
     if (i_tb == 0) & (i_b == 0):
         tl.store(rnorm, b_r0)
         tl.store(rnorm + 1, b_r1)
@@ -132,34 +142,36 @@ def _controller_kernel(x, directions, amplitudes, ctl, rnorm, L, D, kappa,
 @triton.jit
 def _summary_kernel(x, ctl, nu, theta_log, ck, grp, L, D, N, n_chunks, n_groups,
                     K: tl.constexpr, BN: tl.constexpr, G: tl.constexpr):
-    """Chunk summaries of one group of G chunks, composed left to right (group-local prefix)."""
+    """(prod lambda, state from zero) of every chunk of one group, composed left to right."""
     i_g, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
     b_rate, b_cth, b_sth = _mode_row(nu, theta_log, i_n, mask_n)
+    p_ctl = ctl + i_b.to(tl.int64) * CTL * L
     b_pr = tl.full([BN], 1.0, dtype=tl.float32)
     b_pi = tl.zeros([BN], dtype=tl.float32)
     b_er = tl.zeros([BN], dtype=tl.float32)
     b_ei = tl.zeros([BN], dtype=tl.float32)
     for i_k in range(G):
         i_c = i_g * G + i_k
-        if i_c < n_chunks:
-            if G > 1:
-                p_ck = ck + (i_b.to(tl.int64) * n_chunks + i_c) * 2 * D
-                tl.store(p_ck + i_n, b_pr, mask=mask_n)
-                tl.store(p_ck + N + i_n, b_pi, mask=mask_n)
-                tl.store(p_ck + D + i_n, b_er, mask=mask_n)
-                tl.store(p_ck + D + N + i_n, b_ei, mask=mask_n)
-            s_ar, s_ai, s_br, s_bi = _chunk_scan(x, ctl, i_b, i_c, L, D, N, b_rate, b_cth, b_sth,
-                                                 i_n, mask_n, K)
-            c_ar, c_ai = _last_row(s_ar, K), _last_row(s_ai, K)
-            c_br, c_bi = _last_row(s_br, K), _last_row(s_bi, K)
-            b_pr, b_pi, b_er, b_ei = _affine_combine(b_pr, b_pi, b_er, b_ei, c_ar, c_ai, c_br, c_bi)
-    p_grp = grp + (i_b.to(tl.int64) * n_groups + i_g) * 2 * D
-    tl.store(p_grp + i_n, b_pr, mask=mask_n)
-    tl.store(p_grp + N + i_n, b_pi, mask=mask_n)
-    tl.store(p_grp + D + i_n, b_er, mask=mask_n)
-    tl.store(p_grp + D + N + i_n, b_ei, mask=mask_n)
+        if G > 1:
+            off = (i_b.to(tl.int64) * n_chunks + i_c) * 2 * D + i_n
+            ok = mask_n & (i_c < n_chunks)
+            tl.store(ck + off, b_pr, mask=ok)
+            tl.store(ck + off + N, b_pi, mask=ok)
+            tl.store(ck + off + D, b_er, mask=ok)
+            tl.store(ck + off + D + N, b_ei, mask=ok)
+        for k in tl.static_range(K):
+            t = i_c * K + k
+            _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(x, p_ctl, i_b, t, L, D, N, i_n, mask_n,
+                                                            b_rate, b_cth, b_sth)
+            b_er, b_ei = _cfma(b_lr, b_li, b_er, b_ei, b_g * b_zr, b_g * b_zi)
+            b_pr, b_pi = _cmul(b_lr, b_li, b_pr, b_pi)
+    off = (i_b.to(tl.int64) * n_groups + i_g) * 2 * D + i_n
+    tl.store(grp + off, b_pr, mask=mask_n)
+    tl.store(grp + off + N, b_pi, mask=mask_n)
+    tl.store(grp + off + D, b_er, mask=mask_n)
+    tl.store(grp + off + D + N, b_ei, mask=mask_n)
 
 
 @triton.jit
@@ -170,32 +182,30 @@ def _prefix_kernel(grp, h0, start, D, N, n_groups,
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
     if HAS_H0:
-        b_hr = tl.load(h0 + i_b.to(tl.int64) * D + i_n, mask=mask_n, other=0.0).to(tl.float32)
-        b_hi = tl.load(h0 + i_b.to(tl.int64) * D + N + i_n, mask=mask_n, other=0.0).to(tl.float32)
+        b_hr, b_hi = _load_pair(h0, i_b.to(tl.int64) * D + i_n, N, mask_n)
     else:
         b_hr = tl.zeros([BN], dtype=tl.float32)
         b_hi = tl.zeros([BN], dtype=tl.float32)
     for i_s in range(n_groups):
         i_g = n_groups - 1 - i_s if REVERSE else i_s
-        p_st = start + (i_b.to(tl.int64) * n_groups + i_g) * D
-        tl.store(p_st + i_n, b_hr, mask=mask_n)
-        tl.store(p_st + N + i_n, b_hi, mask=mask_n)
-        p_grp = grp + (i_b.to(tl.int64) * n_groups + i_g) * 2 * D
-        b_ar, b_ai = _load_pair(p_grp, 0, i_n, N, mask_n)
-        b_br, b_bi = _load_pair(p_grp, D, i_n, N, mask_n)
-        b_hr, b_hi = b_ar * b_hr - b_ai * b_hi + b_br, b_ar * b_hi + b_ai * b_hr + b_bi
+        off = (i_b.to(tl.int64) * n_groups + i_g) * D + i_n
+        tl.store(start + off, b_hr, mask=mask_n)
+        tl.store(start + off + N, b_hi, mask=mask_n)
+        off2 = (i_b.to(tl.int64) * n_groups + i_g) * 2 * D + i_n
+        b_ar, b_ai = _load_pair(grp, off2, N, mask_n)
+        b_br, b_bi = _load_pair(grp, off2 + D, N, mask_n)
+        b_hr, b_hi = _cfma(b_ar, b_ai, b_hr, b_hi, b_br, b_bi)
 
 
 @triton.jit
 def _entering(ck, start, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G: tl.constexpr):
     """State entering chunk i_c: the group's entering state carried through the group's earlier chunks."""
-    i_g = i_c // G
-    b_sr, b_si = _load_pair(start, (i_b.to(tl.int64) * n_groups + i_g) * D, i_n, N, mask_n)
+    b_sr, b_si = _load_pair(start, (i_b.to(tl.int64) * n_groups + i_c // G) * D + i_n, N, mask_n)
     if G > 1:
-        p_ck = (i_b.to(tl.int64) * n_chunks + i_c) * 2 * D
-        b_ar, b_ai = _load_pair(ck, p_ck, i_n, N, mask_n)
-        b_br, b_bi = _load_pair(ck, p_ck + D, i_n, N, mask_n)
-        b_sr, b_si = b_ar * b_sr - b_ai * b_si + b_br, b_ar * b_si + b_ai * b_sr + b_bi
+        off = (i_b.to(tl.int64) * n_chunks + i_c) * 2 * D + i_n
+        b_ar, b_ai = _load_pair(ck, off, N, mask_n)
+        b_br, b_bi = _load_pair(ck, off + D, N, mask_n)
+        b_sr, b_si = _cfma(b_ar, b_ai, b_sr, b_si, b_br, b_bi)
     return b_sr, b_si
 
 
@@ -207,31 +217,26 @@ def _replay_kernel(x, ctl, nu, theta_log, ck, start, y, bound, final, L, D, N, n
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
     b_rate, b_cth, b_sth = _mode_row(nu, theta_log, i_n, mask_n)
-    b_sr, b_si = _entering(ck, start, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G)
-    p_bd = bound + (i_b.to(tl.int64) * n_chunks + i_c) * D
-    tl.store(p_bd + i_n, b_sr, mask=mask_n)
-    tl.store(p_bd + N + i_n, b_si, mask=mask_n)
-    s_ar, s_ai, s_br, s_bi = _chunk_scan(x, ctl, i_b, i_c, L, D, N, b_rate, b_cth, b_sth, i_n, mask_n, K)
-    b_hr = s_br + s_ar * b_sr[None, :] - s_ai * b_si[None, :]
-    b_hi = s_bi + s_ar * b_si[None, :] + s_ai * b_sr[None, :]
-    i_t = i_c * K + tl.arange(0, K)
-    row = (i_b.to(tl.int64) * L + i_t.to(tl.int64)) * D
-    mask = (i_t < L)[:, None] & mask_n[None, :]
-    p_y = y + row[:, None] + i_n[None, :]
-    tl.store(p_y, cast_to(b_hr, y.dtype.element_ty), mask=mask)
-    tl.store(p_y + N, cast_to(b_hi, y.dtype.element_ty), mask=mask)
+    p_ctl = ctl + i_b.to(tl.int64) * CTL * L
+    b_hr, b_hi = _entering(ck, start, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G)
+    off = (i_b.to(tl.int64) * n_chunks + i_c) * D + i_n
+    tl.store(bound + off, b_hr, mask=mask_n)
+    tl.store(bound + off + N, b_hi, mask=mask_n)
+    for k in tl.static_range(K):
+        t = i_c * K + k
+        _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(x, p_ctl, i_b, t, L, D, N, i_n, mask_n,
+                                                        b_rate, b_cth, b_sth)
+        b_hr, b_hi = _cfma(b_lr, b_li, b_hr, b_hi, b_g * b_zr, b_g * b_zi)
+        _store_pair(y, (i_b.to(tl.int64) * L + t) * D + i_n, N, b_hr, b_hi, mask_n & (t < L))
     if HAS_FINAL:
-        if i_c == n_chunks - 1:
-            last = (i_t == L - 1)[:, None] & mask_n[None, :]
-            p_f = final + i_b.to(tl.int64) * D + tl.zeros([K], dtype=tl.int64)[:, None] + i_n[None, :]
-            tl.store(p_f, b_hr, mask=last)
-            tl.store(p_f + N, b_hi, mask=last)
+        # tokens past L are identity steps, so the chunk's last state is the state after token L-1
+        _store_pair(final, i_b.to(tl.int64) * D + i_n, N, b_hr, b_hi, mask_n & (i_c == n_chunks - 1))
 
 
 def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *, K, BN, G,
         num_warps=4, want_final=True, empty=torch.empty):
     """Forward pass. Returns y [B, L, D] (x.dtype), final [B, D] fp32 (or None), and the saved
-    tensors for backward: ctl [B, 4, L], rnorm [2], bound [B, nC, D].
+    tensors for backward: ctl [B, 6, L], rnorm [2], bound [B, nC, D].
 
     ``empty`` allocates every output (tests pass one that fills NaN, so unwritten elements show).
     """
@@ -241,11 +246,11 @@ def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *
     n_groups = triton.cdiv(n_chunks, G)
     n_tiles = triton.cdiv(N, BN)
     f32 = dict(device=x.device, dtype=torch.float32)
-    ctl = empty(B, 4, L, **f32)
+    ctl = empty(B, CTL.value, L, **f32)
     rnorm = empty(2, **f32)
     BT = 16
     _controller_kernel[(triton.cdiv(L, BT), B)](x, directions, amplitudes, ctl, rnorm, L, D, float(radial_bound),
-                                                BT=BT, BD=min(256, triton.next_power_of_2(D)), num_warps=num_warps)
+                                                BT=BT, BD=min(256, triton.next_power_of_2(D)), num_warps=4)
     ck = empty(B, n_chunks, 2, D, **f32) if G > 1 else rnorm
     grp = empty(B, n_groups, 2, D, **f32)
     _summary_kernel[(n_groups, n_tiles, B)](x, ctl, nu, theta_log, ck, grp, L, D, N, n_chunks, n_groups,
