@@ -26,10 +26,10 @@ def poison_outputs():
     triton_fwd.poison_outputs(previous)
 
 
-def _config(K=16, grouped=True, target=1):
+def _config(K=16, K_bwd=16, grouped=True, target=1):
     from samu.ops.rglru.function import Config
 
-    return Config(K=K, grouped=grouped, target_programs=target)
+    return Config(K=K, K_bwd=K_bwd, grouped=grouped, target_programs=target)
 
 
 def _with_config(config):
@@ -42,12 +42,13 @@ def _with_config(config):
 
 
 # (B, L, D, H, config): L not a multiple of K, L = 1, a ragged last group, head dims 8, 12 and 16
-# (padded to the 16-wide register tile), several groups per batch row, a single sweep
+# (padded to the 16-wide register tile), several groups per batch row, a single sweep, backward
+# chunks shorter and longer than the forward's
 CASES = [
     (2, 37, 32, 4, dict(grouped=False)),
-    (2, 70, 48, 4, dict(target=32)),
+    (2, 70, 48, 4, dict(target=32, K=32)),
     (1, 1, 32, 4, dict(target=8)),
-    (1, 50, 80, 5, dict(target=20)),
+    (1, 50, 80, 5, dict(target=20, K_bwd=32)),
 ]
 
 
@@ -112,23 +113,21 @@ def test_split_sequence_carries_state():
 
 
 def test_split_weights_reconstruct():
-    """fp16 hi + lo with power-of-two scales reproduce w and w^T to 2^-21 relative per element, plus
-    2^-36 of the largest element sharing its scale (fp16 subnormals of the low part)."""
+    """fp16 hi + lo with one power-of-two scale per (gate, head) reproduce w to 2^-21 relative per
+    element, plus 2^-36 of the head's largest element (fp16 subnormals of the low part)."""
     from samu.ops.rglru.triton_fwd import split_weights
 
     H, n = 3, 12
     g = torch.Generator().manual_seed(0)
     w = torch.randn(2, H, n, n, generator=g) * torch.logspace(-6, 3, n)[None, None, :, None]
     w = w.to(DEVICE)
-    w16, w_inv, wt16, wt_inv = split_weights(w[0], w[1], transposed=True)
-    for gate in range(2):
-        for parts, inv, want in ((w16, w_inv, w[gate]), (wt16, wt_inv, w[gate].transpose(1, 2))):
-            p = parts[gate, :, :, :n, :n].double()
-            back = (p[0] + p[1]) * inv[gate, :, None, :n].double()
-            want = want.double()
-            # one scale per column (the reduction axis is the row)
-            bound = 2.0 ** -21 * want.abs() + 2.0 ** -36 * want.abs().amax(dim=1, keepdim=True)
-            assert ((back - want).abs() <= bound).all()
+    w16, w_inv = split_weights(w[0], w[1])
+    parts = w16[:, :, :, :n, :n].double()
+    back = (parts[:, 0] + parts[:, 1]) * w_inv.double()[:, :, None, None]
+    want = w.double()
+    bound = 2.0 ** -21 * want.abs() + 2.0 ** -36 * want.abs().amax(dim=(2, 3), keepdim=True)
+    assert ((back - want).abs() <= bound).all()
+    assert (w16[:, :, :, n:, :] == 0).all() and (w16[:, :, :, :, n:] == 0).all()
 
 
 def test_custom_ops_opcheck():
@@ -138,12 +137,13 @@ def test_custom_ops_opcheck():
     params = rglru_params(16, 1, 1, device=DEVICE)
     h0 = randn((1, 16), 2, device=DEVICE)
     checks = ("test_schema", "test_faketensor", "test_autograd_registration")
-    torch.library.opcheck(rglru_fwd_op, (x, *params, h0, 8.0, 16, 1, 4, 4, True), test_utils=checks)
-    _, _, states = rglru_fwd_op(x, *params, h0, 8.0, 16, 1, 4, 4, True)
+    args = (x, *params, h0, 8.0, 16, 16, 1, 4, 1, 4, True, True)
+    torch.library.opcheck(rglru_fwd_op, args, test_utils=checks)
+    _, _, states = rglru_fwd_op(*args)
     dy = randn((1, 20, 16), 3, device=DEVICE, requires_grad=False)
     dh = randn((1, 16), 4, device=DEVICE, requires_grad=False)
     plain = [t.detach() for t in (x, *params)]
-    torch.library.opcheck(rglru_bwd_op, (dy, dh, *plain, True, states.detach(), 8.0, 16, 1, 4),
+    torch.library.opcheck(rglru_bwd_op, (dy, dh, *plain, True, states.detach(), 8.0, 16, 1, 4, True),
                           test_utils=("test_schema", "test_faketensor"))
 
 

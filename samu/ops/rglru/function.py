@@ -5,7 +5,7 @@ implementations, so torch.compile traces a model through the mixer without a gra
 graphs can capture it (the host code only allocates and launches; it never synchronises).
 
 The forward saves for the backward only x (held by autograd anyway), the parameters and the
-state entering every chunk, [B, ceil(L/K), D] fp32; gates are recomputed from x.
+state entering every backward chunk, [B, ceil(L/K_bwd), D] fp32; gates are recomputed from x.
 """
 
 from __future__ import annotations
@@ -18,38 +18,40 @@ import triton
 
 from samu.ops import dispatch
 from samu.ops.rglru.triton_bwd import rglru_bwd
-from samu.ops.rglru.triton_fwd import head_block, rglru_fwd
+from samu.ops.rglru.triton_fwd import MAX_GROUPS, head_block, rglru_fwd
 
 Tensor = torch.Tensor
 
 
 @torch.library.custom_op("samu::rglru_fwd", mutates_args=())
 def rglru_fwd_op(x: Tensor, w_a: Tensor, b_a: Tensor, w_x: Tensor, b_x: Tensor, a_param: Tensor,
-                 initial_state: Optional[Tensor], c: float, K: int, G: int, num_warps: int, bwd_warps: int,
-                 save_states: bool) -> tuple[Tensor, Tensor, Tensor]:
+                 initial_state: Optional[Tensor], c: float, K: int, S: int, G: int, num_warps: int,
+                 G_bwd: int, bwd_warps: int, fast: bool, save_states: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Forward with chunk K, G chunks per program; saves the state every S tokens (the backward's chunk)."""
     return rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K=K, G=G, save_states=save_states,
-                     num_warps=num_warps)
+                     state_every=S, fast=fast, num_warps=num_warps)
 
 
 @rglru_fwd_op.register_fake
-def _(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K, G, num_warps, bwd_warps, save_states):
+def _(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K, S, G, num_warps, G_bwd, bwd_warps, fast, save_states):
     B, L, D = x.shape
     f32 = dict(dtype=torch.float32)
-    states = x.new_empty(B, triton.cdiv(L, K), D, **f32) if save_states else x.new_empty(0, **f32)
+    states = x.new_empty(B, triton.cdiv(L, S), D, **f32) if save_states else x.new_empty(0, **f32)
     return x.new_empty(B, L, D), x.new_empty(B, D, **f32), states
 
 
 @torch.library.custom_op("samu::rglru_bwd", mutates_args=())
 def rglru_bwd_op(dy: Tensor, dh_last: Optional[Tensor], x: Tensor, w_a: Tensor, b_a: Tensor, w_x: Tensor,
                  b_x: Tensor, a_param: Tensor, has_h0: bool, states: Tensor, c: float, K: int, G: int,
-                 num_warps: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                 num_warps: int, fast: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Backward with chunk K (the spacing of ``states``), G chunks per program."""
     dx, dw_a, db_a, dw_x, db_x, da, dh0 = rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states,
-                                                    c, K=K, G=G, num_warps=num_warps)
+                                                    c, K=K, G=G, fast=fast, num_warps=num_warps)
     return dx, dw_a, db_a, dw_x, db_x, da, (dh0 if has_h0 else x.new_empty(0, dtype=torch.float32))
 
 
 @rglru_bwd_op.register_fake
-def _(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, c, K, G, num_warps):
+def _(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, c, K, G, num_warps, fast):
     B, L, D = x.shape
     f32 = dict(dtype=torch.float32)
     return (x.new_empty(B, L, D), torch.empty_like(w_a), torch.empty_like(b_a), torch.empty_like(w_x),
@@ -58,24 +60,25 @@ def _(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, c, K, G, num_
 
 
 def _setup_context(ctx, inputs, output):
-    x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K, G, num_warps, bwd_warps, save_states = inputs
+    (x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K, S, G, num_warps, G_bwd, bwd_warps, fast,
+     save_states) = inputs
     ctx.save_for_backward(x, w_a, b_a, w_x, b_x, a_param, output[2])
     ctx.has_h0 = initial_state is not None
-    ctx.config = (save_states, c, K, G, bwd_warps)
+    ctx.config = (save_states, c, S, G_bwd, bwd_warps, fast)
     ctx.mark_non_differentiable(output[2])
 
 
 def _backward(ctx, dy, dh_last, _dstates):
     x, w_a, b_a, w_x, b_x, a_param, states = ctx.saved_tensors
-    save_states, c, K, G, bwd_warps = ctx.config
+    save_states, c, S, G_bwd, bwd_warps, fast = ctx.config
     if not save_states:
         raise RuntimeError("samu::rglru_fwd ran with save_states=False (no input required grad); "
                            "it kept no chunk states to differentiate")
     dy = torch.zeros_like(x) if dy is None else dy.contiguous()
     dh_last = None if dh_last is None else dh_last.float().contiguous()
     dx, dw_a, db_a, dw_x, db_x, da, dh0 = rglru_bwd_op(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, ctx.has_h0,
-                                                       states, c, K, G, bwd_warps)
-    return dx, dw_a, db_a, dw_x, db_x, da, (dh0 if ctx.has_h0 else None), None, None, None, None, None, None
+                                                       states, c, S, G_bwd, bwd_warps, fast)
+    return (dx, dw_a, db_a, dw_x, db_x, da, (dh0 if ctx.has_h0 else None)) + (None,) * 9
 
 
 rglru_fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -83,26 +86,29 @@ rglru_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 @dataclass(frozen=True)
 class Config:
-    """Launch settings of one variant; K and the grouping rule fix its numerics.
+    """Launch settings of one variant; they fix its numerics.
 
-    K: chunk length (a power of two >= 16). grouped=False: one program per (batch row, head) sweeps
-    every chunk in order (no summaries). grouped=True: the chunks are split into NG groups, one
-    program each; group summaries, a prefix over groups folded into the replay, and the same in
-    reverse for the backward. NG aims at ``target_programs`` programs, at most ``max_groups``.
+    K, K_bwd: chunk lengths of the forward and the backward (powers of two >= 16; the forward saves
+    the state every K_bwd tokens). grouped=False: one program per (batch row, head) sweeps every
+    chunk in order, no summaries. grouped=True: the chunks are split into up to MAX_GROUPS groups,
+    one program each, aiming at ``target_programs`` programs: group summaries, a prefix over groups
+    folded into the replay, and the same in reverse for the backward. fast: hardware
+    approximations of exp, reciprocal and square root (a few ulp) instead of libdevice.
     """
 
     K: int = 64
+    K_bwd: int = 32
     grouped: bool = True
     target_programs: int = 264
-    max_groups: int = 64
-    fwd_warps: int = 4
+    fast: bool = True
+    fwd_warps: int = 8
     bwd_warps: int = 8
 
-    def chunks_per_program(self, B: int, H: int, L: int) -> int:
-        n_chunks = triton.cdiv(L, self.K)
+    def chunks_per_program(self, B: int, H: int, L: int, K: int) -> int:
+        n_chunks = triton.cdiv(L, K)
         if not self.grouped:
             return n_chunks
-        n_groups = min(n_chunks, self.max_groups, max(1, triton.cdiv(self.target_programs, B * H)))
+        n_groups = min(n_chunks, MAX_GROUPS, max(1, triton.cdiv(self.target_programs, B * H)))
         return triton.cdiv(n_chunks, n_groups)
 
 
@@ -113,31 +119,38 @@ def run(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, config: Config):
     needs_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (x, *params, h0) if t is not None)
     B, L, _ = x.shape
-    G = config.chunks_per_program(B, w_a.shape[0], L)
-    y, h, _ = rglru_fwd_op(x.contiguous(), *params, h0, float(c), config.K, G, config.fwd_warps, config.bwd_warps,
-                           needs_grad)
+    H = w_a.shape[0]
+    G = config.chunks_per_program(B, H, L, config.K)
+    G_bwd = config.chunks_per_program(B, H, L, config.K_bwd)
+    y, h, _ = rglru_fwd_op(x.contiguous(), *params, h0, float(c), config.K, config.K_bwd, G, config.fwd_warps,
+                           G_bwd, config.bwd_warps, config.fast, needs_grad)
     return y, h
 
 
 def scratch(config: Config):
-    """Analytic transient scratch of one forward+backward, excluding y, dx and the gradients."""
+    """Analytic transient scratch of one forward+backward, excluding y, dx and the gradients.
+
+    The dispatch table gives (B, L, D) only; H = 16 heads unless given.
+    """
     def formula(B: int, L: int, D: int, H: int = 16):
         n = D // H
         BN = head_block(n)
-        NC = triton.cdiv(L, config.K)
-        NG = triton.cdiv(NC, config.chunks_per_program(B, H, L))
-        words = (B * NC * D                                    # chunk-entering states, fp32
-                 + (4 * B * NG * D if NG > 1 else 0)           # group summaries, forward and reverse
-                 + B * NG * (2 * H * n * n + 3 * D)            # parameter-gradient partials
-                 + 3 * (4 * H * BN * BN // 2 + 2 * H * BN))    # split weights (fwd, bwd, bwd^T)
-        text = (f"4*B*D*ceil(L/{config.K}) + 16*B*D*NG + 4*B*NG*(2*D^2/H + 3*D) + 24*H*BN^2 + 24*H*BN"
-                f" with NG={NG}, BN={BN}" + ("" if NG > 1 else " (no summaries at NG=1)"))
+        NS = triton.cdiv(L, config.K_bwd)
+        NGf = triton.cdiv(triton.cdiv(L, config.K), config.chunks_per_program(B, H, L, config.K))
+        NGb = triton.cdiv(NS, config.chunks_per_program(B, H, L, config.K_bwd))
+        words = (B * NS * D                                    # states every K_bwd tokens, fp32
+                 + (2 * B * NGf * D if NGf > 1 else 0)         # forward group summaries
+                 + (2 * B * NGb * D if NGb > 1 else 0)         # reverse group summaries
+                 + B * NGb * (2 * H * n * n + 3 * D)           # parameter-gradient partials
+                 + 2 * (2 * H * BN * BN + 2 * H))              # split weights, forward and backward
+        text = (f"4*B*D*ceil(L/{config.K_bwd}) + 8*B*D*(NGf + NGb) + 4*B*NGb*(2*D^2/H + 3*D) + 16*H*BN^2 + 16*H"
+                f" with H={H}, BN={BN}, NGf={NGf}, NGb={NGb} (no summaries where a count is 1)")
         return text, 4 * words
     return formula
 
 
-SERIAL = Config(K=64, grouped=False)
-GROUPED = Config(K=64, grouped=True)
+SERIAL = Config(grouped=False)
+GROUPED = Config(grouped=True)
 
 
 def _serial_preference(B: int, L: int, D: int) -> float:
@@ -153,7 +166,8 @@ def _register(name, config, preference, description):
 
 
 _register("triton_serial", SERIAL, _serial_preference,
-          "chunks of 64 tokens; one program per (batch row, head) sweeps all chunks in order")
+          "forward chunks of 64 tokens, backward chunks of 32; one program per (batch row, head) sweeps "
+          "all chunks in order")
 _register("triton_grouped", GROUPED, lambda B, L, D: 1.0,
-          "chunks of 64 tokens in up to 64 groups: group summaries, prefix over groups, replay; "
-          "reverse summaries and prefix for the adjoint")
+          "forward chunks of 64 tokens, backward chunks of 32, in up to 64 groups: group summaries, "
+          "prefix over groups, replay; reverse summaries and prefix for the adjoint")

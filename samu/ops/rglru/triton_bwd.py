@@ -14,14 +14,15 @@ import triton
 import triton.language as tl
 
 from samu.ops.rglru.triton_fwd import (
-    _div,
-    _exp,
-    _expm1,
+    MAX_GROUPS,
+    _affine,
+    _decay,
     _fold_prefix,
     _gate_dot,
     _last_row,
-    _affine,
+    _rsqrt,
     _sigmoid,
+    _sigmoid_channel,
     _sigmoid_pair,
     _softplus,
     _split_cols,
@@ -29,7 +30,7 @@ from samu.ops.rglru.triton_fwd import (
     _sqrt,
     _to_store,
     head_block,
-    native,
+    math_mode,
     new_buffer,
     split_weights,
 )
@@ -55,7 +56,7 @@ def _adjoint(q1, l1, v1, q2, l2, v2):
     return q1 * l1 * q2, l2, v2 + q2 * l1 * v1
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L", "NC", "G", "NG"])
 def _rglru_bwd_summary_kernel(
     x,                   # [B, L, D]
     w16, w_inv,          # split gate weights (gate a is used)
@@ -63,7 +64,7 @@ def _rglru_bwd_summary_kernel(
     dy,                  # [B, L, D]
     sums,                # [2, B, NG, D] fp32: (P = prod a, E = eps leaving the group entered with 0)
     L, D, n, H, NC, G, NG, c,
-    K: tl.constexpr, BN: tl.constexpr, X_PARTS: tl.constexpr, NATIVE: tl.constexpr,
+    K: tl.constexpr, BN: tl.constexpr, X_PARTS: tl.constexpr, MATH: tl.constexpr,
 ):
     """Reverse affine summary of eps_t = a_t (dy_t + eps_{t+1}) over one group of chunks.
 
@@ -76,44 +77,46 @@ def _rglru_bwd_summary_kernel(
     m_j = o_j < n
     o_d = i_h * n + o_j
     b_ba = tl.load(b_a + o_d, mask=m_j, other=0.0)
-    b_csp = -c * _softplus(tl.load(a_param + o_d, mask=m_j, other=0.0), NATIVE)
+    b_csp = -c * _softplus(tl.load(a_param + o_d, mask=m_j, other=0.0), MATH)
     o_w = i_h.to(tl.int64) * BN * BN + o_j[:, None] * BN + o_j[None, :]
     b_wah = tl.load(w16 + o_w)
     b_wal = tl.load(w16 + H * BN * BN + o_w)
-    b_wainv = tl.load(w_inv + i_h * BN + o_j)
+    b_wainv = tl.load(w_inv + i_h)
 
     b_e = tl.zeros([BN], dtype=tl.float32)
     b_p = tl.full([BN], 1.0, dtype=tl.float32)
     c_lo = i_g * G
     c_hi = tl.minimum(c_lo + G, NC)
+    o_tile = ((K - 1) - o_k)[:, None] * D + o_j[None, :]
+    o_base = (i_b64 * L + (c_hi - 1).to(tl.int64) * K) * D + i_h * n
+    p_x = x + o_base
+    p_dy = dy + o_base
     for i in range(0, c_hi - c_lo):
-        i_c = c_hi - 1 - i
-        o_t = i_c * K + (K - 1) - o_k
-        m_t = o_t < L
+        m_t = (c_hi - 1 - i) * K + (K - 1) - o_k < L
         m_x = m_t[:, None] & m_j[None, :]
-        o_x = (i_b64 * L + o_t[:, None]) * D + o_d[None, :]
-        b_xt = tl.load(x + o_x, mask=m_x, other=0.0).to(tl.float32)           # [K, BN] reversed
-        b_dy = tl.load(dy + o_x, mask=m_x, other=0.0).to(tl.float32)
+        b_xt = tl.load(p_x + o_tile, mask=m_x, other=0.0).to(tl.float32)       # [K, BN] reversed
+        b_dy = tl.load(p_dy + o_tile, mask=m_x, other=0.0).to(tl.float32)
         b_xh, b_xl, b_xinv = _split_rows(b_xt, X_PARTS)
         b_za = _gate_dot(b_xh, b_xl, b_xinv, b_wah, b_wal, b_wainv, X_PARTS) + b_ba[None, :]
-        b_at = _exp(b_csp[None, :] * _sigmoid(b_za, NATIVE), NATIVE)
+        b_at, _ = _decay(b_csp[None, :] * _sigmoid(b_za, MATH), MATH)
         b_at = tl.where(m_t[:, None], b_at, 1.0)
         b_bt = b_at * b_dy
         b_bt = tl.where(o_k[:, None] == 0, b_bt + b_at * b_e[None, :], b_bt)
         b_A, b_E = tl.associative_scan((b_at, b_bt), 0, _affine)
         b_p = b_p * _last_row(b_A, K)
         b_e = _last_row(b_E, K)
+        p_x -= K * D
+        p_dy -= K * D
     p_s = sums + (i_b64 * NG + i_g) * D + o_d
     tl.store(p_s, b_p, mask=m_j)
     tl.store(p_s + tl.num_programs(2).to(tl.int64) * NG * D, b_e, mask=m_j)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L", "NC", "G", "NG", "M"])
 def _rglru_bwd_kernel(
     x, dy,               # [B, L, D]
     dh_last,             # [B, D] fp32 cotangent of the final state (read when HAS_DH)
-    w16, w_inv,          # split gate weights
-    wt16, wt_inv,        # split transposed gate weights
+    w16, w_inv,          # split gate weights (their transposes serve dx)
     b_a, b_x, a_param,   # [D] fp32
     states,              # [B, NC, D] fp32: state entering each chunk (from the forward)
     sums,                # [2, B, NG, D] fp32 reverse group summaries
@@ -122,7 +125,7 @@ def _rglru_bwd_kernel(
     part,                # [B * NG, M] fp32 parameter-gradient partials of each program
     L, D, n, H, NC, G, NG, M, c,
     K: tl.constexpr, BN: tl.constexpr, NGP: tl.constexpr, X_PARTS: tl.constexpr,
-    HAS_DH: tl.constexpr, HAS_H0: tl.constexpr, NATIVE: tl.constexpr,
+    HAS_DH: tl.constexpr, HAS_H0: tl.constexpr, MATH: tl.constexpr,
 ):
     """One (group of G chunks, head, batch row), walking its chunks last to first."""
     i_g, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -133,7 +136,7 @@ def _rglru_bwd_kernel(
     o_d = i_h * n + o_j
     b_ba = tl.load(b_a + o_d, mask=m_j, other=0.0)
     b_bx = tl.load(b_x + o_d, mask=m_j, other=0.0)
-    b_csp = -c * _softplus(tl.load(a_param + o_d, mask=m_j, other=0.0), NATIVE)
+    b_csp = -c * _softplus(tl.load(a_param + o_d, mask=m_j, other=0.0), MATH)
 
     HBB = H * BN * BN
     o_w = i_h.to(tl.int64) * BN * BN + o_j[:, None] * BN + o_j[None, :]
@@ -141,14 +144,8 @@ def _rglru_bwd_kernel(
     b_wal = tl.load(w16 + HBB + o_w)
     b_wxh = tl.load(w16 + 2 * HBB + o_w)
     b_wxl = tl.load(w16 + 3 * HBB + o_w)
-    b_wainv = tl.load(w_inv + i_h * BN + o_j)
-    b_wxinv = tl.load(w_inv + (H + i_h) * BN + o_j)
-    b_wtah = tl.load(wt16 + o_w)
-    b_wtal = tl.load(wt16 + HBB + o_w)
-    b_wtxh = tl.load(wt16 + 2 * HBB + o_w)
-    b_wtxl = tl.load(wt16 + 3 * HBB + o_w)
-    b_wtainv = tl.load(wt_inv + i_h * BN + o_j)
-    b_wtxinv = tl.load(wt_inv + (H + i_h) * BN + o_j)
+    b_wainv = tl.load(w_inv + i_h)
+    b_wxinv = tl.load(w_inv + H + i_h)
 
     b_dwa = tl.zeros([BN, BN], dtype=tl.float32)
     b_dwx = tl.zeros([BN, BN], dtype=tl.float32)
@@ -169,33 +166,35 @@ def _rglru_bwd_kernel(
 
     c_lo = i_g * G
     c_hi = tl.minimum(c_lo + G, NC)
+    o_tile = o_k[:, None] * D + o_j[None, :]
+    o_tile_r = ((K - 1) - o_k)[:, None] * D + o_j[None, :]
+    o_base = (i_b64 * L + (c_hi - 1).to(tl.int64) * K) * D + i_h * n
+    p_x = x + o_base
+    p_dy = dy + o_base
+    p_dx = dx + o_base
+    p_st = states + (i_b64 * NC + c_hi - 1) * D + o_d
     for i in range(0, c_hi - c_lo):
-        i_c = c_hi - 1 - i
-        o_t = i_c * K + o_k
-        m_t = o_t < L
+        t0 = (c_hi - 1 - i) * K
+        m_t = t0 + o_k < L
         m_x = m_t[:, None] & m_j[None, :]
-        o_x = (i_b64 * L + o_t[:, None]) * D + o_d[None, :]
-        b_xt = tl.load(x + o_x, mask=m_x, other=0.0).to(tl.float32)           # [K, BN]
+        b_xt = tl.load(p_x + o_tile, mask=m_x, other=0.0).to(tl.float32)       # [K, BN]
         # the cotangent read last token first, for the adjoint scan
-        o_tr = i_c * K + (K - 1) - o_k
-        m_xr = (o_tr < L)[:, None] & m_j[None, :]
-        b_dyr = tl.load(dy + (i_b64 * L + o_tr[:, None]) * D + o_d[None, :], mask=m_xr, other=0.0).to(tl.float32)
+        m_xr = (t0 + (K - 1) - o_k < L)[:, None] & m_j[None, :]
+        b_dyr = tl.load(p_dy + o_tile_r, mask=m_xr, other=0.0).to(tl.float32)
 
         # gates, recomputed
         b_xh, b_xl, b_xinv = _split_rows(b_xt, X_PARTS)
         b_za = _gate_dot(b_xh, b_xl, b_xinv, b_wah, b_wal, b_wainv, X_PARTS) + b_ba[None, :]
         b_zx = _gate_dot(b_xh, b_xl, b_xinv, b_wxh, b_wxl, b_wxinv, X_PARTS) + b_bx[None, :]
-        b_ga, b_gac = _sigmoid_pair(b_za, NATIVE)
-        b_gx, b_gxc = _sigmoid_pair(b_zx, NATIVE)
-        b_loga = b_csp[None, :] * b_ga
-        b_at = _exp(b_loga, NATIVE)
-        b_u = -_expm1(2.0 * b_loga, NATIVE)
-        b_mult = _sqrt(b_u, NATIVE)
+        b_ga, b_gac = _sigmoid_pair(b_za, MATH)
+        b_gx, b_gxc = _sigmoid_pair(b_zx, MATH)
+        b_at, b_u = _decay(b_csp[None, :] * b_ga, MATH)
+        b_mult = _sqrt(b_u, MATH)
         b_at = tl.where(m_t[:, None], b_at, 1.0)
         b_bt = tl.where(m_t[:, None], b_mult * b_gx * b_xt, 0.0)
 
         # g_t = a_t h_{t-1}, from the state entering the chunk
-        b_hin = tl.load(states + (i_b64 * NC + i_c) * D + o_d, mask=m_j, other=0.0)
+        b_hin = tl.load(p_st, mask=m_j, other=0.0)
         b_P, b_W, _ = tl.associative_scan((b_at, b_zero, b_bt), 0, _affine_before)
         b_gt = b_W + b_P * b_hin[None, :]
 
@@ -206,9 +205,8 @@ def _rglru_bwd_kernel(
 
         # pointwise cotangents; b = multiplier * gate_x * x
         b_dgx = b_delta * b_mult * b_xt
-        b_dmult = b_delta * b_gx * b_xt
-        # Griffin's bounded derivative of sqrt(u)
-        b_du = _div(b_dmult, _sqrt(tl.maximum(4.0 * b_u, 1e-6), NATIVE), NATIVE)
+        # Griffin's bounded derivative of sqrt(u): 1 / sqrt(max(4u, 1e-6))
+        b_du = b_delta * b_gx * b_xt * _rsqrt(tl.maximum(4.0 * b_u, 1e-6), MATH)
         # u = 1 - exp(2 log a): du/dlog a = -2 a^2
         b_dloga = b_delta * b_gt - 2.0 * b_at * b_at * b_du
         b_dza = tl.where(m_x, b_dloga * b_csp[None, :] * b_ga * b_gac, 0.0)
@@ -220,19 +218,23 @@ def _rglru_bwd_kernel(
         # dx = delta * multiplier * gate_x + dza w_a^T + dzx w_x^T
         b_dx = b_delta * b_mult * b_gx
         b_dh, b_dl, b_dinv = _split_rows(b_dza, 2)
-        b_dx += _gate_dot(b_dh, b_dl, b_dinv, b_wtah, b_wtal, b_wtainv, 2)
+        b_dx += _gate_dot(b_dh, b_dl, b_dinv, tl.trans(b_wah), tl.trans(b_wal), b_wainv, 2)
         b_dh, b_dl, b_dinv = _split_rows(b_dzx, 2)
-        b_dx += _gate_dot(b_dh, b_dl, b_dinv, b_wtxh, b_wtxl, b_wtxinv, 2)
-        tl.store(dx + o_x, _to_store(b_dx, dx.dtype.element_ty, NATIVE), mask=m_x)
+        b_dx += _gate_dot(b_dh, b_dl, b_dinv, tl.trans(b_wxh), tl.trans(b_wxl), b_wxinv, 2)
+        tl.store(p_dx + o_tile, _to_store(b_dx, dx.dtype.element_ty, MATH), mask=m_x)
 
         # dW = x^T dz, both split along the token axis
         b_xch, b_xcl, b_xcinv = _split_cols(b_xt, X_PARTS)
         b_xth = tl.trans(b_xch)
         b_xtl = tl.trans(b_xcl)
         b_dh, b_dl, b_dinv = _split_cols(b_dza, 2)
-        b_dwa += _gate_dot(b_xth, b_xtl, b_xcinv, b_dh, b_dl, b_dinv, X_PARTS)
+        b_dwa += _gate_dot(b_xth, b_xtl, b_xcinv, b_dh, b_dl, b_dinv[None, :], X_PARTS)
         b_dh, b_dl, b_dinv = _split_cols(b_dzx, 2)
-        b_dwx += _gate_dot(b_xth, b_xtl, b_xcinv, b_dh, b_dl, b_dinv, X_PARTS)
+        b_dwx += _gate_dot(b_xth, b_xtl, b_xcinv, b_dh, b_dl, b_dinv[None, :], X_PARTS)
+        p_x -= K * D
+        p_dy -= K * D
+        p_dx -= K * D
+        p_st -= D
 
     p_p = part + (i_b64 * NG + i_g) * M
     m_w = m_j[:, None] & m_j[None, :]
@@ -247,14 +249,14 @@ def _rglru_bwd_kernel(
             tl.store(dh0 + i_b64 * D + o_d, b_e, mask=m_j)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NP", "M"])
 def _rglru_reduce_kernel(
     part,                # [NP, M] fp32: per program [dW_a (H n n) | dW_x | db_a (D) | db_x | dsoftplus]
     dwa, dwx,            # [H, n, n] fp32
     dba, dbx, da,        # [D] fp32
     a_param,             # [D] fp32
     NP, M, HNN, D,
-    BLOCK: tl.constexpr, NATIVE: tl.constexpr,
+    BLOCK: tl.constexpr, MATH: tl.constexpr,
 ):
     """Sum the partials over programs in a fixed order (deterministic); d a_param = dsoftplus * sigma."""
     o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -270,12 +272,12 @@ def _rglru_reduce_kernel(
     tl.store(dba + o_v, b_acc, mask=(o_v >= 0) & (o_v < D))
     tl.store(dbx + (o_v - D), b_acc, mask=(o_v >= D) & (o_v < 2 * D))
     m_a = (o_v >= 2 * D) & m
-    b_sig = _sigmoid(tl.load(a_param + (o_v - 2 * D), mask=m_a, other=0.0), NATIVE)
+    b_sig = _sigmoid_channel(tl.load(a_param + (o_v - 2 * D), mask=m_a, other=0.0), MATH)
     tl.store(da + (o_v - 2 * D), b_acc * b_sig, mask=m_a)
 
 
 def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states, c: float, *, K: int, G: int,
-              num_warps: int = 4, num_stages: int = 1):
+              fast: bool = False, num_warps: int = 4, num_stages: int = 1):
     """Chunked RG-LRU backward.
 
     dy: [B, L, D] (any float dtype); dh_last: [B, D] fp32 or None; x and the parameters as in the
@@ -291,10 +293,11 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
     NC = triton.cdiv(L, K)
     assert states.shape == (B, NC, D), "states must come from a forward with the same chunk length"
     NG = triton.cdiv(NC, G)
-    NGP = triton.next_power_of_2(NG)
+    assert NG <= MAX_GROUPS, f"{NG} groups of {G} chunks; at most {MAX_GROUPS}"
+    NGP = MAX_GROUPS if NG > 1 else 1
     dev = x.device
     X_PARTS = 2 if x.dtype == torch.float32 else 1
-    w16, w_inv, wt16, wt_inv = split_weights(w_a, w_x, transposed=True)
+    w16, w_inv = split_weights(w_a, w_x)
     dy = dy.contiguous()
     dx = new_buffer((B, L, D), x.dtype, dev)
     dh0 = new_buffer((B, D), torch.float32, dev) if has_h0 else None
@@ -304,13 +307,13 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
     grid = (NG, H, B)
     if NG > 1:
         _rglru_bwd_summary_kernel[grid](x, w16, w_inv, b_a, a_param, dy, sums, L, D, n, H, NC, G, NG, float(c),
-                                        K=K, BN=BN, X_PARTS=X_PARTS, NATIVE=native(),
+                                        K=K, BN=BN, X_PARTS=X_PARTS, MATH=math_mode(fast),
                                         num_warps=num_warps, num_stages=num_stages)
     _rglru_bwd_kernel[grid](
-        x, dy, dh_last if dh_last is not None else part, w16, w_inv, wt16, wt_inv, b_a, b_x, a_param, states,
+        x, dy, dh_last if dh_last is not None else part, w16, w_inv, b_a, b_x, a_param, states,
         sums, dx, dh0 if dh0 is not None else part, part, L, D, n, H, NC, G, NG, M, float(c),
         K=K, BN=BN, NGP=NGP, X_PARTS=X_PARTS, HAS_DH=dh_last is not None, HAS_H0=has_h0,
-        NATIVE=native(), num_warps=num_warps, num_stages=num_stages)
+        MATH=math_mode(fast), num_warps=num_warps, num_stages=num_stages)
     dw_a = new_buffer((H, n, n), torch.float32, dev)
     dw_x = new_buffer((H, n, n), torch.float32, dev)
     db_a = new_buffer((D,), torch.float32, dev)
@@ -318,5 +321,5 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
     da = new_buffer((D,), torch.float32, dev)
     BLOCK = 1024
     _rglru_reduce_kernel[(triton.cdiv(M, BLOCK),)](part, dw_a, dw_x, db_a, db_x, da, a_param, B * NG, M, H * n * n, D,
-                                                  BLOCK=BLOCK, NATIVE=native(), num_warps=4)
+                                                  BLOCK=BLOCK, MATH=math_mode(fast), num_warps=4)
     return dx, dw_a, db_a, dw_x, db_x, da, dh0

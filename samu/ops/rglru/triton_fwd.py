@@ -42,13 +42,15 @@ def new_buffer(shape, dtype, device) -> torch.Tensor:
     return t
 
 
-def native() -> bool:
-    """Compiled for a GPU: libdevice math and hardware conversions (False in the interpreter).
+def math_mode(fast: bool) -> int:
+    """The kernels' MATH constant: 0 in the interpreter, else 1 (precise) or 2 (fast); see below.
 
-    The interpreter has no libdevice (its numpy functions are exact already) and truncates on
-    fp32 -> bf16 casts, so kernels round those by hand there.
+    The interpreter has no libdevice (its numpy functions are correctly rounded already) and
+    truncates on fp32 -> bf16 casts, so kernels round those by hand there.
     """
-    return os.environ.get("TRITON_INTERPRET", "0") != "1" and libdevice is not None
+    if os.environ.get("TRITON_INTERPRET", "0") == "1" or libdevice is None:
+        return 0
+    return 2 if fast else 1
 
 
 def head_block(n: int) -> int:
@@ -58,55 +60,87 @@ def head_block(n: int) -> int:
 
 # ----------------------------------------------------------------------------------------------
 # jit helpers: elementary functions
+#
+# MATH selects their implementation: 0 the interpreter (numpy, correctly rounded), 1 precise
+# (libdevice, correctly rounded division and square root), 2 fast (hardware approximations of a
+# few ulp: ex2, rcp, sqrt, rsqrt). Every formulation avoids cancellation, so the modes differ by
+# ulps, not by digits; each mode is its own variant and passes the gates on its own.
+
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _exp(x, NATIVE: tl.constexpr):
-    if NATIVE:
+def _exp(x, MATH: tl.constexpr):
+    if MATH == 1:
         return libdevice.exp(x)
+    elif MATH == 2:
+        return tl.exp2(x * LOG2E)
     else:
         return tl.exp(x)
 
 
 @triton.jit
-def _expm1(x, NATIVE: tl.constexpr):
-    if NATIVE:
-        return libdevice.expm1(x)
+def _recip(x, MATH: tl.constexpr):
+    if MATH == 1:
+        return tl.div_rn(1.0, x)
     else:
-        return _expm1_interp(x)
+        return 1.0 / x
 
 
 @triton.jit
-def _sqrt(x, NATIVE: tl.constexpr):
-    if NATIVE:
+def _sqrt(x, MATH: tl.constexpr):
+    if MATH == 1:
         return tl.sqrt_rn(x)
     else:
         return tl.sqrt(x)
 
 
 @triton.jit
-def _div(a, b, NATIVE: tl.constexpr):
-    if NATIVE:
-        return tl.div_rn(a, b)
+def _rsqrt(x, MATH: tl.constexpr):
+    if MATH == 1:
+        return tl.div_rn(1.0, tl.sqrt_rn(x))
+    elif MATH == 2:
+        return tl.rsqrt(x)
     else:
-        return a / b
+        return 1.0 / tl.sqrt(x)
 
 
 @triton.jit
-def _log1p(x, NATIVE: tl.constexpr):
-    """log(1 + x) for x >= 0; Goldberg's u = 1 + x trick where libdevice is unavailable."""
-    if NATIVE:
-        return libdevice.log1p(x)
+def _expm1_neg(x, MATH: tl.constexpr):
+    """exp(x) - 1 for x <= 0 without cancellation near 0."""
+    if MATH == 1:
+        return libdevice.expm1(x)
+    elif MATH == 2:
+        # Taylor to degree 9 on [-0.5, 0] (truncation < 2^-28 relative), exp - 1 below
+        p = 1.0 / 362880.0
+        p = p * x + 1.0 / 40320.0
+        p = p * x + 1.0 / 5040.0
+        p = p * x + 1.0 / 720.0
+        p = p * x + 1.0 / 120.0
+        p = p * x + 1.0 / 24.0
+        p = p * x + 1.0 / 6.0
+        p = p * x + 0.5
+        p = (p * x + 1.0) * x
+        return tl.where(x > -0.5, p, tl.exp2(x * LOG2E) - 1.0)
     else:
+        return _expm1_interp(x)
+
+
+@triton.jit
+def _log1p(x, MATH: tl.constexpr):
+    """log(1 + x) for x >= 0 (per channel only); Goldberg's u = 1 + x trick in the interpreter."""
+    if MATH == 0:
         u = 1.0 + x
         safe = tl.where(u == 1.0, 2.0, u)
         return tl.where(u == 1.0, x, tl.log(safe) * x / (safe - 1.0))
+    else:
+        return libdevice.log1p(x)
 
 
 @triton.jit
-def _to_store(v, dtype: tl.constexpr, NATIVE: tl.constexpr):
-    """fp32 -> the output dtype, rounding to nearest even."""
-    if NATIVE or dtype != tl.bfloat16:
+def _to_store(v, dtype: tl.constexpr, MATH: tl.constexpr):
+    """fp32 -> the output dtype, rounding to nearest even (the interpreter truncates to bf16)."""
+    if MATH != 0 or dtype != tl.bfloat16:
         return v.to(dtype)
     else:
         bits = v.to(tl.int32, bitcast=True)
@@ -115,23 +149,44 @@ def _to_store(v, dtype: tl.constexpr, NATIVE: tl.constexpr):
 
 
 @triton.jit
-def _sigmoid(z, NATIVE: tl.constexpr):
-    # exp(-z) overflows to inf for z < -88 and the quotient is then exactly 0
-    return _div(1.0, 1.0 + _exp(-z, NATIVE), NATIVE)
+def _sigmoid(z, MATH: tl.constexpr):
+    # exp(-z) overflows to inf for z < -88 and the reciprocal is then exactly 0
+    return _recip(1.0 + _exp(-z, MATH), MATH)
 
 
 @triton.jit
-def _sigmoid_pair(z, NATIVE: tl.constexpr):
+def _sigmoid_pair(z, MATH: tl.constexpr):
     """sigma(z) and 1 - sigma(z), each without cancellation."""
-    e = _exp(-tl.abs(z), NATIVE)
-    r = _div(1.0, 1.0 + e, NATIVE)
+    e = _exp(-tl.abs(z), MATH)
+    r = _recip(1.0 + e, MATH)
     pos = z >= 0
     return tl.where(pos, r, e * r), tl.where(pos, e * r, r)
 
 
 @triton.jit
-def _softplus(p, NATIVE: tl.constexpr):
-    return tl.maximum(p, 0.0) + _log1p(_exp(-tl.abs(p), NATIVE), NATIVE)
+def _softplus(p, MATH: tl.constexpr):
+    """Per channel: correctly rounded functions in every GPU mode."""
+    if MATH == 0:
+        e = tl.exp(-tl.abs(p))
+    else:
+        e = libdevice.exp(-tl.abs(p))
+    return tl.maximum(p, 0.0) + _log1p(e, MATH)
+
+
+@triton.jit
+def _sigmoid_channel(p, MATH: tl.constexpr):
+    """Per channel: correctly rounded functions in every GPU mode."""
+    if MATH == 0:
+        return 1.0 / (1.0 + tl.exp(-p))
+    else:
+        return tl.div_rn(1.0, 1.0 + libdevice.exp(-p))
+
+
+@triton.jit
+def _decay(b_loga, MATH: tl.constexpr):
+    """a = exp(log a) and u = 1 - a^2 = -(e (2 + e)) with e = expm1(log a): no cancellation as a -> 1."""
+    e = _expm1_neg(b_loga, MATH)
+    return 1.0 + e, -(e * (2.0 + e))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -181,12 +236,13 @@ def _split_cols(b_v, PARTS: tl.constexpr):
 
 @triton.jit
 def _gate_dot(b_xh, b_xl, b_xinv, b_whi, b_wlo, b_winv, X_PARTS: tl.constexpr):
-    """x @ w for a row-split x [K, BN] and a column-split w [BN, BN]: [K, BN] fp32."""
+    """x @ w for x split along rows ([M, R] parts, inverse scales [M]) and w split with inverse
+    scale b_winv (a scalar or a [1, N] row): [M, N] fp32."""
     b_z = tl.dot(b_xh, b_wlo)
     if X_PARTS == 2:
         b_z = tl.dot(b_xl, b_whi, b_z)
     b_z = tl.dot(b_xh, b_whi, b_z)
-    return b_z * b_xinv[:, None] * b_winv[None, :]
+    return b_z * b_xinv[:, None] * b_winv
 
 
 # ----------------------------------------------------------------------------------------------
@@ -229,11 +285,12 @@ def _fold_prefix(b_h, sums, o_rows, m_rows, o_d, m_j, n_rows_stride, SB, NGP: tl
 @triton.jit
 def _rglru_split_weights_kernel(
     w_a, w_x,            # [H, n, n] fp32
-    w16, w_inv,          # [2, 2, H, BN, BN] fp16 (gate, hi/lo); [2, H, BN] fp32: column-scaled w
-    wt16, wt_inv,        # same for w^T (rows of w scaled), used by the backward's dx
+    w16,                 # [2, 2, H, BN, BN] fp16: (gate, hi/lo) parts of w * s, zero-padded
+    w_inv,               # [2, H] fp32: 1 / s, one power of two per (gate, head)
     n, H,
-    BN: tl.constexpr, TRANSPOSED: tl.constexpr,
+    BN: tl.constexpr,
 ):
+    """One scale per head keeps w^T's parts the transposes of w's (the backward reuses the tiles)."""
     i_h, i_gate = tl.program_id(0), tl.program_id(1)
     o_i = tl.arange(0, BN)
     m = (o_i < n)[:, None] & (o_i < n)[None, :]
@@ -242,38 +299,29 @@ def _rglru_split_weights_kernel(
         b_w = tl.load(w_a + o_src, mask=m, other=0.0)      # [BN(i), BN(j)]
     else:
         b_w = tl.load(w_x + o_src, mask=m, other=0.0)
+    s, inv = _pow2_scale(tl.max(tl.max(tl.abs(b_w), axis=1), axis=0))
+    b_s = b_w * s
+    b_hi = b_s.to(tl.float16)
+    b_lo = (b_s - b_hi.to(tl.float32)).to(tl.float16)
     HBB = H * BN * BN
-    o_dst = i_h.to(tl.int64) * BN * BN + o_i[:, None] * BN + o_i[None, :]
-    o_hi = (2 * i_gate) * HBB
-    b_hi, b_lo, b_inv = _split_cols(b_w, 2)
-    tl.store(w16 + o_hi + o_dst, b_hi)
-    tl.store(w16 + o_hi + HBB + o_dst, b_lo)
-    tl.store(w_inv + (i_gate * H + i_h) * BN + o_i, b_inv)
-    if TRANSPOSED:
-        # w^T[j, i] = w[i, j], split along its columns i: scale each row of w
-        b_hi, b_lo, b_inv = _split_rows(b_w, 2)
-        o_t = i_h.to(tl.int64) * BN * BN + o_i[:, None] + o_i[None, :] * BN
-        tl.store(wt16 + o_hi + o_t, b_hi)
-        tl.store(wt16 + o_hi + HBB + o_t, b_lo)
-        tl.store(wt_inv + (i_gate * H + i_h) * BN + o_i, b_inv)
+    o_dst = (2 * i_gate * H + i_h).to(tl.int64) * BN * BN + o_i[:, None] * BN + o_i[None, :]
+    tl.store(w16 + o_dst, b_hi)
+    tl.store(w16 + HBB + o_dst, b_lo)
+    tl.store(w_inv + i_gate * H + i_h, inv)
 
 
 @triton.jit
 def _gates_fwd(b_x, b_wah, b_wal, b_wainv, b_wxh, b_wxl, b_wxinv, b_ba, b_bx, b_csp,
-               X_PARTS: tl.constexpr, NATIVE: tl.constexpr):
+               X_PARTS: tl.constexpr, MATH: tl.constexpr):
     """Transition a_t and scan input multiplier_t * gate_x_t * x_t for x [K, BN] fp32."""
     b_xh, b_xl, b_xinv = _split_rows(b_x, X_PARTS)
-    b_za = _gate_dot(b_xh, b_xl, b_xinv, b_wah, b_wal, b_wainv, X_PARTS) + b_ba[None, :]
-    b_zx = _gate_dot(b_xh, b_xl, b_xinv, b_wxh, b_wxl, b_wxinv, X_PARTS) + b_bx[None, :]
-    b_ga = _sigmoid(b_za, NATIVE)
-    b_gx = _sigmoid(b_zx, NATIVE)
-    b_loga = b_csp[None, :] * b_ga
-    b_a = _exp(b_loga, NATIVE)
-    b_mult = _sqrt(-_expm1(2.0 * b_loga, NATIVE), NATIVE)
-    return b_a, b_mult * b_gx * b_x
+    b_ga = _sigmoid(_gate_dot(b_xh, b_xl, b_xinv, b_wah, b_wal, b_wainv, X_PARTS) + b_ba[None, :], MATH)
+    b_gx = _sigmoid(_gate_dot(b_xh, b_xl, b_xinv, b_wxh, b_wxl, b_wxinv, X_PARTS) + b_bx[None, :], MATH)
+    b_a, b_u = _decay(b_csp[None, :] * b_ga, MATH)
+    return b_a, _sqrt(b_u, MATH) * b_gx * b_x
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L", "NC", "G", "NG"])
 def _rglru_fwd_kernel(
     x,                   # [B, L, D] bf16 / fp16 / fp32
     w16, w_inv,          # split gate weights (see _rglru_split_weights_kernel)
@@ -281,11 +329,11 @@ def _rglru_fwd_kernel(
     h0,                  # [B, D] fp32 (read when HAS_H0)
     sums,                # [2, B, NG, D] fp32 group summaries (A = prod a, B = end state from 0)
     y,                   # [B, L, D] x.dtype
-    states,              # [B, NC, D] fp32: state entering each chunk (written when SAVE_STATES)
+    states,              # [B, ceil(L/S), D] fp32: state entering every S tokens (when SAVE_STATES)
     h_last,              # [B, D] fp32 final state
     L, D, n, H, NC, G, NG, c,
-    K: tl.constexpr, BN: tl.constexpr, NGP: tl.constexpr, X_PARTS: tl.constexpr,
-    HAS_H0: tl.constexpr, SUMMARY: tl.constexpr, SAVE_STATES: tl.constexpr, NATIVE: tl.constexpr,
+    K: tl.constexpr, BN: tl.constexpr, NGP: tl.constexpr, X_PARTS: tl.constexpr, S: tl.constexpr,
+    HAS_H0: tl.constexpr, SUMMARY: tl.constexpr, SAVE_STATES: tl.constexpr, MATH: tl.constexpr,
 ):
     """One (group of G chunks, head, batch row). SUMMARY: write the group's affine summary.
 
@@ -300,7 +348,7 @@ def _rglru_fwd_kernel(
     o_d = i_h * n + o_j
     b_ba = tl.load(b_a + o_d, mask=m_j, other=0.0)
     b_bx = tl.load(b_x + o_d, mask=m_j, other=0.0)
-    b_csp = -c * _softplus(tl.load(a_param + o_d, mask=m_j, other=0.0), NATIVE)
+    b_csp = -c * _softplus(tl.load(a_param + o_d, mask=m_j, other=0.0), MATH)
 
     HBB = H * BN * BN
     o_w = i_h.to(tl.int64) * BN * BN + o_j[:, None] * BN + o_j[None, :]
@@ -308,8 +356,8 @@ def _rglru_fwd_kernel(
     b_wal = tl.load(w16 + HBB + o_w)
     b_wxh = tl.load(w16 + 2 * HBB + o_w)
     b_wxl = tl.load(w16 + 3 * HBB + o_w)
-    b_wainv = tl.load(w_inv + i_h * BN + o_j)
-    b_wxinv = tl.load(w_inv + (H + i_h) * BN + o_j)
+    b_wainv = tl.load(w_inv + i_h)
+    b_wxinv = tl.load(w_inv + H + i_h)
 
     b_h = tl.zeros([BN], dtype=tl.float32)
     b_p = tl.full([BN], 1.0, dtype=tl.float32)
@@ -320,16 +368,24 @@ def _rglru_fwd_kernel(
             o_g = tl.arange(0, NGP)
             SB = tl.num_programs(2).to(tl.int64) * NG * D
             b_h = _fold_prefix(b_h, sums + i_b64 * NG * D, o_g, o_g < i_g, o_d, m_j, D, SB, NGP)
-    for i_c in range(i_g * G, tl.minimum(i_g * G + G, NC)):
-        o_t = i_c * K + o_k
-        m_t = o_t < L
+
+    c_lo = i_g * G
+    c_hi = tl.minimum(c_lo + G, NC)
+    # 64-bit bases, 32-bit offsets inside a [K, BN] tile
+    o_tile = o_k[:, None] * D + o_j[None, :]
+    o_base = (i_b64 * L + c_lo.to(tl.int64) * K) * D + i_h * n
+    p_x = x + o_base
+    p_y = y + o_base
+    NS = tl.cdiv(L, S)
+    for i_c in range(c_lo, c_hi):
+        m_t = i_c * K + o_k < L
         m_x = m_t[:, None] & m_j[None, :]
-        p_x = x + (i_b64 * L + o_t[:, None]) * D + o_d[None, :]
-        b_xt = tl.load(p_x, mask=m_x, other=0.0).to(tl.float32)               # [K, BN]
+        b_xt = tl.load(p_x + o_tile, mask=m_x, other=0.0).to(tl.float32)       # [K, BN]
         if SAVE_STATES:
-            tl.store(states + (i_b64 * NC + i_c) * D + o_d, b_h, mask=m_j)
+            if (i_c * K) % S == 0:
+                tl.store(states + (i_b64 * NS + (i_c * K) // S) * D + o_d, b_h, mask=m_j)
         b_at, b_bt = _gates_fwd(b_xt, b_wah, b_wal, b_wainv, b_wxh, b_wxl, b_wxinv,
-                                b_ba, b_bx, b_csp, X_PARTS, NATIVE)
+                                b_ba, b_bx, b_csp, X_PARTS, MATH)
         # tokens past L are identities: the state passes through to the chunk end unchanged
         b_at = tl.where(m_t[:, None], b_at, 1.0)
         b_bt = tl.where(m_t[:, None], b_bt, 0.0)
@@ -338,8 +394,17 @@ def _rglru_fwd_kernel(
         if SUMMARY:
             b_p = b_p * _last_row(b_A, K)
         else:
-            tl.store(y + (i_b64 * L + o_t[:, None]) * D + o_d[None, :], _to_store(b_H, y.dtype.element_ty, NATIVE), mask=m_x)
+            tl.store(p_y + o_tile, _to_store(b_H, y.dtype.element_ty, MATH), mask=m_x)
+            if SAVE_STATES:
+                if S < K:
+                    # the state entering each later S-token piece of the chunk is a row of b_H
+                    o_next = i_c * K + o_k + 1
+                    m_s = (o_next % S == 0) & (o_k < K - 1) & (o_next < L)
+                    p_s = states + (i_b64 * NS + o_next // S)[:, None] * D + o_d[None, :]
+                    tl.store(p_s, b_H, mask=m_s[:, None] & m_j[None, :])
         b_h = _last_row(b_H, K)
+        p_x += K * D
+        p_y += K * D
     if SUMMARY:
         p_s = sums + (i_b64 * NG + i_g) * D + o_d
         tl.store(p_s, b_p, mask=m_j)
@@ -353,51 +418,54 @@ def _rglru_fwd_kernel(
 # host
 
 
-def split_weights(w_a: torch.Tensor, w_x: torch.Tensor, transposed: bool = False):
-    """fp16 hi/lo parts of both gate weights with per-column power-of-two scales (one launch).
+def split_weights(w_a: torch.Tensor, w_x: torch.Tensor):
+    """fp16 hi/lo parts of both gate weights, one power-of-two scale per (gate, head); one launch.
 
-    Returns (w16 [2, 2, H, BN, BN], w_inv [2, H, BN]) and, when ``transposed``, the same for w^T
-    (used by the backward's input gradient); otherwise those two are None.
+    Returns w16 [2, 2, H, BN, BN] fp16 (gate, part) and w_inv [2, H] fp32 (the inverse scales).
     """
     H, n, _ = w_a.shape
     BN = head_block(n)
-    dev = w_a.device
-    w16 = new_buffer((2, 2, H, BN, BN), torch.float16, dev)
-    w_inv = new_buffer((2, H, BN), torch.float32, dev)
-    wt16, wt_inv = ((new_buffer((2, 2, H, BN, BN), torch.float16, dev), new_buffer((2, H, BN), torch.float32, dev))
-                    if transposed else (w16, w_inv))
-    _rglru_split_weights_kernel[(H, 2)](w_a.contiguous(), w_x.contiguous(), w16, w_inv, wt16, wt_inv, n, H,
-                                        BN=BN, TRANSPOSED=transposed, num_warps=4)
-    return (w16, w_inv, wt16, wt_inv) if transposed else (w16, w_inv, None, None)
+    w16 = new_buffer((2, 2, H, BN, BN), torch.float16, w_a.device)
+    w_inv = new_buffer((2, H), torch.float32, w_a.device)
+    _rglru_split_weights_kernel[(H, 2)](w_a.contiguous(), w_x.contiguous(), w16, w_inv, n, H, BN=BN, num_warps=4)
+    return w16, w_inv
+
+
+MAX_GROUPS = 64
 
 
 def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, G: int, save_states: bool,
-              num_warps: int = 4, num_stages: int = 1):
+              state_every: int = 0, fast: bool = False, num_warps: int = 4, num_stages: int = 1):
     """Chunked RG-LRU forward.
 
     x: [B, L, D] bf16/fp16/fp32 contiguous; w_a, w_x: [H, n, n] fp32; b_a, b_x, a_param: [D] fp32;
     h0: [B, D] fp32 or None. K: chunk length (power of two >= 16); G: chunks per group (one
-    program walks a group; G >= ceil(L / K) is the single-sweep serial variant).
-    Returns y [B, L, D] x.dtype, h_last [B, D] fp32, states [B, ceil(L/K), D] fp32 (the state
-    entering every chunk; an empty tensor unless ``save_states``).
+    program walks a group; G >= ceil(L / K) is the single-sweep serial variant; at most
+    MAX_GROUPS groups). fast: hardware approximations of exp, reciprocal and sqrt (MATH = 2).
+    state_every: S, the spacing of the saved states (a power of two; 0 means K), the backward's
+    chunk length. Returns y [B, L, D] x.dtype, h_last [B, D] fp32, states [B, ceil(L/S), D] fp32
+    (the state entering every S tokens; an empty tensor unless ``save_states``).
     """
     B, L, D = x.shape
     H, n = w_a.shape[0], w_a.shape[1]
     BN = head_block(n)
     NC = triton.cdiv(L, K)
     NG = triton.cdiv(NC, G)
-    NGP = triton.next_power_of_2(NG)
+    assert NG <= MAX_GROUPS, f"{NG} groups of {G} chunks; at most {MAX_GROUPS}"
+    # one compiled prefix width for every grouped launch
+    NGP = MAX_GROUPS if NG > 1 else 1
     dev = x.device
-    w16, w_inv, _, _ = split_weights(w_a, w_x)
+    w16, w_inv = split_weights(w_a, w_x)
     y = new_buffer((B, L, D), x.dtype, dev)
     h_last = new_buffer((B, D), torch.float32, dev)
-    states = new_buffer((B, NC, D), torch.float32, dev) if save_states else torch.empty(0, device=dev)
+    S = state_every or K
+    states = new_buffer((B, triton.cdiv(L, S), D), torch.float32, dev) if save_states else torch.empty(0, device=dev)
     sums = new_buffer((2, B, NG, D), torch.float32, dev) if NG > 1 else h_last
     has_h0 = h0 is not None
     args = (x, w16, w_inv, b_a, b_x, a_param, h0.contiguous() if has_h0 else h_last, sums, y,
             states if save_states else h_last, h_last, L, D, n, H, NC, G, NG, float(c))
-    meta = dict(K=K, BN=BN, NGP=NGP, X_PARTS=2 if x.dtype == torch.float32 else 1, HAS_H0=has_h0,
-                NATIVE=native(), num_warps=num_warps, num_stages=num_stages)
+    meta = dict(K=K, BN=BN, NGP=NGP, X_PARTS=2 if x.dtype == torch.float32 else 1, S=S, HAS_H0=has_h0,
+                MATH=math_mode(fast), num_warps=num_warps, num_stages=num_stages)
     grid = (NG, H, B)
     if NG > 1:
         _rglru_fwd_kernel[grid](*args, SUMMARY=True, SAVE_STATES=False, **meta)
