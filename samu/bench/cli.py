@@ -89,6 +89,8 @@ def add_commands(subparsers) -> None:
                    help=f"peers timed beside the mixers: {', '.join(PEER_IMPLS)}, all (default) or none")
     b.add_argument("--warmup", type=_at_least(3), default=3, help="warm-ups per round (>= 3)")
     b.add_argument("--samples", type=_at_least(5), default=5, help="timed samples per round (>= 5)")
+    b.add_argument("--check-finite", action="store_true",
+                   help="keep samu's per-call parameter finiteness check (a host sync) in the timed calls")
     b.add_argument("--preset", default="400m", help="LMConfig preset of the model scope (its width must be D)")
     b.add_argument("--out", default="results/bench", help="record file (*.json) or folder (default: results/bench)")
     _common(b)

@@ -16,6 +16,7 @@ from samu.bench.timing import Clock, copy_bandwidth, count_launches, peak_memory
 from samu.gates.inputs import derive_seed
 from samu.gates.rules import rel_error
 from samu.ops import dispatch
+from samu.ops.checks import set_check_finite
 
 
 def impls_for(op: str, impls: list[str], with_peers) -> list[str]:
@@ -65,16 +66,30 @@ def _agreement(candidates) -> dict:
 
 
 def run_bench(scopes, shapes, dtype, device, impls=("auto",), with_peers=True, warmup=3, samples=5,
-              seed=0, preset="400m", progress=True, command="samu bench", out=None) -> dict:
+              seed=0, preset="400m", progress=True, command="samu bench", out=None, check_finite=False) -> dict:
     """Run the bench and return its record; with ``out``, the record is rewritten after every unit,
-    so a run stopped early still leaves its finished rows (``complete`` stays false)."""
-    device = torch.device(device)
+    so a run stopped early still leaves its finished rows (``complete`` stays false).
+
+    ``check_finite``: keep samu's per-call parameter finiteness check (a host sync and a few small
+    kernels per call; off by default, as in a compiled or tuned training loop, and recorded).
+    """
+    previous = set_check_finite(check_finite)
+    try:
+        return _run_bench(scopes, shapes, dtype, torch.device(device), impls, with_peers, warmup, samples, seed,
+                          preset, progress, command, out, check_finite)
+    finally:
+        set_check_finite(previous)
+
+
+def _run_bench(scopes, shapes, dtype, device, impls, with_peers, warmup, samples, seed, preset, progress, command,
+               out, check_finite) -> dict:
     for scope in scopes:
         if scope not in SCOPES:
             raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
     clock = Clock(device)
     record = new_record("bench", environment(device), command, copy_bandwidth=copy_bandwidth(device, clock),
-                        timing={**clock.describe(), "warmup": warmup, "samples": samples, "rounds": 2},
+                        timing={**clock.describe(), "warmup": warmup, "samples": samples, "rounds": 2,
+                                "check_finite": check_finite},
                         skipped=[], failed=[], complete=False)
     bandwidth = record["copy_bandwidth"]["bytes_per_s"]
     dname = str(dtype).replace("torch.", "")
@@ -148,7 +163,8 @@ def bench_command(args) -> int:
     """Entry of ``samu bench`` (argparse namespace from samu.bench.cli)."""
     record = run_bench(args.scopes, args.shapes, args.dtype, args.device, impls=args.impls,
                        with_peers=args.peers, warmup=args.warmup, samples=args.samples, seed=args.seed,
-                       preset=args.preset, progress=not args.quiet, command=args.command_line, out=args.out)
+                       preset=args.preset, progress=not args.quiet, command=args.command_line, out=args.out,
+                       check_finite=args.check_finite)
     out = write_record(record, args.out)
     print(summary(record))
     print(f"record: {out} ({len(record['rows'])} rows, {len(record['skipped'])} skipped, "

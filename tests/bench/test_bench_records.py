@@ -6,12 +6,16 @@ import torch
 from samu.bench.peers import PEERS
 from samu.bench.records import environment, load_records, new_record, validate, write_record
 from samu.bench.runner import run_bench
+from samu.ops.checks import check_finite_enabled
 
 
 @pytest.fixture(scope="module")
 def cpu_record():
     """A real (tiny) bench run on CPU: its record is what the schema must accept."""
-    return run_bench(["fwd", "fb"], [(1, 16, 8)], torch.float32, "cpu", with_peers=True, progress=False)
+    before = check_finite_enabled()
+    record = run_bench(["fwd", "fb"], [(1, 16, 8)], torch.float32, "cpu", with_peers=True, progress=False)
+    assert check_finite_enabled() == before
+    return record
 
 
 def test_bench_record_matches_schema(cpu_record):
@@ -34,6 +38,8 @@ def test_bench_record_matches_schema(cpu_record):
     env = cpu_record["env"]
     assert env["device"] == "cpu" and env["torch"] == torch.__version__ and env["git_commit"]
     assert cpu_record["copy_bandwidth"]["bytes_per_s"] > 0
+    # the finiteness check is off while timing (restored afterwards, see the fixture) and recorded
+    assert cpu_record["timing"]["check_finite"] is False
 
 
 def test_validate_names_what_is_missing(cpu_record):
