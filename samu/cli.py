@@ -231,24 +231,29 @@ def cmd_info(args):
     if torch.cuda.is_available():
         names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
         print(f"device: cuda ({torch.cuda.device_count()}: {names})")
-        device, dtype = "cuda", torch.bfloat16
+        targets = [("cuda", torch.bfloat16)]
     else:
         print(f"device: cpu ({torch.get_num_threads()} threads); CUDA not available")
-        device, dtype = "cpu", torch.float32
-    print("backends: reference, torch" + (", triton" if dispatch.triton_available() else ""))
+        targets = [("cpu", torch.float32), ("cuda", torch.bfloat16)]
+    triton = "not installed"
+    if dispatch.triton_available():
+        runs = torch.cuda.is_available() or dispatch.interpreting()
+        triton = "runs here" if runs else "installed, runs on CUDA (or on CPU with TRITON_INTERPRET=1)"
+    print(f"backends: reference, torch; triton {triton}")
     for op in dispatch.OPS:
         try:
             names = sorted(dispatch.variants(op))
             print(f"  {op} Triton variants: {', '.join(names) or 'none registered'}")
         except Exception as e:  # a broken kernel module should not hide the rest of the report
             print(f"  {op} Triton variants: unavailable ({type(e).__name__}: {e})")
-    print("dispatch:")
-    for op in dispatch.OPS:
-        for shape in ((1, 2048, 1024), (4, 2048, 2048), (1, 32768, 1024)):
-            try:
-                print("  " + dispatch.explain(op, shape, dtype, device))
-            except Exception as e:  # a broken kernel module should not hide the rest of the report
-                print(f"  {op} {shape}: error ({type(e).__name__}: {e})")
+    for device, dtype in targets:
+        print(f"dispatch on {device}:")
+        for op in dispatch.OPS:
+            for shape in ((1, 2048, 1024), (4, 2048, 2048), (1, 32768, 1024)):
+                try:
+                    print("  " + dispatch.explain(op, shape, dtype, device))
+                except Exception as e:  # a broken kernel module should not hide the rest of the report
+                    print(f"  {op} {shape}: error ({type(e).__name__}: {e})")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -126,4 +126,4 @@ def test_info(capsys):
 
     assert main(["info"]) == 0
     text = capsys.readouterr().out
-    assert f"torch {torch.__version__}" in text and "dispatch:" in text and "samu (1, 2048, 1024)" in text
+    assert f"torch {torch.__version__}" in text and "dispatch on " in text and "samu (1, 2048, 1024)" in text

@@ -110,11 +110,12 @@ def stdlib_corpus(cache: str | Path | None = None) -> TokenData:
         tmp = Path(tempfile.mkdtemp(prefix=".stdlib-", dir=folder.parent))
         try:
             _build_stdlib(root, tmp)
-            if (folder / "meta.json").is_file():
-                shutil.rmtree(tmp)
-            else:
-                shutil.rmtree(folder, ignore_errors=True)
+            try:
                 os.rename(tmp, folder)
+            except OSError:
+                # Another process (a DDP rank) finished the same build first.
+                if not (folder / "meta.json").is_file():
+                    raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     train, val = (np.memmap(folder / f"{s}.bin", dtype=np.uint8, mode="r") for s in ("train", "val"))
