@@ -1,5 +1,6 @@
 """Embedded stdlib corpus, text and token-file loaders, batch sampling."""
 
+import shutil
 import sys
 import sysconfig
 from pathlib import Path
@@ -120,3 +121,19 @@ def test_validation_windows_are_fixed_and_in_range(tmp_path):
     data.check(len(data.val) - 1)
     with pytest.raises(ValueError, match="the val split has"):
         data.check(len(data.val))
+
+
+def test_stdlib_corpus_tolerates_a_concurrent_build(tmp_path, monkeypatch):
+    data = stdlib_corpus(tmp_path)
+    [folder] = tmp_path.iterdir()
+    shutil.rmtree(folder)
+    build = corpus._build_stdlib
+
+    def another_process_finishes_first(root, out):
+        folder.mkdir()
+        build(root, folder)
+        return build(root, out)
+
+    monkeypatch.setattr(corpus, "_build_stdlib", another_process_finishes_first)
+    assert np.array_equal(stdlib_corpus(tmp_path).val, data.val)
+    assert [p.name for p in tmp_path.iterdir()] == [folder.name]
