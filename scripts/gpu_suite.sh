@@ -5,11 +5,11 @@
 #
 # Writes under $OUT (default ./out): suite.log, gates.json, status.json, bench_primary.json,
 # bench_sweeps.json, bench_modules.json, REPORT.md (7 files, one folder) and prints a digest last.
-# Peers: wheels of fla-core and accelerated-scan in .whl/ (carry it) are installed to /tmp/peers;
-# without them the peers are skipped with a clear line. Set SAMU_GIT_COMMIT when .git does not travel.
-# Every stage has its own time limit and rewrites its record after each unit, so a stage cut short
-# still returns what it finished. Shape and argument overrides (for a CPU smoke run, say):
-# GATE_SHAPES GATE_DTYPES PRIMARY_SHAPES SWEEP_SHAPES MODULE_SHAPES, EXTRA (added to every samu command) and
+# Peers: wheels of fla-core, accelerated-scan and einops in .whl/ (carry it) are installed to
+# /tmp/peers; without them the peers are skipped with a clear line. Set SAMU_GIT_COMMIT when .git
+# does not travel. Every stage has its own time limit and rewrites its record after each unit, so a
+# stage cut short still returns what it finished. Overrides (for a CPU smoke run, say): GATE_SHAPES
+# GATE_DTYPES PRIMARY_SHAPES SWEEP_SHAPES MODULE_SHAPES, EXTRA (added to every samu command) and
 # BENCH_EXTRA (bench only), e.g. EXTRA="--device cpu" BENCH_EXTRA="--preset tiny".
 set -u
 cd "$(dirname "$0")/.."
@@ -17,46 +17,51 @@ OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 STAGES="${*:-tests gate primary sweeps modules}"
 PY="${PYTHON:-python3}"
+SAMU="$PY -m samu.bench"
 EXTRA="${EXTRA:-}"
 BENCH_EXTRA="${BENCH_EXTRA:-}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-# dispatch reads the status this run's gates write, not the committed one
+# dispatch reads the status this run's gates write, starting from the committed one
 export SAMU_GATE_STATUS="$OUT/status.json"
-[ -f samu/gates/status.json ] && [ ! -f "$OUT/status.json" ] && cp samu/gates/status.json "$OUT/status.json"
-exec > >(tee -a "$OUT/suite.log") 2>&1
-
-wheels=$(ls .whl/fla_core-*.whl .whl/accelerated_scan-*.whl .whl/einops-*.whl 2>/dev/null)
-if [ -n "$wheels" ]; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/peers $wheels \
-    && export PYTHONPATH="$PYTHONPATH:/tmp/peers" && echo "peers installed:" $wheels
-else
-  echo "peers: no fla-core / accelerated-scan wheels in .whl/; peer rows will be skipped"
-fi
-
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
-$PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+if [ -f samu/gates/status.json ] && [ ! -f "$OUT/status.json" ]; then cp samu/gates/status.json "$OUT/status.json"; fi
 
 stage() {  # stage NAME SECONDS COMMAND...
   local name=$1 limit=$2; shift 2
   case " $STAGES " in *" $name "*) ;; *) return 0 ;; esac
   echo "=== $name (limit ${limit}s): $*"
   local start=$SECONDS
+  # SIGINT first: Python stops between units and the record keeps what finished
   timeout --signal=INT --kill-after=15 "$limit" "$@"
   echo "=== $name: exit $? after $((SECONDS - start))s"
 }
 
-# timeout runs programs, not shell functions: spell every command out
-SAMU="$PY -m samu.bench"
-stage tests 80 $PY -m pytest -m gpu -q -p no:cacheprovider
-stage gate 130 $SAMU gate --quiet $EXTRA --shapes "${GATE_SHAPES:-gate}" --dtypes "${GATE_DTYPES:-bf16,fp32}" \
-  --backends torch,variants --out "$OUT/gates.json" --results "$OUT"
-stage primary 130 $SAMU bench --quiet $EXTRA $BENCH_EXTRA --scopes fwd,fb --shapes "${PRIMARY_SHAPES:-primary}" \
-  --out "$OUT/bench_primary.json"
-# the chunked torch backend is a peer at the primary shapes only: at 131K it costs seconds a call
-stage sweeps 110 $SAMU bench --quiet $EXTRA $BENCH_EXTRA --scopes fb --shapes "${SWEEP_SHAPES:-length,width}" \
-  --peers fla-chunk_hgrn,ascan-scalar,ascan-complex --out "$OUT/bench_sweeps.json"
-stage modules 90 $SAMU bench --quiet $EXTRA $BENCH_EXTRA --scopes block,step,model \
-  --shapes "${MODULE_SHAPES:-block,step}" --out "$OUT/bench_modules.json"
+main() {
+  local wheels
+  wheels=$(ls .whl/fla_core-*.whl .whl/accelerated_scan-*.whl .whl/einops-*.whl 2>/dev/null)
+  if [ -n "$wheels" ] && $PY -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/peers $wheels; then
+    export PYTHONPATH="$PYTHONPATH:/tmp/peers"
+    echo "peers installed:" $wheels
+  else
+    echo "peers: no fla-core / accelerated-scan wheels installed from .whl/; peer rows will be skipped"
+  fi
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
+  $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 
-echo "=== digest"
-$PY -m samu.bench report --results "$OUT" --out "$OUT/REPORT.md" --no-figures --brief
+  stage tests 80 $PY -m pytest -m gpu -q -p no:cacheprovider
+  stage gate 130 $SAMU gate --quiet $EXTRA --shapes "${GATE_SHAPES:-gate}" --dtypes "${GATE_DTYPES:-bf16,fp32}" \
+    --backends torch,variants --out "$OUT/gates.json" --results "$OUT"
+  stage primary 130 $SAMU bench --quiet $EXTRA $BENCH_EXTRA --scopes fwd,fb --shapes "${PRIMARY_SHAPES:-primary}" \
+    --out "$OUT/bench_primary.json"
+  # sweep shapes already in primary come from that record (newest record wins per unit in the report);
+  # the chunked torch backend is a peer at the primary shapes only: at 131K it costs seconds a call
+  stage sweeps 110 $SAMU bench --quiet $EXTRA $BENCH_EXTRA --scopes fb --shapes "${SWEEP_SHAPES:-length,width,-primary}" \
+    --peers fla-chunk_hgrn,ascan-scalar,ascan-complex --out "$OUT/bench_sweeps.json"
+  stage modules 90 $SAMU bench --quiet $EXTRA $BENCH_EXTRA --scopes block,step,model \
+    --shapes "${MODULE_SHAPES:-block,step}" --out "$OUT/bench_modules.json"
+
+  echo "=== digest"
+  $PY -m samu.bench report --results "$OUT" --out "$OUT/REPORT.md" --no-figures --brief
+}
+
+# a pipeline, not exec > >(tee): the shell waits for tee, so the log is complete when this returns
+main 2>&1 | tee -a "$OUT/suite.log"

@@ -17,22 +17,30 @@ SETS["gate"] = GATE
 
 
 def parse_shapes(spec: str) -> list[tuple[int, int, int]]:
-    """``"primary,1x64x32"`` -> unique (B, L, D) tuples in first-seen order."""
+    """``"primary,1x64x32"`` -> unique (B, L, D) tuples in first-seen order; ``-name`` (a set or a
+    shape) removes, e.g. ``"length,width,-primary"``."""
     shapes: list[tuple[int, int, int]] = []
+    removed: set = set()
     for item in (s.strip() for s in spec.split(",")):
         if not item:
             continue
-        if item in SETS:
-            new = list(SETS[item])
+        drop = item.startswith("-")
+        name = item[1:] if drop else item
+        if name in SETS:
+            new = list(SETS[name])
         else:
-            parts = item.lower().split("x")
+            parts = name.lower().split("x")
             if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
                 names = ", ".join(sorted(SETS))
                 raise ValueError(f"shape {item!r} is neither a set name ({names}) nor BxLxD with positive integers")
             new = [tuple(int(p) for p in parts)]
+        if drop:
+            removed.update(new)
+            continue
         for shape in new:
             if shape not in shapes:
                 shapes.append(shape)
+    shapes = [s for s in shapes if s not in removed]
     if not shapes:
         raise ValueError(f"no shapes in {spec!r}")
     return shapes

@@ -18,7 +18,13 @@ def test_parse_shapes_mixes_sets_and_literals_without_duplicates():
     assert set(shape_sets((1, 32768, 1024))) >= {"primary", "length", "width"}
 
 
-@pytest.mark.parametrize("bad", ["", "nope", "1x2", "0x4x4", "1x-4x4", "axbxc"])
+def test_parse_shapes_removes_with_a_minus():
+    assert parse_shapes("length,width,-primary") == [(1, 16384, 1024), (1, 65536, 1024), (1, 131072, 1024),
+                                                     (1, 32768, 1536), (1, 32768, 2560)]
+    assert parse_shapes("1x4x4,1x8x4,-1x4x4") == [(1, 8, 4)]
+
+
+@pytest.mark.parametrize("bad", ["", "nope", "1x2", "0x4x4", "1x-4x4", "axbxc", "primary,-primary", "-nope"])
 def test_parse_shapes_rejects_bad_specs(bad):
     with pytest.raises(ValueError):
         parse_shapes(bad)
