@@ -106,6 +106,13 @@ def _units_for(units, scope, shapes):
     return [units[(scope, tuple(s), d)] for s in shapes for d in _dtypes(units) if (scope, tuple(s), d) in units]
 
 
+def _io_bytes(u: Unit) -> "int | None":
+    """Bytes of y plus dx (forward + backward) or of y (forward): what a mixer must hand back."""
+    B, L, D = u.shape
+    size = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}[u.dtype]
+    return (2 if u.scope == "fb" else 1) * B * L * D * size
+
+
 def mixer_table(units, scope, shapes) -> list[str]:
     rows = []
     for u in _units_for(units, scope, shapes):
@@ -117,14 +124,15 @@ def mixer_table(units, scope, shapes) -> list[str]:
                      _x(_ratio(_get(s, "median_ms"), _get(r, "median_ms"))),
                      _pair(_get(s, "floor_ratio"), _get(r, "floor_ratio"), _x),
                      _pair(_get(s, "peak_alloc"), _get(r, "peak_alloc"), _mib),
+                     _pair(_ratio(_get(s, "peak_alloc"), _io_bytes(u)), _ratio(_get(r, "peak_alloc"), _io_bytes(u)), _x),
                      f"{_launches(s)} / {_launches(r)}",
                      _pair(_get(s, "scratch_bytes"), _get(r, "scratch_bytes"), _mib),
                      f"{_get(s, 'choice') or 'n/a'} / {_get(r, 'choice') or 'n/a'}", _link(u.path)])
     if not rows:
         return ["No records.", ""]
     return _table(["shape", "dtype", "floor ms", "SAMU ms", "RG-LRU ms", "SAMU / RG-LRU", "x floor (S / R)",
-                   "peak alloc MiB (S / R)", "launches (S / R)", "scratch MiB (S / R)", "dispatch (S / R)", "record"],
-                  rows)
+                   "peak alloc MiB (S / R)", "peak / out bytes (S / R)", "launches (S / R)", "scratch MiB (S / R)",
+                   "dispatch (S / R)", "record"], rows)
 
 
 def module_table(units, scope, shapes) -> list[str]:
@@ -158,11 +166,12 @@ def peer_table(units) -> list[str]:
                 agree = (peer.get("agreement") or {}).get("rel_error")
                 rows.append([shape_str(u.shape), u.dtype, u.scope, OP_LABEL[op], name, _ms(peer["median_ms"]),
                              _ms(_get(ours, "median_ms")), _x(_ratio(peer["median_ms"], _get(ours, "median_ms"))),
+                             _pair(peer.get("peak_alloc"), _get(ours, "peak_alloc"), _mib),
                              "n/a" if agree is None else f"{agree:.2e}", _link(u.path)])
     if not rows:
         return ["No peer rows in the records.", ""]
     return _table(["shape", "dtype", "scope", "mixer", "peer", "peer ms", "samu ms (dispatch)", "peer / samu",
-                   "y rel. error vs samu", "record"], rows)
+                   "peak alloc MiB (peer / samu)", "y rel. error vs samu", "record"], rows)
 
 
 def scratch_lines(units) -> list[str]:
@@ -244,7 +253,7 @@ def render(units, gate_rows, records, figures) -> str:
            "ratios compare rows timed side by side in one record. `S / R` = SAMU / RG-LRU; "
            "`x floor` = time over the memory floor (bytes a mixer must move / copy bandwidth of the same run). "
            "samu's per-call parameter finiteness check is off in the timed calls unless a record says otherwise "
-           "(`timing.check_finite`).", "",
+           "(`timing.check_finite`). `out bytes` = bytes of y (fwd) or of y and dx (fwd + bwd).", "",
            "## Records", ""] + records_table(records)
     for scope in ("fb", "fwd"):
         out += [f"## {_title(SCOPE_TITLE[scope])}: primary shapes", ""] + mixer_table(units, scope, PRIMARY)
