@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from samu import reference
 from samu.bench.records import environment, load_records, new_record, write_record
-from samu.gates import blocked, status_path
+from samu.gates import reload, status_path
 from samu.gates.inputs import PARAMS, RGLRU_C, derive_seed, make_inputs
 from samu.gates.rules import LOW_PRECISION, load_rules, rel_error
 from samu.ops import dispatch
@@ -203,7 +203,7 @@ def update_status(results, extra: "list | None" = None, path: "Path | None" = No
     path = Path(path) if path else status_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(status, indent=1, sort_keys=True) + "\n")
-    blocked.cache_clear()
+    reload()
     return path, status
 
 

@@ -4,8 +4,10 @@ Backends: ``"reference"`` (serial, exact, slow), ``"torch"`` (chunked PyTorch, a
 ``"triton"`` (the dispatched Triton variant) or a named Triton variant. ``"auto"`` picks Triton on
 CUDA when it is importable and a variant has passed its gate for the shape class, else ``"torch"``.
 
-Triton variants register themselves here (``register``) with their own preference rule; a
-variant whose gate record failed for a shape class (``samu.gates.blocked``) is never chosen there.
+Triton variants register themselves here (``register``) with their own preference rule. ``"auto"``
+and ``"triton"`` choose only among variants whose latest gate record for the shape class passed
+(``samu.gates.passed``): a variant that failed there, or was never gated there, is not chosen.
+A variant named explicitly runs regardless, so it can be gated.
 """
 
 from __future__ import annotations
@@ -86,10 +88,11 @@ def shape_class(L: int, D: int, dtype: torch.dtype) -> str:
     return f"{str(dtype).replace('torch.', '')}|{length}|{width}"
 
 
-def _blocked(op: str, variant: str, L: int, D: int, dtype: torch.dtype) -> bool:
-    from samu.gates import blocked
+def _gated(op: str, variant: str, L: int, D: int, dtype: torch.dtype) -> bool:
+    from samu.gates import blocked, passed
 
-    return (op, variant, shape_class(L, D, dtype)) in blocked()
+    key = (op, variant, shape_class(L, D, dtype))
+    return key in passed() and key not in blocked()
 
 
 def _triton_usable(device: torch.device) -> "str | None":
@@ -131,14 +134,15 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
         score = v.preference(B, L, D)
         if score is None:
             continue
-        if _blocked(op, v.name, L, D, dtype):
+        if not _gated(op, v.name, L, D, dtype):
             continue
         ranked.append((score, v.name, v))
     if not ranked:
         if backend == "triton":
             raise ValueError(f"no Triton variant of {op} has passed its gate for shape class "
-                             f"{shape_class(L, D, dtype)}; use backend='torch'")
-        return Choice("torch", None, f"auto: no gated Triton variant for {shape_class(L, D, dtype)}")
+                             f"{shape_class(L, D, dtype)} (run `samu gate`, or name a variant)")
+        return Choice("torch", None, f"auto: no Triton variant has passed its gate for "
+                                     f"{shape_class(L, D, dtype)}; using the chunked PyTorch path")
     score, name, v = min(ranked, key=lambda r: (r[0], r[1]))
     others = ", ".join(n for _, n, _ in sorted(ranked, key=lambda r: (r[0], r[1]))[1:]) or "none"
     return Choice("triton", v, f"{backend}: {name} ranks first for (B={B}, L={L}, D={D}) "

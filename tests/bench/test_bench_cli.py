@@ -4,7 +4,7 @@ import pytest
 
 from samu.bench.cli import main
 from samu.bench.records import load_records, validate
-from samu.gates import blocked
+from samu.gates import reload
 
 
 def test_bench_gate_report_end_to_end_on_cpu(tmp_path, capsys):
@@ -17,7 +17,7 @@ def test_bench_gate_report_end_to_end_on_cpu(tmp_path, capsys):
     assert main(["gate", "--device", "cpu", "--ops", "rglru", "--shapes", "1x12x8", "--dtypes", "fp32",
                  "--backends", "torch", "--out", str(results / "gates"), "--results", str(results),
                  "--status", str(status), "--quiet"]) == 0
-    blocked.cache_clear()
+    reload()
     assert json.loads(status.read_text())["passed"] == [["rglru", "torch", "float32|L<=8192|D<=1024"]]
     records = load_records(results)
     assert [r["kind"] for _, r in records] == ["bench", "gate"]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from samu.bench.records import write_record
-from samu.gates import blocked
+from samu.gates import reload
 from samu.gates.runner import quantities, run_gates, status_from_records, update_status
 from samu.ops import dispatch
 from samu.ops.samu.torch import samu_mixer_torch
@@ -37,15 +37,16 @@ def dummy_variants(tmp_path, monkeypatch):
     for name, (run, score) in names.items():
         dispatch.register(dispatch.Variant("samu", name, run, lambda B, L, D, s=score: s,
                                            lambda B, L, D: ("0", 0), "test dummy"))
-    blocked.cache_clear()
+    reload()
     yield list(names)
     for name in names:
         dispatch._VARIANTS["samu"].pop(name, None)
-    blocked.cache_clear()
+    reload()
 
 
 def test_failing_variant_is_recorded_and_never_dispatched_for_its_shape_class(dummy_variants, tmp_path):
-    assert dispatch.choose("samu", *SHAPE, torch.float32, "cpu", "triton").name == "test_gate_bad"
+    with pytest.raises(ValueError, match="passed its gate"):
+        dispatch.choose("samu", *SHAPE, torch.float32, "cpu", "triton")
     record = run_gates(["samu"], [SHAPE], [torch.float32], dummy_variants, "cpu", progress=False)
     rows = {r["backend"]: r for r in record["rows"]}
     assert rows["test_gate_good"]["pass"] and all(rows["test_gate_good"]["passed"].values())
@@ -63,9 +64,10 @@ def test_failing_variant_is_recorded_and_never_dispatched_for_its_shape_class(du
     assert ["samu", "test_gate_crash", CLASS] in status["blocked"]
     assert ["samu", "test_gate_good", CLASS] in status["passed"]
     assert status["sources"] == [f"gates/{path.name}"]
-    # dispatch now skips both failures in this class, but not in a class the gates did not cover
+    # dispatch now picks the variant that passed in this class, and none in a class never gated
     assert dispatch.choose("samu", *SHAPE, torch.float32, "cpu", "triton").name == "test_gate_good"
-    assert dispatch.choose("samu", 1, 9000, 8, torch.float32, "cpu", "triton").name == "test_gate_bad"
+    with pytest.raises(ValueError, match="passed its gate"):
+        dispatch.choose("samu", 1, 9000, 8, torch.float32, "cpu", "triton")
     # an explicit request still reaches the failing variant, so it can be gated again
     assert dispatch.choose("samu", *SHAPE, torch.float32, "cpu", "test_gate_bad").name == "test_gate_bad"
 
@@ -111,4 +113,4 @@ def test_quarantined_gate_records_never_reach_the_status(tmp_path):
     write_record(bad, tmp_path / "quarantine" / "wrong.json")
     _, status = update_status(tmp_path, path=tmp_path / "status.json")
     assert status["blocked"] == [] and status["sources"] == ["gates/ok.json"]
-    blocked.cache_clear()
+    reload()

@@ -45,7 +45,7 @@ def _adjoint_step(dy, dfinal, p_ctl, i_b, t, L, D, N, i_n, mask_n, b_rate, b_cth
 
 @triton.jit
 def _adjoint_summary_kernel(dy, dfinal, ctl, nu, theta_log, rck, rgrp, L, D, N, n_chunks, n_groups,
-                            K: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, HAS_DFINAL: tl.constexpr):
+                            K: tl.constexpr, BN: tl.constexpr, G, HAS_DFINAL: tl.constexpr):
     """Map from the adjoint at a group's right end to the adjoint entering each of its chunks."""
     i_g, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
@@ -65,7 +65,8 @@ def _adjoint_summary_kernel(dy, dfinal, ctl, nu, theta_log, rck, rgrp, L, D, N, 
             tl.store(rck + off + N, b_qi, mask=ok)
             tl.store(rck + off + D, b_fr, mask=ok)
             tl.store(rck + off + D + N, b_fi, mask=ok)
-        for k in tl.static_range(K - 1, -1, -1):
+        for kk in range(K):
+            k = K - 1 - kk
             t = i_c * K + k
             b_ar, b_ai, b_gr, b_gi = _adjoint_step(dy, dfinal, p_ctl, i_b, t, L, D, N, i_n, mask_n,
                                                    b_rate, b_cth, b_sth, HAS_DFINAL)
@@ -81,7 +82,7 @@ def _adjoint_summary_kernel(dy, dfinal, ctl, nu, theta_log, rck, rgrp, L, D, N, 
 @triton.jit
 def _main_kernel(x, dy, dfinal, ctl, nu, theta_log, bound, rck, right, slots, part, rows, dh0,
                  L, D, N, n_chunks, n_groups, n_tiles, n_items,
-                 K: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, HAS_DFINAL: tl.constexpr,
+                 K: tl.constexpr, BN: tl.constexpr, G, HAS_DFINAL: tl.constexpr,
                  HAS_H0: tl.constexpr):
     """Per (chunk, mode tile): the transition and scale cotangents, reduced over modes and over tokens."""
     pid = tl.program_id(0)
@@ -96,7 +97,8 @@ def _main_kernel(x, dy, dfinal, ctl, nu, theta_log, bound, rck, right, slots, pa
         p_ctl = ctl + i_b.to(tl.int64) * CTL * L
         # delta, right to left, kept in this program's slot (it stays in cache)
         b_dr, b_di = _entering(rck, right, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G)
-        for k in tl.static_range(K - 1, -1, -1):
+        for kk in range(K):
+            k = K - 1 - kk
             t = i_c * K + k
             b_ar, b_ai, b_gr, b_gi = _adjoint_step(dy, dfinal, p_ctl, i_b, t, L, D, N, i_n, mask_n,
                                                    b_rate, b_cth, b_sth, HAS_DFINAL)
@@ -108,7 +110,7 @@ def _main_kernel(x, dy, dfinal, ctl, nu, theta_log, bound, rck, right, slots, pa
         b_hr, b_hi = _load_pair(bound, (i_b.to(tl.int64) * n_chunks + i_c) * D + i_n, N, mask_n)
         b_snu = tl.zeros([BN], dtype=tl.float32)
         b_spsi = tl.zeros([BN], dtype=tl.float32)
-        for k in tl.static_range(K):
+        for k in range(K):
             t = i_c * K + k
             valid = mask_n & (t < L)
             b_dr = tl.load(p_slot + k * 2 * BN)
@@ -175,7 +177,7 @@ def _controller_kernel(ctl, amplitudes, part, dp, dA_rows, L, n_tiles, kappa, BT
 @triton.jit
 def _dx_kernel(x, dy, dfinal, ctl, nu, theta_log, directions, rnorm, rck, right, dp, dx, rows,
                L, D, N, n_chunks, n_groups,
-               K: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, HAS_DFINAL: tl.constexpr):
+               K: tl.constexpr, BN: tl.constexpr, G, HAS_DFINAL: tl.constexpr):
     """dx = gamma delta + sum_j dp_j u_hat_j, and partials of sum_t dp_j (x_t - p_j u_hat_j)."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
@@ -192,7 +194,8 @@ def _dx_kernel(x, dy, dfinal, ctl, nu, theta_log, directions, rnorm, rck, right,
     b_a1r = tl.zeros([BN], dtype=tl.float32)
     b_a1i = tl.zeros([BN], dtype=tl.float32)
     b_dr, b_di = _entering(rck, right, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G)
-    for k in tl.static_range(K - 1, -1, -1):
+    for kk in range(K):
+        k = K - 1 - kk
         t = i_c * K + k
         valid = t < L
         b_ar, b_ai, b_gr, b_gi = _adjoint_step(dy, dfinal, p_ctl, i_b, t, L, D, N, i_n, mask_n,

@@ -141,7 +141,7 @@ def _controller_kernel(x, directions, amplitudes, ctl, rnorm, L, D, kappa,
 
 @triton.jit
 def _summary_kernel(x, ctl, nu, theta_log, ck, grp, L, D, N, n_chunks, n_groups,
-                    K: tl.constexpr, BN: tl.constexpr, G: tl.constexpr):
+                    K: tl.constexpr, BN: tl.constexpr, G):
     """(prod lambda, state from zero) of every chunk of one group, composed left to right."""
     i_g, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
@@ -161,7 +161,7 @@ def _summary_kernel(x, ctl, nu, theta_log, ck, grp, L, D, N, n_chunks, n_groups,
             tl.store(ck + off + N, b_pi, mask=ok)
             tl.store(ck + off + D, b_er, mask=ok)
             tl.store(ck + off + D + N, b_ei, mask=ok)
-        for k in tl.static_range(K):
+        for k in range(K):
             t = i_c * K + k
             _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(x, p_ctl, i_b, t, L, D, N, i_n, mask_n,
                                                             b_rate, b_cth, b_sth)
@@ -198,7 +198,7 @@ def _prefix_kernel(grp, h0, start, D, N, n_groups,
 
 
 @triton.jit
-def _entering(ck, start, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G: tl.constexpr):
+def _entering(ck, start, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G):
     """State entering chunk i_c: the group's entering state carried through the group's earlier chunks."""
     b_sr, b_si = _load_pair(start, (i_b.to(tl.int64) * n_groups + i_c // G) * D + i_n, N, mask_n)
     if G > 1:
@@ -211,7 +211,7 @@ def _entering(ck, start, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G: tl.
 
 @triton.jit
 def _replay_kernel(x, ctl, nu, theta_log, ck, start, y, bound, final, L, D, N, n_chunks, n_groups,
-                   K: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, HAS_FINAL: tl.constexpr):
+                   K: tl.constexpr, BN: tl.constexpr, G, HAS_FINAL: tl.constexpr):
     """Rerun each chunk from its entering state and write y (and the final state)."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
@@ -222,7 +222,7 @@ def _replay_kernel(x, ctl, nu, theta_log, ck, start, y, bound, final, L, D, N, n
     off = (i_b.to(tl.int64) * n_chunks + i_c) * D + i_n
     tl.store(bound + off, b_hr, mask=mask_n)
     tl.store(bound + off + N, b_hi, mask=mask_n)
-    for k in tl.static_range(K):
+    for k in range(K):
         t = i_c * K + k
         _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(x, p_ctl, i_b, t, L, D, N, i_n, mask_n,
                                                         b_rate, b_cth, b_sth)
