@@ -108,18 +108,22 @@ def run(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, c
     return y, final
 
 
-def _tiles(D: int) -> int:
-    return min(32, triton.next_power_of_2(max(D // 2, 1)))
+def _tile(D: int) -> tuple[int, int]:
+    """Modes per program and warps: one mode per thread, so no thread holds a replicated copy."""
+    BN = min(64, triton.next_power_of_2(max(D // 2, 1)))
+    return BN, max(1, BN // 32)
 
 
 def serial_config(B: int, L: int, D: int) -> Config:
-    return Config(K=32, BN=_tiles(D), G=1)
+    BN, warps = _tile(D)
+    return Config(K=32, BN=BN, G=1, num_warps=warps)
 
 
 def grouped_config(B: int, L: int, D: int) -> Config:
+    BN, warps = _tile(D)
     n_chunks = triton.cdiv(L, 32)
     # about sqrt(nC) chunks per group balances the group-local and outer serial walks
-    return Config(K=32, BN=_tiles(D), G=max(2, triton.next_power_of_2(int(n_chunks ** 0.5))))
+    return Config(K=32, BN=BN, G=max(2, triton.next_power_of_2(int(n_chunks ** 0.5))), num_warps=warps)
 
 
 def _scratch(config_of):
