@@ -127,16 +127,17 @@ def grouped_config(B: int, L: int, D: int) -> Config:
 
 
 def _scratch(config_of):
+    """Analytic fp32 scratch of one forward + backward (README.md, "What is saved, and scratch")."""
     def scratch(B, L, D):
         c = config_of(B, L, D)
         n_chunks, n_tiles = triton.cdiv(L, c.K), triton.cdiv(D // 2, c.BN)
         n_groups = triton.cdiv(n_chunks, c.G)
-        ck = 2 * n_chunks if c.G > 1 else 0
-        # fwd: ck + grp + start + bound; bwd: rck + rgrp + right + part + rows (+ ctl, dp: per token)
-        words = B * D * (2 * ck + 2 * (2 * n_groups + n_groups) + n_chunks + 3 * n_chunks) \
-            + B * L * (4 + 2 * n_tiles + 2)
-        formula = (f"4*B*D*({'4*ceil(L/K)' if c.G > 1 else '0'} + 6*ceil(L/(K*G)) + 4*ceil(L/K))"
-                   f" + 4*B*L*(6 + 2*ceil(D/(2*BN))) with K={c.K}, BN={c.BN}, G={c.G}")
+        sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+        n_slots = min(B * n_chunks * n_tiles, 16 * sms)
+        words = (B * D * (4 * n_chunks * (c.G > 1) + 6 * n_groups + 4 * n_chunks) + B * L * (6 + 2 * n_tiles)
+                 + n_slots * c.K * 2 * c.BN)
+        formula = (f"4*(B*D*(4*nC*[G>1] + 6*nG + 4*nC) + B*L*(6 + 2*ceil(D/(2*BN))) + n_slots*K*2*BN)"
+                   f" with K={c.K}, BN={c.BN}, G={c.G}, n_slots={n_slots}")
         return formula, 4 * words
     return scratch
 

@@ -258,7 +258,7 @@ def _reduce_kernel(rows, dA_rows, theta_log, rnorm, out, dA, n_rows, n_dA_rows, 
 def _slots(device, n_items: int) -> int:
     """Programs of the persistent main kernel: enough to fill the GPU; few in the interpreter."""
     if device.type == "cuda":
-        return min(n_items, 32 * torch.cuda.get_device_properties(device).multi_processor_count)
+        return min(n_items, 16 * torch.cuda.get_device_properties(device).multi_processor_count)
     return min(n_items, 3)
 
 
