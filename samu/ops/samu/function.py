@@ -14,7 +14,7 @@ import torch
 import triton
 
 from samu.ops import dispatch
-from samu.ops.samu.triton_bwd import bwd
+from samu.ops.samu.triton_bwd import bwd, slot_count
 from samu.ops.samu.triton_fwd import CTL, fwd
 
 _empty = torch.empty
@@ -133,7 +133,7 @@ def _scratch(config_of):
         n_chunks, n_tiles = triton.cdiv(L, c.K), triton.cdiv(D // 2, c.BN)
         n_groups = triton.cdiv(n_chunks, c.G)
         sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
-        n_slots = min(B * n_chunks * n_tiles, 16 * sms)
+        n_slots = slot_count(B * n_chunks * n_tiles, sms)
         words = (B * D * (4 * n_chunks * (c.G > 1) + 6 * n_groups + 4 * n_chunks) + B * L * (6 + 2 * n_tiles)
                  + n_slots * c.K * 2 * c.BN)
         formula = (f"4*(B*D*(4*nC*[G>1] + 6*nG + 4*nC) + B*L*(6 + 2*ceil(D/(2*BN))) + n_slots*K*2*BN)"

@@ -255,10 +255,15 @@ def _reduce_kernel(rows, dA_rows, theta_log, rnorm, out, dA, n_rows, n_dA_rows, 
         tl.store(dA + i_a, tl.sum(b_acc4, axis=0))
 
 
+def slot_count(n_items: int, multiprocessors: int) -> int:
+    """Programs of the persistent main kernel (each owns one adjoint slot): 16 per multiprocessor."""
+    return min(n_items, 16 * multiprocessors)
+
+
 def _slots(device, n_items: int) -> int:
-    """Programs of the persistent main kernel: enough to fill the GPU; few in the interpreter."""
     if device.type == "cuda":
-        return min(n_items, 16 * torch.cuda.get_device_properties(device).multi_processor_count)
+        return slot_count(n_items, torch.cuda.get_device_properties(device).multi_processor_count)
+    # the interpreter runs programs one after another: a few slots exercise the persistent loop
     return min(n_items, 3)
 
 
