@@ -79,6 +79,18 @@ def test_public_backend_names():
     assert_gate(gate_check("rglru", grouped, torch.float32, 1, 20, 32, H=4, seed=3, device=DEVICE))
 
 
+def test_head_dims_above_128_are_refused():
+    """Heads wider than 128 are outside what the kernels hold on chip: a clear error, and dispatch skips them."""
+    from samu.ops.rglru.function import GROUPED, run
+
+    x = torch.zeros(1, 3, 2560, device=DEVICE)
+    params = rglru_params(2560, 16, 0, device=DEVICE)
+    with pytest.raises(ValueError, match="head dims up to 128"):
+        run(x, *params, None, 8.0, GROUPED)
+    assert samu.dispatch.variants("rglru")["triton_grouped"].preference(2, 4096, 2560) is None
+    assert samu.dispatch.variants("rglru")["triton_grouped"].preference(2, 4096, 2048) is not None
+
+
 def test_deterministic():
     """Same inputs, same bits: outputs and every gradient, twice."""
     from samu.ops.rglru.function import run

@@ -10,7 +10,7 @@ state entering every backward chunk, [B, ceil(L/K_bwd), D] fp32; gates are recom
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -84,25 +84,36 @@ def _backward(ctx, dy, dh_last, _dstates):
 rglru_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+MAX_HEAD_BLOCK = 128
+
+
 @dataclass(frozen=True)
 class Config:
     """Launch settings of one variant; they fix its numerics.
 
     K, K_bwd: chunk lengths of the forward and the backward (powers of two >= 16; the forward saves
-    the state every K_bwd tokens). grouped=False: one program per (batch row, head) sweeps every
-    chunk in order, no summaries. grouped=True: the chunks are split into up to MAX_GROUPS groups,
-    one program each, aiming at ``target_programs`` programs: group summaries, a prefix over groups
-    folded into the replay, and the same in reverse for the backward. fast: hardware
-    approximations of exp, reciprocal and square root (a few ulp) instead of libdevice.
+    the state every K_bwd tokens); 0 picks by the head's register tile BN (``resolve``).
+    grouped=False: one program per (batch row, head) sweeps every chunk in order, no summaries.
+    grouped=True: the chunks are split into up to MAX_GROUPS groups, one program each, aiming at
+    ``target_programs`` programs: group summaries, a prefix over groups folded into the replay, and
+    the same in reverse for the backward. fast: hardware approximations of exp, reciprocal and
+    square root (a few ulp) instead of libdevice.
     """
 
     K: int = 64
-    K_bwd: int = 32
+    K_bwd: int = 0
     grouped: bool = True
     target_programs: int = 264
     fast: bool = True
     fwd_warps: int = 8
-    bwd_warps: int = 8
+    bwd_warps: int = 0
+
+    def resolve(self, BN: int) -> "Config":
+        """Concrete settings for head tile BN: at BN = 128 the backward needs 64-row chunks (wgmma
+        reads the transposed weights from the same shared-memory tiles) and 16 warps (the two
+        [BN, BN] fp32 weight-gradient accumulators)."""
+        return replace(self, K_bwd=self.K_bwd or (32 if BN <= 64 else 64),
+                       bwd_warps=self.bwd_warps or (8 if BN <= 64 else 16))
 
     def chunks_per_program(self, B: int, H: int, L: int, K: int) -> int:
         n_chunks = triton.cdiv(L, K)
@@ -112,18 +123,27 @@ class Config:
         return triton.cdiv(n_chunks, n_groups)
 
 
+def check_head_dim(n: int) -> None:
+    if head_block(n) > MAX_HEAD_BLOCK:
+        raise ValueError(f"the Triton RG-LRU kernels support head dims up to {MAX_HEAD_BLOCK} (D/H); got {n}. "
+                         "Larger heads need weights and weight-gradient accumulators beyond one SM's "
+                         "shared memory and registers; use backend='torch'")
+
+
 def run(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, config: Config):
     """Differentiable RG-LRU forward with one Triton configuration: (y [B, L, D] x.dtype, h [B, D] fp32)."""
+    B, L, D = x.shape
+    H = w_a.shape[0]
+    check_head_dim(D // H)
+    cfg = config.resolve(head_block(D // H))
     params = [p.float().contiguous() for p in (w_a, b_a, w_x, b_x, a_param)]
     h0 = None if initial_state is None else initial_state.float().contiguous()
     needs_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (x, *params, h0) if t is not None)
-    B, L, _ = x.shape
-    H = w_a.shape[0]
-    G = config.chunks_per_program(B, H, L, config.K)
-    G_bwd = config.chunks_per_program(B, H, L, config.K_bwd)
-    y, h, _ = rglru_fwd_op(x.contiguous(), *params, h0, float(c), config.K, config.K_bwd, G, config.fwd_warps,
-                           G_bwd, config.bwd_warps, config.fast, needs_grad)
+    G = cfg.chunks_per_program(B, H, L, cfg.K)
+    G_bwd = cfg.chunks_per_program(B, H, L, cfg.K_bwd)
+    y, h, _ = rglru_fwd_op(x.contiguous(), *params, h0, float(c), cfg.K, cfg.K_bwd, G, cfg.fwd_warps,
+                           G_bwd, cfg.bwd_warps, cfg.fast, needs_grad)
     return y, h
 
 
@@ -135,15 +155,16 @@ def scratch(config: Config):
     def formula(B: int, L: int, D: int, H: int = 16):
         n = D // H
         BN = head_block(n)
-        NS = triton.cdiv(L, config.K_bwd)
-        NGf = triton.cdiv(triton.cdiv(L, config.K), config.chunks_per_program(B, H, L, config.K))
-        NGb = triton.cdiv(NS, config.chunks_per_program(B, H, L, config.K_bwd))
+        config_ = config.resolve(BN)
+        NS = triton.cdiv(L, config_.K_bwd)
+        NGf = triton.cdiv(triton.cdiv(L, config_.K), config_.chunks_per_program(B, H, L, config_.K))
+        NGb = triton.cdiv(NS, config_.chunks_per_program(B, H, L, config_.K_bwd))
         words = (B * NS * D                                    # states every K_bwd tokens, fp32
                  + (2 * B * NGf * D if NGf > 1 else 0)         # forward group summaries
                  + (2 * B * NGb * D if NGb > 1 else 0)         # reverse group summaries
                  + B * NGb * (2 * H * n * n + 3 * D)           # parameter-gradient partials
                  + 2 * (2 * H * BN * BN + 2 * H))              # split weights, forward and backward
-        text = (f"4*B*D*ceil(L/{config.K_bwd}) + 8*B*D*(NGf + NGb) + 4*B*NGb*(2*D^2/H + 3*D) + 16*H*BN^2 + 16*H"
+        text = (f"4*B*D*ceil(L/{config_.K_bwd}) + 8*B*D*(NGf + NGb) + 4*B*NGb*(2*D^2/H + 3*D) + 16*H*BN^2 + 16*H"
                 f" with H={H}, BN={BN}, NGf={NGf}, NGb={NGb} (no summaries where a count is 1)")
         return text, 4 * words
     return formula
@@ -153,9 +174,20 @@ SERIAL = Config(grouped=False)
 GROUPED = Config(grouped=True)
 
 
-def _serial_preference(B: int, L: int, D: int) -> float:
+def _fits(D: int, H: int = 16) -> bool:
+    # dispatch sees (B, L, D); the modules' default is 16 heads
+    return D % H == 0 and head_block(D // H) <= MAX_HEAD_BLOCK
+
+
+def _serial_preference(B: int, L: int, D: int):
+    if not _fits(D):
+        return None
     # a sweep per (batch row, head) fills the GPU only with many rows, or has little to walk
     return 0.5 if B * 16 >= 256 or triton.cdiv(L, SERIAL.K) <= 2 else 2.0
+
+
+def _grouped_preference(B: int, L: int, D: int):
+    return 1.0 if _fits(D) else None
 
 
 def _register(name, config, preference, description):
@@ -166,8 +198,9 @@ def _register(name, config, preference, description):
 
 
 _register("triton_serial", SERIAL, _serial_preference,
-          "forward chunks of 64 tokens, backward chunks of 32; one program per (batch row, head) sweeps "
-          "all chunks in order")
-_register("triton_grouped", GROUPED, lambda B, L, D: 1.0,
-          "forward chunks of 64 tokens, backward chunks of 32, in up to 64 groups: group summaries, "
-          "prefix over groups, replay; reverse summaries and prefix for the adjoint")
+          "forward chunks of 64 tokens, backward chunks of 32 (64 at head dims > 64); one program per "
+          "(batch row, head) sweeps all chunks in order; head dims <= 128")
+_register("triton_grouped", GROUPED, _grouped_preference,
+          "forward chunks of 64 tokens, backward chunks of 32 (64 at head dims > 64), in up to 64 groups: "
+          "group summaries, prefix over groups, replay; reverse summaries and prefix for the adjoint; "
+          "head dims <= 128")

@@ -1,0 +1,352 @@
+"""Development run of the RG-LRU Triton kernels on a GPU: gates, timings, a config sweep, a profile.
+
+Usage: python scripts/gpu_rglru.py [--out DIR] [--budget SECONDS] [--jobs N] [--phases LIST]
+Phases (default all, in this order): warm (compile every config in parallel worker processes so
+the Triton cache serves the rest), gate (SPEC §7 gates at realistic shapes), time (fwd and
+fwd+bwd medians, peak memory, bf16), profile (per-kernel CUDA times of one fwd+bwd).
+Writes rglru_dev.json under --out (default $OUT or .) after every item, so a run cut short keeps
+what it measured; compile or launch errors are recorded per item, never fatal. Prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+import traceback
+from dataclasses import asdict, replace
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+SHAPES = [(1, 8192, 1024), (4, 2048, 2048), (2, 4096, 2560), (1, 32768, 1024), (1, 32768, 2048)]
+# fwd+bwd ms of RG-LRU from torch gate ops + fla chunk_hgrn on an H200 (NOTES.md), for the 20x target
+PEER_FB_MS = {(1, 8192, 1024): 3.15, (4, 2048, 2048): 3.61, (2, 4096, 2560): 4.36, (1, 32768, 1024): 9.04,
+              (1, 32768, 2048): 13.5}
+# the last: head dim 160, above what the kernels support (expect a clear error, not a result)
+GATE_SHAPES = [(2, 2048, 1024), (1, 8192, 2048), (3, 1000, 1536), (1, 4100, 2560)]
+H = 16
+
+
+def configs():
+    from samu.ops.rglru.function import GROUPED, SERIAL
+
+    base = GROUPED
+    return {
+        "grouped": base,
+        "grouped_precise": replace(base, fast=False),
+        "serial": SERIAL,
+        "g_kb64_bw16": replace(base, K_bwd=64, bwd_warps=16),
+        "g_bw8": replace(base, bwd_warps=8),
+        "g_fw4": replace(base, fwd_warps=4),
+        "g_k32": replace(base, K=32),
+        "g_t528": replace(base, target_programs=528),
+        "g_t132": replace(base, target_programs=132),
+    }
+
+
+# which configs are timed at which shapes (the first two everywhere)
+SWEEP_SHAPES = [(1, 8192, 1024), (1, 32768, 2048), (4, 2048, 2048)]
+
+
+def plan():
+    names = list(configs())
+    timing = [(n, s) for n in names for s in (SHAPES if n in ("grouped", "grouped_precise", "serial")
+                                                 else SWEEP_SHAPES)]
+    gates = [(n, s, dt) for n in ("grouped", "grouped_precise") for s in GATE_SHAPES[:3]
+             for dt in ("bfloat16", "float32")]
+    gates += [("serial", GATE_SHAPES[0], "bfloat16"), ("grouped", GATE_SHAPES[3], "bfloat16")]
+    return timing, gates
+
+
+def params(D, seed=0, device="cuda"):
+    from tests.helpers import rglru_params
+
+    return rglru_params(D, H, seed, device=device)
+
+
+def run_cfg(cfg, x, ps, h0=None, c=8.0):
+    from samu.ops.rglru.function import run
+
+    return run(x, *ps, h0, c, cfg)
+
+
+# ----------------------------------------------------------------------------------------------
+# warm: compile in parallel
+
+
+def _warm(item):
+    """Run one (config, D, dtype, grad, with_state) at a short length with the launch's specialisation."""
+    name, D, dtype, grad, with_state = item
+    t0 = time.time()
+    try:
+        import samu.ops.rglru.function  # noqa: F401
+
+        cfg = configs()[name]
+        dt = getattr(torch, dtype)
+        # several groups (NG > 1 compiles the grouped kernels); lengths are not specialised on
+        B, L = 1, 4 * max(cfg.K, cfg.K_bwd)
+        x = torch.randn(B, L, D, device="cuda", dtype=dt, requires_grad=grad)
+        ps = [p.detach().requires_grad_(grad) for p in params(D)]
+        h0 = torch.randn(B, D, device="cuda", requires_grad=grad) if with_state else None
+        with torch.set_grad_enabled(grad):
+            y, h = run_cfg(cfg, x, ps, h0)
+            if grad:
+                loss = y.float().sum() + (h.sum() if with_state else 0)
+                loss.backward()
+        torch.cuda.synchronize()
+        return item, time.time() - t0, None
+    except Exception as e:  # noqa: BLE001
+        return item, time.time() - t0, f"{type(e).__name__}: {str(e)[:800]}"
+
+
+def warm_items(timing, gates):
+    from samu.ops.rglru.function import MAX_HEAD_BLOCK
+    from samu.ops.rglru.triton_fwd import head_block
+
+    items = set()
+    for name, (B, L, D) in timing:
+        if head_block(D // H) > MAX_HEAD_BLOCK:
+            continue
+        items.add((name, D, "bfloat16", False, False))
+        items.add((name, D, "bfloat16", True, False))
+    for name, (B, L, D), dt in gates:
+        if head_block(D // H) <= MAX_HEAD_BLOCK:
+            items.add((name, D, dt, True, True))
+    return sorted(items)
+
+
+# ----------------------------------------------------------------------------------------------
+# gate
+
+
+def gate(name, shape, dtype):
+    from tests.helpers import gate_check
+
+    cfg = configs()[name]
+
+    def mixer(x, w_a, b_a, w_x, b_x, a_param, *, initial_state=None, output_final_state=False, c=8.0):
+        return run_cfg(cfg, x, [w_a, b_a, w_x, b_x, a_param], initial_state, c)
+
+    B, L, D = shape
+    res = gate_check("rglru", mixer, getattr(torch, dtype), B, L, D, H=H, seed=L, device="cuda")
+    return {k: {"error": e, "threshold": t, "pass": bool(e <= t)} for k, (e, t) in res.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# time
+
+
+def copy_bandwidth():
+    import triton
+
+    a = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=50, rep=200, return_mode="median")
+    return 2 * a.numel() / (ms * 1e-3)
+
+
+def time_one(name, shape, bw):
+    import triton
+
+    cfg = configs()[name]
+    B, L, D = shape
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    ps = params(D, 1)
+    dy = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+
+    def fwd():
+        with torch.no_grad():
+            return run_cfg(cfg, x, ps)
+
+    def fb():
+        y, _ = run_cfg(cfg, x, ps)
+        y.backward(dy)
+
+    fwd_ms = triton.testing.do_bench(fwd, warmup=20, rep=60, return_mode="median")
+    fb_ms = triton.testing.do_bench(fb, warmup=20, rep=60, grad_to_none=[x, *ps], return_mode="median")
+    for t in (x, *ps):
+        t.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fb()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    nbytes = x.numel() * x.element_size()
+    floor_fb_ms = 5 * nbytes / bw * 1e3
+    floor_f_ms = 2 * nbytes / bw * 1e3
+    return {"fwd_ms": fwd_ms, "fb_ms": fb_ms, "floor_fwd_ms": floor_f_ms, "floor_fb_ms": floor_fb_ms,
+            "fb_over_floor": fb_ms / floor_fb_ms, "fwd_over_floor": fwd_ms / floor_f_ms,
+            "peak_alloc_bytes": peak, "peak_over_y_dx": peak / (2 * nbytes),
+            "speedup_vs_torch_fla": PEER_FB_MS.get(shape, float("nan")) / fb_ms}
+
+
+def profile(name, shape):
+    from torch.profiler import ProfilerActivity, profile as prof
+
+    cfg = configs()[name]
+    B, L, D = shape
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    ps = params(D, 1)
+    dy = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        y, _ = run_cfg(cfg, x, ps)
+        y.backward(dy)
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(5):
+            y, _ = run_cfg(cfg, x, ps)
+            y.backward(dy)
+        torch.cuda.synchronize()
+    rows = []
+    for e in p.key_averages():
+        us = getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
+        if us > 0:
+            rows.append({"kernel": e.key[:90], "us_per_iter": us / 5, "calls_per_iter": e.count / 5})
+    rows.sort(key=lambda r: -r["us_per_iter"])
+    return rows[:14]
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--budget", type=float, default=285.0, help="seconds; later items are skipped past it")
+    ap.add_argument("--jobs", type=int, default=12, help="parallel compile processes")
+    ap.add_argument("--warm-budget", type=float, default=150.0, help="seconds for the parallel compile phase")
+    ap.add_argument("--phases", default="warm,gate,time,profile")
+    args = ap.parse_args()
+    t_start = time.time()
+    phases = args.phases.split(",")
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "rglru_dev.json")
+    import triton
+
+    import samu  # noqa: F401
+    from samu.ops.rglru.triton_fwd import MAX_GROUPS
+
+    rec = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "max_groups": MAX_GROUPS,
+           "configs": {k: {bn: asdict(v.resolve(bn)) for bn in (64, 128)} for k, v in configs().items()},
+           "warm": [], "gate": [], "time": [], "profile": {}, "skipped": []}
+
+    def save():
+        rec["elapsed_s"] = time.time() - t_start
+        with open(path, "w") as f:
+            json.dump(rec, f, indent=1, default=str)
+
+    def left():
+        return args.budget - (time.time() - t_start)
+
+    timing, gates = plan()
+    if "warm" in phases:
+        items = warm_items(timing, gates)
+        t0 = time.time()
+        pool = mp.get_context("spawn").Pool(min(args.jobs, len(items)))
+        pending = [(item, pool.apply_async(_warm, (item,))) for item in items]
+        for item, res in pending:
+            try:
+                item, secs, err = res.get(timeout=max(1.0, args.warm_budget - (time.time() - t0)))
+            except mp.TimeoutError:
+                secs, err = time.time() - t0, "timeout: not compiled within --warm-budget"
+            rec["warm"].append({"item": item, "s": secs, "error": err})
+            print(f"warm {item} {secs:.1f}s {'OK' if err is None else 'ERROR ' + err[:300]}", flush=True)
+        # a worker that died or hangs must not hold the run
+        pool.terminate()
+        rec["warm_wall_s"] = time.time() - t0
+        save()
+    broken = {(w["item"][0], w["item"][1]) for w in rec["warm"] if w["error"] and not w["error"].startswith("timeout")}
+
+    rec["copy_bandwidth"] = bw = copy_bandwidth()
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+
+    if "gate" in phases:
+        for name, shape, dt in gates:
+            if left() < 60:
+                rec["skipped"].append(["gate", name, shape, dt])
+                continue
+            t0 = time.time()
+            try:
+                res = gate(name, shape, dt)
+                worst = max(res.items(), key=lambda kv: kv[1]["error"] / kv[1]["threshold"])
+                entry = {"name": name, "shape": shape, "dtype": dt, "result": res,
+                         "pass": all(v["pass"] for v in res.values()), "s": time.time() - t0}
+                print(f"gate {name} {shape} {dt}: {'PASS' if entry['pass'] else 'FAIL'} worst {worst[0]} "
+                      f"{worst[1]['error']:.2e}/{worst[1]['threshold']:.2e} ({entry['s']:.1f}s)", flush=True)
+            except Exception as e:  # noqa: BLE001
+                entry = {"name": name, "shape": shape, "dtype": dt, "error": traceback.format_exc()[-1500:]}
+                print(f"gate {name} {shape} {dt}: ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
+            rec["gate"].append(entry)
+            save()
+
+    if "time" in phases:
+        for name, shape in timing:
+            if left() < 25:
+                rec["skipped"].append(["time", name, shape])
+                continue
+            if (name, shape[2]) in broken:
+                rec["time"].append({"name": name, "shape": shape, "error": "compile failed in warm"})
+                continue
+            try:
+                r = time_one(name, shape, bw)
+                print(f"time {name:16s} {str(shape):18s} fwd {r['fwd_ms']:.3f} fb {r['fb_ms']:.3f} ms "
+                      f"({r['fb_over_floor']:.1f}x floor, {r['speedup_vs_torch_fla']:.0f}x peer) "
+                      f"peak {r['peak_over_y_dx']:.2f}x(y+dx)", flush=True)
+                rec["time"].append({"name": name, "shape": shape, **r})
+            except Exception as e:  # noqa: BLE001
+                rec["time"].append({"name": name, "shape": shape, "error": traceback.format_exc()[-1500:]})
+                print(f"time {name} {shape}: ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
+            save()
+
+    if "profile" in phases:
+        for shape in [(1, 32768, 2048), (1, 8192, 1024)]:
+            if left() < 15:
+                rec["skipped"].append(["profile", shape])
+                continue
+            try:
+                rec["profile"][str(shape)] = profile("grouped", shape)
+            except Exception:  # noqa: BLE001
+                rec["profile"][str(shape)] = traceback.format_exc()[-1500:]
+            save()
+
+    save()
+    print("\n== profile (us per fwd+bwd) ==")
+    for shape, rows in rec["profile"].items():
+        print(shape)
+        if isinstance(rows, str):
+            print(rows)
+            continue
+        for r in rows:
+            print(f"  {r['us_per_iter']:9.1f}  x{r['calls_per_iter']:.0f}  {r['kernel']}")
+    print("\n== gates ==")
+    for g in rec["gate"]:
+        status = "ERROR" if "error" in g else ("PASS" if g["pass"] else "FAIL " + ", ".join(
+            f"{k} {v['error']:.2e}>{v['threshold']:.2e}" for k, v in g["result"].items() if not v["pass"]))
+        print(f"  {g['name']:16s} {str(g['shape']):18s} {g['dtype']:9s} {status}")
+    print("\n== timings (bf16, ms; floor = bytes / copy bandwidth) ==")
+    print(f"  {'config':16s} {'shape':18s} {'fwd':>7s} {'fb':>7s} {'fb/floor':>8s} {'vs peer':>7s} {'peak/(y+dx)':>11s}")
+    for t in rec["time"]:
+        if "error" in t:
+            print(f"  {t['name']:16s} {str(t['shape']):18s} ERROR {t['error'].splitlines()[-1][:80]}")
+            continue
+        print(f"  {t['name']:16s} {str(t['shape']):18s} {t['fwd_ms']:7.3f} {t['fb_ms']:7.3f} {t['fb_over_floor']:8.1f} "
+              f"{t['speedup_vs_torch_fla']:7.1f} {t['peak_over_y_dx']:11.2f}")
+    errors = [w for w in rec["warm"] if w["error"]]
+    if errors:
+        print("\n== compile/launch errors ==")
+        for w in errors:
+            print(f"  {w['item']}: {w['error'][:400]}")
+    if rec["skipped"]:
+        print(f"\nskipped (budget): {len(rec['skipped'])} items")
+    print(f"\nelapsed {time.time() - t_start:.0f}s; JSON: {path}")
+
+
+if __name__ == "__main__":
+    main()
