@@ -76,15 +76,17 @@ def _add_train_args(p):
     g.add_argument("--backend", help="mixer backend: auto, torch, reference, triton or a variant")
 
 
-def _add_runtime_args(p):
+def _add_runtime_args(p, threads=None):
     p.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
+    p.add_argument("--threads", type=positive_int, default=threads,
+                   help=f"CPU threads (default {threads or 'chosen by torch'})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 MODEL_KEYS = ("mixer", "width", "num_layers", "lru_width", "num_heads", "vocab_size")
 TRAIN_KEYS = ("steps", "batch_size", "seq_len", "grad_accum", "lr", "min_lr", "warmup_steps", "weight_decay",
               "grad_clip", "eval_every", "eval_batches", "checkpoint_every", "seed", "autocast", "backend",
-              "device")
+              "device", "threads")
 
 
 def _given(args, keys) -> dict:
@@ -190,13 +192,13 @@ def cmd_demo(args):
 
     start = time.perf_counter()
     device = resolve_device(args.device or "auto")
-    where = f"{device.type} ({torch.get_num_threads()} threads)" if device.type == "cpu" else str(device)
+    where = f"cpu ({args.threads} thread{'s' * (args.threads > 1)})" if device.type == "cpu" else str(device)
     print("building the byte-level corpus from this Python's standard library (cached after the first run)")
     data = stdlib_corpus()
     config = TrainConfig(model=LMConfig.preset("tiny", mixer=args.mixer), out_dir=args.out, steps=args.steps,
                          eval_every=max(1, args.steps // 4), checkpoint_every=args.steps,
                          warmup_steps=min(50, args.steps // 5), seed=args.seed, device=str(device),
-                         progress=not args.no_progress)
+                         threads=args.threads, progress=not args.no_progress)
     print(f"training the tiny {args.mixer} model ({config.model.num_params() / 1e6:.2f}M parameters) for "
           f"{args.steps} steps of {config.batch_size} x {config.seq_len} bytes on {data.name} "
           f"({len(data.train) / 1e6:.1f} MB train, {len(data.val) / 1e3:.0f} kB validation) on {where}")
@@ -267,7 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/demo", help="output folder, replaced on each demo (default runs/demo)")
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed (default 0)")
     p.add_argument("--sample-bytes", type=nonneg_int, default=300, help="bytes to generate (default 300)")
-    _add_runtime_args(p)
+    # The tiny model's ops are too small for intra-op threads to pay off, and spinning threads stall
+    # badly when other processes share the cores.
+    _add_runtime_args(p, threads=1)
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("train", help="train a language model")

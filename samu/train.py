@@ -61,6 +61,7 @@ class TrainConfig:
     log_every: int = 10
     seed: int = 0
     device: str = "auto"
+    threads: int | None = None
     autocast: str = "auto"
     backend: str = "auto"
     progress: bool = True
@@ -76,6 +77,9 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                                         or self.threads < 1):
+            raise ValueError(f"threads must be a positive integer or None, got {self.threads!r}")
         for name in ("warmup_steps", "seed"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -149,19 +153,19 @@ def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
 
 def _setup_distributed(config: TrainConfig) -> tuple[_Dist, torch.device]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
-        return _Dist(), resolve_device(config.device, 0)
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = resolve_device(config.device, local_rank)
+    if device.type == "cpu":
+        # Processes sharing a host share its cores.
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        torch.set_num_threads(config.threads or max(1, torch.get_num_threads() // local_world))
+    if world == 1:
+        return _Dist(), device
     owns = not dist.is_initialized()
     if owns:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    else:
-        # Processes sharing a host share its cores.
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        torch.set_num_threads(max(1, torch.get_num_threads() // local_world))
     return _Dist(rank, world, local_rank, owns), device
 
 

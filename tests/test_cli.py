@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from samu.cli import main
 from samu.models import load_checkpoint
@@ -111,8 +112,15 @@ def test_demo_runs_end_to_end(tmp_path, monkeypatch, capsys):
     out = tmp_path / "demo"
     out.mkdir()
     (out / "checkpoint.pt").write_text("an earlier demo's checkpoint, replaced by this one")
-    assert main(["demo", "--steps", "1", "--out", str(out), "--sample-bytes", "20", "--no-progress"]) == 0
+    threads = torch.get_num_threads()
+    try:
+        assert main(["demo", "--steps", "1", "--out", str(out), "--sample-bytes", "20", "--no-progress",
+                     "--device", "cpu"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
     text = capsys.readouterr().out
+    assert "on cpu (1 thread)" in text
     summary = text.split("validation bits/byte: ")[1].splitlines()[0]
     before = float(summary.split(" before training, ")[0])
     after = float(summary.split(" before training, ")[1].split(" after ")[0])
@@ -122,8 +130,6 @@ def test_demo_runs_end_to_end(tmp_path, monkeypatch, capsys):
 
 
 def test_info(capsys):
-    import torch
-
     assert main(["info"]) == 0
     text = capsys.readouterr().out
     assert f"torch {torch.__version__}" in text and "dispatch on " in text and "samu (1, 2048, 1024)" in text

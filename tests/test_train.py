@@ -128,6 +128,7 @@ def test_data_that_does_not_fit_is_rejected(tmp_path):
     (dict(autocast="fp8"), "autocast must be one of"),
     (dict(data_format="csv"), "data_format must be one of"),
     (dict(warmup_steps=-1), "warmup_steps must be a non-negative integer"),
+    (dict(threads=0), "threads must be a positive integer"),
 ])
 def test_config_bad_values(kw, match):
     with pytest.raises(ValueError, match=match):
