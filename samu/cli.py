@@ -84,9 +84,9 @@ def _add_runtime_args(p, threads=None):
 
 
 MODEL_KEYS = ("mixer", "width", "num_layers", "lru_width", "num_heads", "vocab_size")
-TRAIN_KEYS = ("steps", "batch_size", "seq_len", "grad_accum", "lr", "min_lr", "warmup_steps", "weight_decay",
-              "grad_clip", "eval_every", "eval_batches", "checkpoint_every", "seed", "autocast", "backend",
-              "device", "threads")
+TRAIN_KEYS = ("data", "data_format", "steps", "batch_size", "seq_len", "grad_accum", "lr", "min_lr",
+              "warmup_steps", "weight_decay", "grad_clip", "eval_every", "eval_batches", "checkpoint_every",
+              "seed", "autocast", "backend", "device", "threads")
 
 
 def _given(args, keys) -> dict:
@@ -102,15 +102,6 @@ def _model_config(args, base=None):
     return dataclasses.replace(base, **overrides)
 
 
-def _data_args(args) -> dict:
-    given = {}
-    if args.data is not None:
-        given["data"] = args.data
-    if args.data_format is not None:
-        given["data_format"] = args.data_format
-    return given
-
-
 def cmd_train(args):
     from samu.data import load_data
     from samu.models import load_checkpoint
@@ -124,11 +115,11 @@ def cmd_train(args):
         saved = TrainConfig.from_dict(json.loads(payload["train"]["config"]))
         model = _model_config(args, saved.model)
         config = dataclasses.replace(saved, model=model, out_dir=str(out), progress=not args.no_progress,
-                                     **_data_args(args), **_given(args, TRAIN_KEYS))
+                                     **_given(args, TRAIN_KEYS))
         data = load_data(config.data, config.data_format)
     else:
         config = TrainConfig(model=_model_config(args), out_dir=str(out), progress=not args.no_progress,
-                             **_data_args(args), **_given(args, TRAIN_KEYS))
+                             **_given(args, TRAIN_KEYS))
         data = load_data(config.data, config.data_format)
         if config.data_format != "text" and args.vocab_size is None:
             model = dataclasses.replace(config.model, vocab_size=data.vocab_size)
