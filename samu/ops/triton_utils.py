@@ -1,5 +1,7 @@
 """Small @triton.jit helpers shared by the SAMU and RG-LRU kernels."""
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -19,8 +21,8 @@ def expm1(x):
 
 
 @triton.jit
-def one_minus_exp_neg(x):
-    """1 - exp(-x) for x >= 0, to ~2 ulp: a Taylor polynomial below 0.5, where 1 - exp(-x) cancels."""
+def one_minus_exp_neg_small(x):
+    """1 - exp(-x) for 0 <= x < 0.5 by its Taylor polynomial (where 1 - exp(-x) would cancel)."""
     p = 1.0 / 362880.0
     p = p * x - 1.0 / 40320.0
     p = p * x + 1.0 / 5040.0
@@ -30,7 +32,13 @@ def one_minus_exp_neg(x):
     p = p * x + 1.0 / 6.0
     p = p * x - 0.5
     p = p * x + 1.0
-    return tl.where(x < 0.5, p * x, 1.0 - tl.exp(-x))
+    return p * x
+
+
+@triton.jit
+def one_minus_exp_neg(x):
+    """1 - exp(-x) for x >= 0, to ~2 ulp."""
+    return tl.where(x < 0.5, one_minus_exp_neg_small(x), 1.0 - tl.exp(-x))
 
 
 @triton.jit
@@ -41,14 +49,15 @@ def tanh(x):
     return tl.where(x < 0, -t, t)
 
 
+# Triton's interpreter truncates fp32 -> bf16 (the GPU rounds to nearest even); kernels run in the
+# interpreter exactly when this is set at import, as Triton decides that when it decorates them.
+_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
 @triton.jit
 def cast_to(x, dtype: tl.constexpr):
-    """x (fp32) to the storage dtype with round-to-nearest-even.
-
-    Triton's interpreter truncates fp32 -> bf16, so bf16 is rounded here by hand: the same bits as the
-    GPU's conversion for every finite value, and in the interpreter too.
-    """
-    if dtype == tl.bfloat16:
+    """x (fp32) to the storage dtype, rounding to nearest even (by hand in the interpreter)."""
+    if _INTERPRETED and dtype == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
         bits = bits + (((bits >> 16) & 1) + 0x7FFF)
         rounded = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)

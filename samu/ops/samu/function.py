@@ -109,9 +109,9 @@ def run(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, c
 
 
 def _tile(D: int) -> tuple[int, int]:
-    """Modes per program and warps: one mode per thread, so no thread holds a replicated copy."""
+    """Modes per program and warps: two modes per thread (the per-token scalar work is shared)."""
     BN = min(64, triton.next_power_of_2(max(D // 2, 1)))
-    return BN, max(1, BN // 32)
+    return BN, max(1, BN // 64)
 
 
 def serial_config(B: int, L: int, D: int) -> Config:

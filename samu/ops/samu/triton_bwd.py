@@ -27,31 +27,29 @@ from samu.ops.triton_utils import tanh
 
 
 @triton.jit
-def _adjoint_step(dy, dfinal, p_ctl, i_b, t, L, D, N, i_n, mask_n, b_rate, b_cth, b_sth,
-                  HAS_DFINAL: tl.constexpr):
-    """conj(lambda_{t+1}) (identity from L on) and g_t (dy plus the final-state cotangent at L-1)."""
+def _adjoint_step(p_g, p_mn, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl):
+    """conj(lambda_{t+1}) (identity from L on) and g_t (0 past L), from pointers to the dy row of
+    token t and the m of token t + 1."""
     nxt = t + 1 < L
-    m, cphi, sphi = _controls(p_ctl, t + 1, L, nxt)
-    _, _, b_lr, b_li = _transition(m, cphi, sphi, b_rate, b_cth, b_sth)
+    m, cphi, sphi = _controls(p_mn, L, nxt)
+    _, _, b_lr, b_li = _transition(m, cphi, sphi, b_rate, b_ch, b_cl, b_sh, b_sl)
     b_ar = tl.where(nxt, b_lr, 1.0)
     b_ai = tl.where(nxt, -b_li, 0.0)
-    b_gr, b_gi = _load_pair(dy, (i_b.to(tl.int64) * L + t) * D + i_n, N, mask_n & (t < L))
-    if HAS_DFINAL:
-        b_fr, b_fi = _load_pair(dfinal, i_b.to(tl.int64) * D + i_n, N, mask_n & (t == L - 1))
-        b_gr += b_fr
-        b_gi += b_fi
+    b_gr, b_gi = _load_pair(p_g, 0, N, mask_n & (t < L))
     return b_ar, b_ai, b_gr, b_gi
 
 
 @triton.jit
-def _adjoint_summary_kernel(dy, dfinal, ctl, nu, theta_log, rck, rgrp, L, D, N, n_chunks, n_groups,
-                            K: tl.constexpr, BN: tl.constexpr, G, HAS_DFINAL: tl.constexpr):
+def _adjoint_summary_kernel(dy, ctl, nu, theta_log, rck, rgrp, L, D, N, n_chunks, n_groups,
+                            K: tl.constexpr, BN: tl.constexpr, G):
     """Map from the adjoint at a group's right end to the adjoint entering each of its chunks."""
     i_g, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
-    b_rate, b_cth, b_sth = _mode_row(nu, theta_log, i_n, mask_n)
-    p_ctl = ctl + i_b.to(tl.int64) * CTL * L
+    b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
+    t = (i_g + 1) * G * K - 1
+    p_mn = ctl + i_b.to(tl.int64) * CTL * L + 2 * L + t + 1
+    p_g = dy + (i_b.to(tl.int64) * L + t) * D + i_n
     b_qr = tl.full([BN], 1.0, dtype=tl.float32)
     b_qi = tl.zeros([BN], dtype=tl.float32)
     b_fr = tl.zeros([BN], dtype=tl.float32)
@@ -65,13 +63,13 @@ def _adjoint_summary_kernel(dy, dfinal, ctl, nu, theta_log, rck, rgrp, L, D, N, 
             tl.store(rck + off + N, b_qi, mask=ok)
             tl.store(rck + off + D, b_fr, mask=ok)
             tl.store(rck + off + D + N, b_fi, mask=ok)
-        for kk in range(K):
-            k = K - 1 - kk
-            t = i_c * K + k
-            b_ar, b_ai, b_gr, b_gi = _adjoint_step(dy, dfinal, p_ctl, i_b, t, L, D, N, i_n, mask_n,
-                                                   b_rate, b_cth, b_sth, HAS_DFINAL)
+        for _ in range(K):
+            b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_mn, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl)
             b_fr, b_fi = _cfma(b_ar, b_ai, b_fr, b_fi, b_gr, b_gi)
             b_qr, b_qi = b_ar * b_qr - b_ai * b_qi, b_ar * b_qi + b_ai * b_qr
+            t -= 1
+            p_mn -= 1
+            p_g -= D
     off = (i_b.to(tl.int64) * n_groups + i_g) * 2 * D + i_n
     tl.store(rgrp + off, b_qr, mask=mask_n)
     tl.store(rgrp + off + N, b_qi, mask=mask_n)
@@ -80,55 +78,63 @@ def _adjoint_summary_kernel(dy, dfinal, ctl, nu, theta_log, rck, rgrp, L, D, N, 
 
 
 @triton.jit
-def _main_kernel(x, dy, dfinal, ctl, nu, theta_log, bound, rck, right, slots, part, rows, dh0,
+def _main_kernel(x, dy, ctl, nu, theta_log, bound, rck, right, slots, part, rows, dh0,
                  L, D, N, n_chunks, n_groups, n_tiles, n_items,
-                 K: tl.constexpr, BN: tl.constexpr, G, HAS_DFINAL: tl.constexpr,
-                 HAS_H0: tl.constexpr):
+                 K: tl.constexpr, BN: tl.constexpr, G, HAS_H0: tl.constexpr):
     """Per (chunk, mode tile): the transition and scale cotangents, reduced over modes and over tokens."""
     pid = tl.program_id(0)
-    p_slot = slots + pid.to(tl.int64) * K * 2 * BN + tl.arange(0, BN)
+    p_slot0 = slots + pid.to(tl.int64) * K * 2 * BN + tl.arange(0, BN)
     for item in range(pid, n_items, tl.num_programs(0)):
         i_j = item % n_tiles
         i_c = (item // n_tiles) % n_chunks
         i_b = item // (n_tiles * n_chunks)
         i_n = i_j * BN + tl.arange(0, BN)
         mask_n = i_n < N
-        b_rate, b_cth, b_sth = _mode_row(nu, theta_log, i_n, mask_n)
-        p_ctl = ctl + i_b.to(tl.int64) * CTL * L
+        b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
+        p_m0 = ctl + i_b.to(tl.int64) * CTL * L + 2 * L
         # delta, right to left, kept in this program's slot (it stays in cache)
         b_dr, b_di = _entering(rck, right, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G)
-        for kk in range(K):
-            k = K - 1 - kk
-            t = i_c * K + k
-            b_ar, b_ai, b_gr, b_gi = _adjoint_step(dy, dfinal, p_ctl, i_b, t, L, D, N, i_n, mask_n,
-                                                   b_rate, b_cth, b_sth, HAS_DFINAL)
+        t = i_c * K + K - 1
+        p_mn = p_m0 + t + 1
+        p_g = dy + (i_b.to(tl.int64) * L + t) * D + i_n
+        p_slot = p_slot0 + (K - 1) * 2 * BN
+        for _ in range(K):
+            b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_mn, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl)
             b_dr, b_di = _cfma(b_ar, b_ai, b_dr, b_di, b_gr, b_gi)
-            tl.store(p_slot + k * 2 * BN, b_dr)
-            tl.store(p_slot + k * 2 * BN + BN, b_di)
+            tl.store(p_slot, b_dr)
+            tl.store(p_slot + BN, b_di)
+            t -= 1
+            p_mn -= 1
+            p_g -= D
+            p_slot -= 2 * BN
         tl.debug_barrier()
         # h_{t-1}, left to right, beside delta_t
         b_hr, b_hi = _load_pair(bound, (i_b.to(tl.int64) * n_chunks + i_c) * D + i_n, N, mask_n)
         b_snu = tl.zeros([BN], dtype=tl.float32)
         b_spsi = tl.zeros([BN], dtype=tl.float32)
-        for k in range(K):
-            t = i_c * K + k
-            valid = mask_n & (t < L)
-            b_dr = tl.load(p_slot + k * 2 * BN)
-            b_di = tl.load(p_slot + k * 2 * BN + BN)
-            b_w, b_rho, b_lr, b_li, b_g, b_zr, b_zi = _input_step(x, p_ctl, i_b, t, L, D, N, i_n, mask_n,
-                                                                  b_rate, b_cth, b_sth)
+        t = i_c * K
+        p_m = p_m0 + t
+        p_x = x + (i_b.to(tl.int64) * L + t) * D + i_n
+        p_part = part + (i_b.to(tl.int64) * 2 * n_tiles + i_j) * L + t
+        p_slot = p_slot0
+        for _ in range(K):
+            valid = t < L
+            ok = mask_n & valid
+            b_dr = tl.load(p_slot)
+            b_di = tl.load(p_slot + BN)
+            b_w, b_rho, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, L, N, mask_n, valid,
+                                                                  b_rate, b_ch, b_cl, b_sh, b_sl)
             # v = conj(G_lambda) = conj(delta) h_{t-1}; dL/dpsi = -Im(v lambda), w rho dL/drho = w Re(v lambda)
             b_vr = b_dr * b_hr + b_di * b_hi
             b_vi = b_dr * b_hi - b_di * b_hr
             b_vlr = b_vr * b_lr - b_vi * b_li
             b_vli = b_vr * b_li + b_vi * b_lr
-            b_dpsi = tl.where(valid, -b_vli, 0.0)
+            b_dpsi = tl.where(ok, -b_vli, 0.0)
             # w dL/dw = -w rho dL/drho + (w / gamma) rho^2 dL/dgamma; w / gamma -> 0 as w -> 0
             b_wg = tl.where(b_w > 0.0, b_w / tl.where(b_w > 0.0, b_g, 1.0), 0.0)
-            b_wdw = tl.where(valid, -b_w * b_vlr + b_wg * b_rho * b_rho * (b_dr * b_zr + b_di * b_zi), 0.0)
-            p_part = part + (i_b.to(tl.int64) * 2 * n_tiles + i_j) * L + t
-            tl.store(p_part, tl.sum(b_wdw, axis=0), mask=t < L)
-            tl.store(p_part + n_tiles * L, tl.sum(b_dpsi, axis=0), mask=t < L)
+            b_wdw = tl.where(ok, -b_w * b_vlr + b_wg * b_rho * b_rho * (b_dr * b_zr + b_di * b_zi), 0.0)
+            tl.store(p_part, tl.sum(b_wdw, axis=0), mask=valid)
+            tl.store(p_part + n_tiles * L, tl.sum(b_dpsi, axis=0), mask=valid)
             b_snu += b_wdw
             b_spsi += b_dpsi
             if HAS_H0:
@@ -137,6 +143,11 @@ def _main_kernel(x, dy, dfinal, ctl, nu, theta_log, bound, rck, right, slots, pa
                     _store_pair(dh0, i_b.to(tl.int64) * D + i_n, N, b_lr * b_dr + b_li * b_di,
                                 b_lr * b_di - b_li * b_dr, mask_n)
             b_hr, b_hi = _cfma(b_lr, b_li, b_hr, b_hi, b_g * b_zr, b_g * b_zi)
+            t += 1
+            p_m += 1
+            p_x += D
+            p_part += 1
+            p_slot += 2 * BN
         tl.debug_barrier()
         off = (i_b.to(tl.int64) * n_chunks + i_c) * 3 * D + i_n
         tl.store(rows + off, b_snu, mask=mask_n)
@@ -175,16 +186,13 @@ def _controller_kernel(ctl, amplitudes, part, dp, dA_rows, L, n_tiles, kappa, BT
 
 
 @triton.jit
-def _dx_kernel(x, dy, dfinal, ctl, nu, theta_log, directions, rnorm, rck, right, dp, dx, rows,
-               L, D, N, n_chunks, n_groups,
-               K: tl.constexpr, BN: tl.constexpr, G, HAS_DFINAL: tl.constexpr):
+def _dx_kernel(x, dy, ctl, nu, theta_log, directions, rnorm, rck, right, dp, dx, rows,
+               L, D, N, n_chunks, n_groups, K: tl.constexpr, BN: tl.constexpr, G):
     """dx = gamma delta + sum_j dp_j u_hat_j, and partials of sum_t dp_j (x_t - p_j u_hat_j)."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
-    b_rate, b_cth, b_sth = _mode_row(nu, theta_log, i_n, mask_n)
-    p_ctl = ctl + i_b.to(tl.int64) * CTL * L
-    p_dp = dp + i_b.to(tl.int64) * 2 * L
+    b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
     r0, r1 = tl.load(rnorm), tl.load(rnorm + 1)
     b_u0r, b_u0i = _load_pair(directions, i_n, N, mask_n)
     b_u1r, b_u1i = _load_pair(directions, D + i_n, N, mask_n)
@@ -194,28 +202,37 @@ def _dx_kernel(x, dy, dfinal, ctl, nu, theta_log, directions, rnorm, rck, right,
     b_a1r = tl.zeros([BN], dtype=tl.float32)
     b_a1i = tl.zeros([BN], dtype=tl.float32)
     b_dr, b_di = _entering(rck, right, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G)
-    for kk in range(K):
-        k = K - 1 - kk
-        t = i_c * K + k
+    t = i_c * K + K - 1
+    p_p = ctl + i_b.to(tl.int64) * CTL * L + t
+    p_dp = dp + i_b.to(tl.int64) * 2 * L + t
+    row = (i_b.to(tl.int64) * L + t) * D + i_n
+    p_g = dy + row
+    p_x = x + row
+    p_dx = dx + row
+    for _ in range(K):
         valid = t < L
-        b_ar, b_ai, b_gr, b_gi = _adjoint_step(dy, dfinal, p_ctl, i_b, t, L, D, N, i_n, mask_n,
-                                               b_rate, b_cth, b_sth, HAS_DFINAL)
+        ok = mask_n & valid
+        b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_p + 2 * L + 1, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl)
         b_dr, b_di = _cfma(b_ar, b_ai, b_dr, b_di, b_gr, b_gi)
-        m = tl.load(p_ctl + 2 * L + t, mask=valid, other=0.0)
-        b_g = _gamma(m * b_rate)
-        dp0 = tl.load(p_dp + t, mask=valid, other=0.0)
-        dp1 = tl.load(p_dp + L + t, mask=valid, other=0.0)
-        row = (i_b.to(tl.int64) * L + t) * D + i_n
-        _store_pair(dx, row, N, b_g * b_dr + dp0 * b_u0r + dp1 * b_u1r, b_g * b_di + dp0 * b_u0i + dp1 * b_u1i,
-                    mask_n & valid)
+        b_w = tl.load(p_p + 2 * L, mask=valid, other=0.0) * b_rate
+        b_g = _gamma(b_w)
+        dp0 = tl.load(p_dp, mask=valid, other=0.0)
+        dp1 = tl.load(p_dp + L, mask=valid, other=0.0)
+        _store_pair(p_dx, 0, N, b_g * b_dr + dp0 * b_u0r + dp1 * b_u1r, b_g * b_di + dp0 * b_u0i + dp1 * b_u1i, ok)
         # dL/du_j = r_j sum_t dp_{t,j} (x_t - p_{t,j} u_hat_j); r_j is applied in the final reduction
-        b_xr, b_xi = _load_pair(x, row, N, mask_n & valid)
-        p0 = tl.load(p_ctl + t, mask=valid, other=0.0)
-        p1 = tl.load(p_ctl + L + t, mask=valid, other=0.0)
+        b_xr, b_xi = _load_pair(p_x, 0, N, ok)
+        p0 = tl.load(p_p, mask=valid, other=0.0)
+        p1 = tl.load(p_p + L, mask=valid, other=0.0)
         b_a0r += dp0 * (b_xr - p0 * b_u0r)
         b_a0i += dp0 * (b_xi - p0 * b_u0i)
         b_a1r += dp1 * (b_xr - p1 * b_u1r)
         b_a1i += dp1 * (b_xi - p1 * b_u1i)
+        t -= 1
+        p_p -= 1
+        p_dp -= 1
+        p_g -= D
+        p_x -= D
+        p_dx -= D
     off = (i_b.to(tl.int64) * n_chunks + i_c) * 3 * D + D + i_n
     tl.store(rows + off, b_a0r, mask=mask_n)
     tl.store(rows + off + N, b_a0i, mask=mask_n)
@@ -276,25 +293,24 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     n_groups = triton.cdiv(n_chunks, G)
     n_tiles = triton.cdiv(N, BN)
     f32 = dict(device=x.device, dtype=torch.float32)
-    has_df = dfinal is not None
-    df = dfinal if has_df else ctl
     rck = empty(B, n_chunks, 2, D, **f32) if G > 1 else ctl
     rgrp = empty(B, n_groups, 2, D, **f32)
-    _adjoint_summary_kernel[(n_groups, n_tiles, B)](dy, df, ctl, nu, theta_log, rck, rgrp, L, D, N, n_chunks,
-                                                    n_groups, K=K, BN=BN, G=G, HAS_DFINAL=has_df,
-                                                    num_warps=num_warps)
+    _adjoint_summary_kernel[(n_groups, n_tiles, B)](dy, ctl, nu, theta_log, rck, rgrp, L, D, N, n_chunks,
+                                                    n_groups, K=K, BN=BN, G=G, num_warps=num_warps)
+    # the final-state cotangent is the adjoint entering from the right end (tokens past L are identity)
     right = empty(B, n_groups, D, **f32)
-    _prefix_kernel[(n_tiles, B)](rgrp, rgrp, right, D, N, n_groups, BN=BN, HAS_H0=False, REVERSE=True,
-                                 num_warps=1)
+    has_df = dfinal is not None
+    _prefix_kernel[(n_tiles, B)](rgrp, dfinal if has_df else rgrp, right, D, N, n_groups, BN=BN, HAS_H0=has_df,
+                                 REVERSE=True, num_warps=1)
     part = empty(B, 2, n_tiles, L, **f32)
     rows = empty(B * n_chunks, 3 * D, **f32)
     dh0 = empty(B, D, **f32) if has_h0 else None
     n_items = B * n_chunks * n_tiles
     n_slots = _slots(x.device, n_items)
     slots = torch.empty(n_slots, K, 2 * BN, **f32)
-    _main_kernel[(n_slots,)](x, dy, df, ctl, nu, theta_log, bound, rck, right, slots, part, rows,
+    _main_kernel[(n_slots,)](x, dy, ctl, nu, theta_log, bound, rck, right, slots, part, rows,
                              dh0 if has_h0 else rows, L, D, N, n_chunks, n_groups, n_tiles, n_items,
-                             K=K, BN=BN, G=G, HAS_DFINAL=has_df, HAS_H0=has_h0, num_warps=num_warps)
+                             K=K, BN=BN, G=G, HAS_H0=has_h0, num_warps=num_warps)
     BT = 128
     n_tb = triton.cdiv(L, BT)
     dp = empty(B, 2, L, **f32)
@@ -302,9 +318,8 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     _controller_kernel[(n_tb, B)](ctl, amplitudes, part, dp, dA_rows, L, n_tiles, float(radial_bound), BT=BT,
                                   num_warps=4)
     dx = empty(B, L, D, device=x.device, dtype=x.dtype)
-    _dx_kernel[(n_chunks, n_tiles, B)](x, dy, df, ctl, nu, theta_log, directions, rnorm, rck, right, dp, dx,
-                                       rows, L, D, N, n_chunks, n_groups, K=K, BN=BN, G=G, HAS_DFINAL=has_df,
-                                       num_warps=num_warps)
+    _dx_kernel[(n_chunks, n_tiles, B)](x, dy, ctl, nu, theta_log, directions, rnorm, rck, right, dp, dx,
+                                       rows, L, D, N, n_chunks, n_groups, K=K, BN=BN, G=G, num_warps=num_warps)
     out = empty(3 * D, **f32)
     dA = empty(4, **f32)
     BC = 128

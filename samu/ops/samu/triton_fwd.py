@@ -39,34 +39,42 @@ def _cfma(ar, ai, hr, hi, br, bi):
 
 @triton.jit
 def _mode_row(nu, theta_log, i_n, mask_n):
-    """Per-mode constants of a [BN] tile: rate exp(nu), cos and sin of theta = exp(theta_log)."""
+    """Per-mode constants of a [BN] tile: rate exp(nu), and cos and sin of theta = exp(theta_log)
+    each as an fp32 pair (hi, lo) of a float64 value.
+
+    A rounded (cos theta, sin theta) has a norm off 1 by up to an ulp, the same for every token, and
+    a slow mode's state compounds it over its memory; the lo parts keep the norm exact.
+    """
     b_rate = tl.exp(tl.load(nu + i_n, mask=mask_n, other=0.0))
-    b_th = tl.exp(tl.load(theta_log + i_n, mask=mask_n, other=0.0))
-    return b_rate, tl.cos(b_th), tl.sin(b_th)
+    b_th = tl.exp(tl.load(theta_log + i_n, mask=mask_n, other=0.0).to(tl.float64))
+    b_c, b_s = tl.cos(b_th), tl.sin(b_th)
+    b_ch, b_sh = b_c.to(tl.float32), b_s.to(tl.float32)
+    return b_rate, b_ch, (b_c - b_ch.to(tl.float64)).to(tl.float32), b_sh, (b_s - b_sh.to(tl.float64)).to(tl.float32)
 
 
 @triton.jit
-def _controls(p_ctl, t, L, valid):
-    """m, cos phi, sin phi of token t (scalars; m = 0 and phi = 0 where not valid)."""
-    m = tl.load(p_ctl + 2 * L + t, mask=valid, other=0.0)
-    c = tl.load(p_ctl + 4 * L + t, mask=valid, other=1.0)
-    s = tl.load(p_ctl + 5 * L + t, mask=valid, other=0.0)
+def _controls(p_m, L, valid):
+    """m, cos phi, sin phi of one token from a pointer to its m in ctl (m = 0, phi = 0 where not valid)."""
+    m = tl.load(p_m, mask=valid, other=0.0)
+    c = tl.load(p_m + 2 * L, mask=valid, other=1.0)
+    s = tl.load(p_m + 3 * L, mask=valid, other=0.0)
     return m, c, s
 
 
 @triton.jit
-def _transition(m, cphi, sphi, b_rate, b_cth, b_sth):
+def _transition(m, cphi, sphi, b_rate, b_ch, b_cl, b_sh, b_sl):
     """w = m exp(nu), rho = exp(-w) and lambda = rho exp(i(theta + phi)) for one token, [BN]."""
     b_w = m * b_rate
     b_rho = tl.exp(-b_w)
-    b_lr = b_rho * (b_cth * cphi - b_sth * sphi)
-    b_li = b_rho * (b_sth * cphi + b_cth * sphi)
+    # the lo parts join the smaller product first, so the sum keeps them through its last rounding
+    b_lr = b_rho * (b_ch * cphi + ((b_cl * cphi - b_sl * sphi) - b_sh * sphi))
+    b_li = b_rho * (b_ch * sphi + ((b_sl * cphi + b_cl * sphi) + b_sh * cphi))
     return b_w, b_rho, b_lr, b_li
 
 
 @triton.jit
 def _gamma(b_w):
-    # gamma = sqrt(1 - rho^2) = sqrt(-expm1(-2 w)), accurate as w -> 0
+    # gamma = sqrt(1 - rho^2) = sqrt(-expm1(-2 w)), accurate as w -> 0 (1 - rho * rho loses bits there)
     return tl.sqrt(one_minus_exp_neg(2.0 * b_w))
 
 
@@ -85,15 +93,15 @@ def _store_pair(ptr, off, N, b_re, b_im, mask):
 
 
 @triton.jit
-def _input_step(x, p_ctl, i_b, t, L, D, N, i_n, mask_n, b_rate, b_cth, b_sth):
-    """Transition and scaled input of token t, [BN] each; identity (lambda = 1, input 0) past L."""
-    valid = t < L
-    m, cphi, sphi = _controls(p_ctl, t, L, valid)
-    b_w, b_rho, b_lr, b_li = _transition(m, cphi, sphi, b_rate, b_cth, b_sth)
+def _input_step(p_x, p_m, L, N, mask_n, valid, b_rate, b_ch, b_cl, b_sh, b_sl):
+    """Transition and input of one token, [BN] each, from pointers to its x row and its m;
+    identity (lambda = 1, input 0) where not valid (past L)."""
+    m, cphi, sphi = _controls(p_m, L, valid)
+    b_w, b_rho, b_lr, b_li = _transition(m, cphi, sphi, b_rate, b_ch, b_cl, b_sh, b_sl)
     b_lr = tl.where(valid, b_lr, 1.0)
     b_li = tl.where(valid, b_li, 0.0)
     b_g = _gamma(b_w)
-    b_zr, b_zi = _load_pair(x, (i_b.to(tl.int64) * L + t) * D + i_n, N, mask_n & valid)
+    b_zr, b_zi = _load_pair(p_x, 0, N, mask_n & valid)
     return b_w, b_rho, b_lr, b_li, b_g, b_zr, b_zi
 
 
@@ -146,8 +154,10 @@ def _summary_kernel(x, ctl, nu, theta_log, ck, grp, L, D, N, n_chunks, n_groups,
     i_g, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
-    b_rate, b_cth, b_sth = _mode_row(nu, theta_log, i_n, mask_n)
-    p_ctl = ctl + i_b.to(tl.int64) * CTL * L
+    b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
+    t = i_g * G * K
+    p_m = ctl + i_b.to(tl.int64) * CTL * L + 2 * L + t
+    p_x = x + (i_b.to(tl.int64) * L + t) * D + i_n
     b_pr = tl.full([BN], 1.0, dtype=tl.float32)
     b_pi = tl.zeros([BN], dtype=tl.float32)
     b_er = tl.zeros([BN], dtype=tl.float32)
@@ -162,11 +172,12 @@ def _summary_kernel(x, ctl, nu, theta_log, ck, grp, L, D, N, n_chunks, n_groups,
             tl.store(ck + off + D, b_er, mask=ok)
             tl.store(ck + off + D + N, b_ei, mask=ok)
         for k in range(K):
-            t = i_c * K + k
-            _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(x, p_ctl, i_b, t, L, D, N, i_n, mask_n,
-                                                            b_rate, b_cth, b_sth)
+            _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, L, N, mask_n, t < L, b_rate, b_ch, b_cl, b_sh, b_sl)
             b_er, b_ei = _cfma(b_lr, b_li, b_er, b_ei, b_g * b_zr, b_g * b_zi)
             b_pr, b_pi = _cmul(b_lr, b_li, b_pr, b_pi)
+            t += 1
+            p_m += 1
+            p_x += D
     off = (i_b.to(tl.int64) * n_groups + i_g) * 2 * D + i_n
     tl.store(grp + off, b_pr, mask=mask_n)
     tl.store(grp + off + N, b_pi, mask=mask_n)
@@ -216,18 +227,25 @@ def _replay_kernel(x, ctl, nu, theta_log, ck, start, y, bound, final, L, D, N, n
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
-    b_rate, b_cth, b_sth = _mode_row(nu, theta_log, i_n, mask_n)
-    p_ctl = ctl + i_b.to(tl.int64) * CTL * L
+    b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
     b_hr, b_hi = _entering(ck, start, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G)
     off = (i_b.to(tl.int64) * n_chunks + i_c) * D + i_n
     tl.store(bound + off, b_hr, mask=mask_n)
     tl.store(bound + off + N, b_hi, mask=mask_n)
+    t = i_c * K
+    p_m = ctl + i_b.to(tl.int64) * CTL * L + 2 * L + t
+    row = (i_b.to(tl.int64) * L + t) * D + i_n
+    p_x = x + row
+    p_y = y + row
     for k in range(K):
-        t = i_c * K + k
-        _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(x, p_ctl, i_b, t, L, D, N, i_n, mask_n,
-                                                        b_rate, b_cth, b_sth)
+        valid = t < L
+        _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, L, N, mask_n, valid, b_rate, b_ch, b_cl, b_sh, b_sl)
         b_hr, b_hi = _cfma(b_lr, b_li, b_hr, b_hi, b_g * b_zr, b_g * b_zi)
-        _store_pair(y, (i_b.to(tl.int64) * L + t) * D + i_n, N, b_hr, b_hi, mask_n & (t < L))
+        _store_pair(p_y, 0, N, b_hr, b_hi, mask_n & valid)
+        t += 1
+        p_m += 1
+        p_x += D
+        p_y += D
     if HAS_FINAL:
         # tokens past L are identity steps, so the chunk's last state is the state after token L-1
         _store_pair(final, i_b.to(tl.int64) * D + i_n, N, b_hr, b_hi, mask_n & (i_c == n_chunks - 1))

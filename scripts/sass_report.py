@@ -1,0 +1,92 @@
+"""Compile the SAMU kernels for sm_90 on this machine (no GPU needed) and report, per kernel:
+registers, spills, and the SASS instruction count of each loop body (innermost first).
+
+Usage: python scripts/sass_report.py [--K 32] [--BN 64] [--warps 2] [--dtype bf16]
+Needs triton's bundled ptxas/cuobjdump (the Linux x86-64 wheel has them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from samu.ops.samu import triton_bwd, triton_fwd  # noqa: E402
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def kernels(io: str):
+    """(kernel, signature, constexprs) for the token-walking kernels."""
+    f32 = "*fp32"
+    ints = lambda *names: {n: "i32" for n in names}  # noqa: E731
+    return [
+        (triton_fwd._summary_kernel, {"x": io, "ctl": f32, "nu": f32, "theta_log": f32, "ck": f32, "grp": f32,
+                                      **ints("L", "D", "N", "n_chunks", "n_groups"), "K": "constexpr",
+                                      "BN": "constexpr", "G": "i32"}, {}),
+        (triton_fwd._replay_kernel, {"x": io, "ctl": f32, "nu": f32, "theta_log": f32, "ck": f32, "start": f32,
+                                     "y": io, "bound": f32, "final": f32, **ints("L", "D", "N", "n_chunks", "n_groups"),
+                                     "K": "constexpr", "BN": "constexpr", "G": "i32", "HAS_FINAL": "constexpr"},
+         {"HAS_FINAL": False}),
+        (triton_bwd._adjoint_summary_kernel, {"dy": io, "ctl": f32, "nu": f32, "theta_log": f32, "rck": f32,
+                                              "rgrp": f32, **ints("L", "D", "N", "n_chunks", "n_groups"),
+                                              "K": "constexpr", "BN": "constexpr", "G": "i32"}, {}),
+        (triton_bwd._main_kernel, {"x": io, "dy": io, "ctl": f32, "nu": f32, "theta_log": f32, "bound": f32,
+                                   "rck": f32, "right": f32, "slots": f32, "part": f32, "rows": f32, "dh0": f32,
+                                   **ints("L", "D", "N", "n_chunks", "n_groups", "n_tiles", "n_items"),
+                                   "K": "constexpr", "BN": "constexpr", "G": "i32", "HAS_H0": "constexpr"},
+         {"HAS_H0": False}),
+        (triton_bwd._dx_kernel, {"x": io, "dy": io, "ctl": f32, "nu": f32, "theta_log": f32, "directions": f32,
+                                 "rnorm": f32, "rck": f32, "right": f32, "dp": f32, "dx": io, "rows": f32,
+                                 **ints("L", "D", "N", "n_chunks", "n_groups"), "K": "constexpr",
+                                 "BN": "constexpr", "G": "i32"}, {}),
+    ]
+
+
+def loops(sass: str):
+    """Instruction counts of the bodies of backward branches (loops), innermost first."""
+    addr = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    spans = []
+    for pc, text in addr:
+        m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))", text)
+        if m and m.group(1) and int(m.group(1), 16) < pc:
+            spans.append((pc - int(m.group(1), 16)) // 16 + 1)
+    return sorted(spans)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--K", type=int, default=32)
+    ap.add_argument("--BN", type=int, default=64)
+    ap.add_argument("--warps", type=int, default=2)
+    ap.add_argument("--dtype", default="bf16")
+    args = ap.parse_args()
+    target = GPUTarget("cuda", 90, 32)
+    for fn, sig, consts in kernels(f"*{args.dtype}"):
+        compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs={"K": args.K, "BN": args.BN, **consts}),
+                                  target=target, options={"num_warps": args.warps})
+        with tempfile.TemporaryDirectory() as tmp:
+            ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+            open(ptx, "w").write(compiled.asm["ptx"])
+            info = subprocess.run([os.path.join(BIN, "ptxas"), "-v", "--gpu-name", "sm_90a", ptx, "-o", cubin],
+                                  capture_output=True, text=True).stderr
+            sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", cubin], capture_output=True,
+                                  text=True).stdout
+        regs = re.search(r"Used (\d+) registers", info)
+        spills = re.search(r"(\d+) bytes spill stores", info)
+        mufu = len(re.findall(r"MUFU", sass))
+        print(f"{fn.__name__:26s} regs {regs.group(1) if regs else '?':>3s} spill-stores {spills.group(1) if spills else '?':>4s}"
+              f" MUFU {mufu:3d} loop bodies {loops(sass)}")
+
+
+if __name__ == "__main__":
+    main()
