@@ -79,6 +79,7 @@ def main():
     ap.add_argument("--configs", help="K,BN,G,warps;... (default: the built-in sweep)")
     ap.add_argument("--shapes", help="B,L,D;... (default: the primary shapes)")
     ap.add_argument("--no-gates", action="store_true")
+    ap.add_argument("--gate-variants", default="triton_serial,triton_grouped")
     args = ap.parse_args()
     samu.set_check_finite(False)
     global SHAPES, CONFIGS
@@ -93,7 +94,7 @@ def main():
     print(f"{record['gpu']} torch {torch.__version__} triton {triton.__version__} copy {bw / 1e12:.2f} TB/s",
           flush=True)
     for dtype in (() if args.no_gates else (torch.float32, torch.bfloat16)):
-        for name in ("triton_serial", "triton_grouped"):
+        for name in args.gate_variants.split(","):
             try:
                 res = gate_check("samu", lambda *a, **k: samu.samu_mixer(*a, backend=name, **k), dtype,
                                  1, 4096, 1024, seed=5, device="cuda")
