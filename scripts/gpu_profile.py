@@ -115,12 +115,14 @@ def main():
     ap.add_argument("--op", default="samu")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--shapes", default="1,8192,1024;1,32768,2048")
+    ap.add_argument("--backend", default="triton_grouped")
     args = ap.parse_args()
+    samu.set_check_finite(False)
     shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes.split(";")]
     record = []
     for shape in shapes:
-        print(samu.dispatch.explain(args.op, shape), flush=True)
-        fwd, fb, leaves = make(args.op, shape, "triton")
+        print(samu.dispatch.explain(args.op, shape, backend=args.backend), flush=True)
+        fwd, fb, leaves = make(args.op, shape, args.backend)
         entry = {"shape": shape}
         entry["fwd_graph_ms"] = graph_time(fwd, leaves)
         entry["fb_graph_ms"] = graph_time(fb, leaves)
