@@ -30,16 +30,19 @@ def kernels(io: str):
     f32 = "*fp32"
     ints = lambda *names: {n: "i32" for n in names}  # noqa: E731
     return [
-        (triton_fwd._summary_kernel, {"x": io, "ctl": f32, "nu": f32, "theta_log": f32, "ck": f32, "grp": f32,
-                                      **ints("L", "D", "N", "n_chunks", "n_groups"), "K": "constexpr",
-                                      "BN": "constexpr", "G": "i32"}, {}),
+        (triton_fwd._summary_kernel, {"x": io, "ctl": f32, "nu": f32, "theta_log": f32, "csum": f32,
+                                      **ints("L", "D", "N", "n_chunks"), "K": "constexpr", "BN": "constexpr"}, {}),
+        (triton_fwd._compose_kernel, {"summ": f32, "init": f32, "enter": f32, "total": f32,
+                                      **ints("n_items", "span", "D", "N"), "BN": "constexpr", "HAS_INIT": "constexpr",
+                                      "MAPS": "constexpr", "REVERSE": "constexpr"},
+         {"HAS_INIT": False, "MAPS": True, "REVERSE": False}),
         (triton_fwd._replay_kernel, {"x": io, "ctl": f32, "nu": f32, "theta_log": f32, "ck": f32, "start": f32,
                                      "y": io, "bound": f32, "final": f32, **ints("L", "D", "N", "n_chunks", "n_groups"),
                                      "K": "constexpr", "BN": "constexpr", "G": "i32", "HAS_FINAL": "constexpr"},
          {"HAS_FINAL": False}),
-        (triton_bwd._adjoint_summary_kernel, {"dy": io, "ctl": f32, "nu": f32, "theta_log": f32, "rck": f32,
-                                              "rgrp": f32, **ints("L", "D", "N", "n_chunks", "n_groups"),
-                                              "K": "constexpr", "BN": "constexpr", "G": "i32"}, {}),
+        (triton_bwd._adjoint_summary_kernel, {"dy": io, "ctl": f32, "nu": f32, "theta_log": f32, "rsum": f32,
+                                              **ints("L", "D", "N", "n_chunks"), "K": "constexpr",
+                                              "BN": "constexpr"}, {}),
         (triton_bwd._main_kernel, {"x": io, "dy": io, "ctl": f32, "nu": f32, "theta_log": f32, "bound": f32,
                                    "rck": f32, "right": f32, "slots": f32, "part": f32, "rows": f32, "dh0": f32,
                                    **ints("L", "D", "N", "n_chunks", "n_groups", "n_tiles", "n_items"),
@@ -72,7 +75,7 @@ def main():
     args = ap.parse_args()
     target = GPUTarget("cuda", 90, 32)
     for fn, sig, consts in kernels(f"*{args.dtype}"):
-        compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs={"K": args.K, "BN": args.BN, **consts}),
+        compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs={k: v for k, v in {"K": args.K, "BN": args.BN, **consts}.items() if k in sig}),
                                   target=target, options={"num_warps": args.warps})
         with tempfile.TemporaryDirectory() as tmp:
             ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from samu.ops.samu.triton_fwd import (CTL, _cfma, _controls, _entering, _gamma, _input_step, _load_pair,
-                                      _mode_row, _prefix_kernel, _store_pair, _transition)
+                                      _mode_row, _store_pair, _transition, prefix)
 from samu.ops.triton_utils import tanh
 
 
@@ -40,41 +40,31 @@ def _adjoint_step(p_g, p_mn, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl):
 
 
 @triton.jit
-def _adjoint_summary_kernel(dy, ctl, nu, theta_log, rck, rgrp, L, D, N, n_chunks, n_groups,
-                            K: tl.constexpr, BN: tl.constexpr, G):
-    """Map from the adjoint at a group's right end to the adjoint entering each of its chunks."""
-    i_g, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+def _adjoint_summary_kernel(dy, ctl, nu, theta_log, rsum, L, D, N, n_chunks, K: tl.constexpr, BN: tl.constexpr):
+    """Map (Q, F) from the adjoint entering chunk i_c from its right to the adjoint at its first token."""
+    i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
     b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
-    t = (i_g + 1) * G * K - 1
+    t = i_c * K + K - 1
     p_mn = ctl + i_b.to(tl.int64) * CTL * L + 2 * L + t + 1
     p_g = dy + (i_b.to(tl.int64) * L + t) * D + i_n
     b_qr = tl.full([BN], 1.0, dtype=tl.float32)
     b_qi = tl.zeros([BN], dtype=tl.float32)
     b_fr = tl.zeros([BN], dtype=tl.float32)
     b_fi = tl.zeros([BN], dtype=tl.float32)
-    for i_k in range(G):
-        i_c = i_g * G + (G - 1 - i_k)
-        if G > 1:
-            off = (i_b.to(tl.int64) * n_chunks + i_c) * 2 * D + i_n
-            ok = mask_n & (i_c < n_chunks)
-            tl.store(rck + off, b_qr, mask=ok)
-            tl.store(rck + off + N, b_qi, mask=ok)
-            tl.store(rck + off + D, b_fr, mask=ok)
-            tl.store(rck + off + D + N, b_fi, mask=ok)
-        for _ in range(K):
-            b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_mn, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl)
-            b_fr, b_fi = _cfma(b_ar, b_ai, b_fr, b_fi, b_gr, b_gi)
-            b_qr, b_qi = b_ar * b_qr - b_ai * b_qi, b_ar * b_qi + b_ai * b_qr
-            t -= 1
-            p_mn -= 1
-            p_g -= D
-    off = (i_b.to(tl.int64) * n_groups + i_g) * 2 * D + i_n
-    tl.store(rgrp + off, b_qr, mask=mask_n)
-    tl.store(rgrp + off + N, b_qi, mask=mask_n)
-    tl.store(rgrp + off + D, b_fr, mask=mask_n)
-    tl.store(rgrp + off + D + N, b_fi, mask=mask_n)
+    for _ in range(K):
+        b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_mn, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl)
+        b_fr, b_fi = _cfma(b_ar, b_ai, b_fr, b_fi, b_gr, b_gi)
+        b_qr, b_qi = b_ar * b_qr - b_ai * b_qi, b_ar * b_qi + b_ai * b_qr
+        t -= 1
+        p_mn -= 1
+        p_g -= D
+    off = (i_b.to(tl.int64) * n_chunks + i_c) * 2 * D + i_n
+    tl.store(rsum + off, b_qr, mask=mask_n)
+    tl.store(rsum + off + N, b_qi, mask=mask_n)
+    tl.store(rsum + off + D, b_fr, mask=mask_n)
+    tl.store(rsum + off + D + N, b_fi, mask=mask_n)
 
 
 @triton.jit
@@ -290,18 +280,15 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     B, L, D = x.shape
     N = D // 2
     n_chunks = triton.cdiv(L, K)
-    n_groups = triton.cdiv(n_chunks, G)
     n_tiles = triton.cdiv(N, BN)
     f32 = dict(device=x.device, dtype=torch.float32)
-    rck = empty(B, n_chunks, 2, D, **f32) if G > 1 else ctl
-    rgrp = empty(B, n_groups, 2, D, **f32)
-    _adjoint_summary_kernel[(n_groups, n_tiles, B)](dy, ctl, nu, theta_log, rck, rgrp, L, D, N, n_chunks,
-                                                    n_groups, K=K, BN=BN, G=G, num_warps=num_warps)
+    rsum = empty(B, n_chunks, 2, D, **f32)
+    _adjoint_summary_kernel[(n_chunks, n_tiles, B)](dy, ctl, nu, theta_log, rsum, L, D, N, n_chunks, K=K, BN=BN,
+                                                    num_warps=num_warps)
     # the final-state cotangent is the adjoint entering from the right end (tokens past L are identity)
-    right = empty(B, n_groups, D, **f32)
-    has_df = dfinal is not None
-    _prefix_kernel[(n_tiles, B)](rgrp, dfinal if has_df else rgrp, right, D, N, n_groups, BN=BN, HAS_H0=has_df,
-                                 REVERSE=True, num_warps=1)
+    rck, right = prefix(rsum, dfinal, G=G, BN=BN, reverse=True, empty=empty)
+    rck = rck if G > 1 else right
+    n_groups = right.shape[1]
     part = empty(B, 2, n_tiles, L, **f32)
     rows = empty(B * n_chunks, 3 * D, **f32)
     dh0 = empty(B, D, **f32) if has_h0 else None

@@ -148,64 +148,102 @@ def _controller_kernel(x, directions, amplitudes, ctl, rnorm, L, D, kappa,
 
 
 @triton.jit
-def _summary_kernel(x, ctl, nu, theta_log, ck, grp, L, D, N, n_chunks, n_groups,
-                    K: tl.constexpr, BN: tl.constexpr, G):
-    """(prod lambda, state from zero) of every chunk of one group, composed left to right."""
-    i_g, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+def _summary_kernel(x, ctl, nu, theta_log, csum, L, D, N, n_chunks, K: tl.constexpr, BN: tl.constexpr):
+    """(prod lambda, state reached from zero) of one chunk, for one mode tile."""
+    i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
     b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
-    t = i_g * G * K
+    t = i_c * K
     p_m = ctl + i_b.to(tl.int64) * CTL * L + 2 * L + t
     p_x = x + (i_b.to(tl.int64) * L + t) * D + i_n
     b_pr = tl.full([BN], 1.0, dtype=tl.float32)
     b_pi = tl.zeros([BN], dtype=tl.float32)
     b_er = tl.zeros([BN], dtype=tl.float32)
     b_ei = tl.zeros([BN], dtype=tl.float32)
-    for i_k in range(G):
-        i_c = i_g * G + i_k
-        if G > 1:
-            off = (i_b.to(tl.int64) * n_chunks + i_c) * 2 * D + i_n
-            ok = mask_n & (i_c < n_chunks)
-            tl.store(ck + off, b_pr, mask=ok)
-            tl.store(ck + off + N, b_pi, mask=ok)
-            tl.store(ck + off + D, b_er, mask=ok)
-            tl.store(ck + off + D + N, b_ei, mask=ok)
-        for k in range(K):
-            _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, L, N, mask_n, t < L, b_rate, b_ch, b_cl, b_sh, b_sl)
-            b_er, b_ei = _cfma(b_lr, b_li, b_er, b_ei, b_g * b_zr, b_g * b_zi)
-            b_pr, b_pi = _cmul(b_lr, b_li, b_pr, b_pi)
-            t += 1
-            p_m += 1
-            p_x += D
-    off = (i_b.to(tl.int64) * n_groups + i_g) * 2 * D + i_n
-    tl.store(grp + off, b_pr, mask=mask_n)
-    tl.store(grp + off + N, b_pi, mask=mask_n)
-    tl.store(grp + off + D, b_er, mask=mask_n)
-    tl.store(grp + off + D + N, b_ei, mask=mask_n)
+    for _ in range(K):
+        _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, L, N, mask_n, t < L,
+                                                        b_rate, b_ch, b_cl, b_sh, b_sl)
+        b_er, b_ei = _cfma(b_lr, b_li, b_er, b_ei, b_g * b_zr, b_g * b_zi)
+        b_pr, b_pi = _cmul(b_lr, b_li, b_pr, b_pi)
+        t += 1
+        p_m += 1
+        p_x += D
+    off = (i_b.to(tl.int64) * n_chunks + i_c) * 2 * D + i_n
+    tl.store(csum + off, b_pr, mask=mask_n)
+    tl.store(csum + off + N, b_pi, mask=mask_n)
+    tl.store(csum + off + D, b_er, mask=mask_n)
+    tl.store(csum + off + D + N, b_ei, mask=mask_n)
 
 
 @triton.jit
-def _prefix_kernel(grp, h0, start, D, N, n_groups,
-                   BN: tl.constexpr, HAS_H0: tl.constexpr, REVERSE: tl.constexpr):
-    """Serial walk over group summaries: the state entering every group (from the right if REVERSE)."""
-    i_j, i_b = tl.program_id(0), tl.program_id(1)
+def _compose_kernel(summ, init, enter, total, n_items, span, D, N,
+                    BN: tl.constexpr, HAS_INIT: tl.constexpr, MAPS: tl.constexpr, REVERSE: tl.constexpr):
+    """Compose the affine maps (P, E) of ``span`` consecutive items (right to left if REVERSE).
+
+    Program (g, tile, batch row) starts from the identity map, or from the state ``init`` (the map
+    (0, init)); before each item it stores the running composition (the map, or with MAPS false
+    only its state part, into ``enter``), and it stores the whole span's composition in ``total``.
+    The group-local prefix is span = G over chunk summaries; the outer prefix is one span over groups.
+    """
+    i_g, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
-    if HAS_H0:
-        b_hr, b_hi = _load_pair(h0, i_b.to(tl.int64) * D + i_n, N, mask_n)
+    b_pr = tl.full([BN], 0.0 if HAS_INIT else 1.0, dtype=tl.float32)
+    b_pi = tl.zeros([BN], dtype=tl.float32)
+    if HAS_INIT:
+        b_er, b_ei = _load_pair(init, i_b.to(tl.int64) * D + i_n, N, mask_n)
     else:
-        b_hr = tl.zeros([BN], dtype=tl.float32)
-        b_hi = tl.zeros([BN], dtype=tl.float32)
-    for i_s in range(n_groups):
-        i_g = n_groups - 1 - i_s if REVERSE else i_s
-        off = (i_b.to(tl.int64) * n_groups + i_g) * D + i_n
-        tl.store(start + off, b_hr, mask=mask_n)
-        tl.store(start + off + N, b_hi, mask=mask_n)
-        off2 = (i_b.to(tl.int64) * n_groups + i_g) * 2 * D + i_n
-        b_ar, b_ai = _load_pair(grp, off2, N, mask_n)
-        b_br, b_bi = _load_pair(grp, off2 + D, N, mask_n)
-        b_hr, b_hi = _cfma(b_ar, b_ai, b_hr, b_hi, b_br, b_bi)
+        b_er = tl.zeros([BN], dtype=tl.float32)
+        b_ei = tl.zeros([BN], dtype=tl.float32)
+    first = i_g * span
+    last = tl.minimum(first + span, n_items)
+    for i_s in range(last - first):
+        i = last - 1 - i_s if REVERSE else first + i_s
+        if MAPS:
+            off = (i_b.to(tl.int64) * n_items + i) * 2 * D + i_n
+            tl.store(enter + off, b_pr, mask=mask_n)
+            tl.store(enter + off + N, b_pi, mask=mask_n)
+            tl.store(enter + off + D, b_er, mask=mask_n)
+            tl.store(enter + off + D + N, b_ei, mask=mask_n)
+        else:
+            off = (i_b.to(tl.int64) * n_items + i) * D + i_n
+            tl.store(enter + off, b_er, mask=mask_n)
+            tl.store(enter + off + N, b_ei, mask=mask_n)
+        off2 = (i_b.to(tl.int64) * n_items + i) * 2 * D + i_n
+        b_ar, b_ai = _load_pair(summ, off2, N, mask_n)
+        b_br, b_bi = _load_pair(summ, off2 + D, N, mask_n)
+        b_er, b_ei = _cfma(b_ar, b_ai, b_er, b_ei, b_br, b_bi)
+        b_pr, b_pi = _cmul(b_ar, b_ai, b_pr, b_pi)
+    if MAPS:
+        off = (i_b.to(tl.int64) * tl.num_programs(0) + i_g) * 2 * D + i_n
+        tl.store(total + off, b_pr, mask=mask_n)
+        tl.store(total + off + N, b_pi, mask=mask_n)
+        tl.store(total + off + D, b_er, mask=mask_n)
+        tl.store(total + off + D + N, b_ei, mask=mask_n)
+
+
+def prefix(summ, init, *, G, BN, reverse=False, empty=torch.empty):
+    """Entering state of every chunk from per-chunk maps summ [B, nC, 2, D] (group-local prefix
+    within groups of G chunks, then an outer prefix over groups): returns (ck, start), where the
+    state entering chunk c is ck[c] applied to start[c // G] (ck is None when G = 1)."""
+    B, n_chunks, _, D = summ.shape
+    N = D // 2
+    n_tiles = triton.cdiv(N, BN)
+    f32 = dict(device=summ.device, dtype=torch.float32)
+    ck, groups = None, summ
+    if G > 1:
+        n_groups = triton.cdiv(n_chunks, G)
+        ck = empty(B, n_chunks, 2, D, **f32)
+        groups = empty(B, n_groups, 2, D, **f32)
+        _compose_kernel[(n_groups, n_tiles, B)](summ, summ, ck, groups, n_chunks, G, D, N, BN=BN, HAS_INIT=False,
+                                                MAPS=True, REVERSE=reverse, num_warps=1)
+    n_groups = groups.shape[1]
+    start = empty(B, n_groups, D, **f32)
+    has_init = init is not None
+    _compose_kernel[(1, n_tiles, B)](groups, init if has_init else groups, start, groups, n_groups, n_groups, D, N,
+                                     BN=BN, HAS_INIT=has_init, MAPS=False, REVERSE=reverse, num_warps=1)
+    return ck, start
 
 
 @triton.jit
@@ -261,7 +299,6 @@ def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *
     B, L, D = x.shape
     N = D // 2
     n_chunks = triton.cdiv(L, K)
-    n_groups = triton.cdiv(n_chunks, G)
     n_tiles = triton.cdiv(N, BN)
     f32 = dict(device=x.device, dtype=torch.float32)
     ctl = empty(B, CTL.value, L, **f32)
@@ -269,18 +306,15 @@ def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *
     BT = 16
     _controller_kernel[(triton.cdiv(L, BT), B)](x, directions, amplitudes, ctl, rnorm, L, D, float(radial_bound),
                                                 BT=BT, BD=min(256, triton.next_power_of_2(D)), num_warps=4)
-    ck = empty(B, n_chunks, 2, D, **f32) if G > 1 else rnorm
-    grp = empty(B, n_groups, 2, D, **f32)
-    _summary_kernel[(n_groups, n_tiles, B)](x, ctl, nu, theta_log, ck, grp, L, D, N, n_chunks, n_groups,
-                                            K=K, BN=BN, G=G, num_warps=num_warps)
-    start = empty(B, n_groups, D, **f32)
-    has_h0 = initial_state is not None
-    _prefix_kernel[(n_tiles, B)](grp, initial_state if has_h0 else grp, start, D, N, n_groups,
-                                 BN=BN, HAS_H0=has_h0, REVERSE=False, num_warps=1)
+    csum = empty(B, n_chunks, 2, D, **f32)
+    _summary_kernel[(n_chunks, n_tiles, B)](x, ctl, nu, theta_log, csum, L, D, N, n_chunks, K=K, BN=BN,
+                                            num_warps=num_warps)
+    ck, start = prefix(csum, initial_state, G=G, BN=BN, empty=empty)
+    n_groups = start.shape[1]
     y = empty(B, L, D, device=x.device, dtype=x.dtype)
     bound = empty(B, n_chunks, D, **f32)
     final = empty(B, D, **f32) if want_final else None
-    _replay_kernel[(n_chunks, n_tiles, B)](x, ctl, nu, theta_log, ck, start, y, bound,
+    _replay_kernel[(n_chunks, n_tiles, B)](x, ctl, nu, theta_log, ck if G > 1 else start, start, y, bound,
                                            final if want_final else bound, L, D, N, n_chunks, n_groups,
                                            K=K, BN=BN, G=G, HAS_FINAL=want_final, num_warps=num_warps)
     return y, final, ctl, rnorm, bound
