@@ -134,9 +134,10 @@ def _scratch(config_of):
         n_groups = triton.cdiv(n_chunks, c.G)
         sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
         n_slots = slot_count(B * n_chunks * n_tiles, sms)
-        words = (B * D * (4 * n_chunks * (c.G > 1) + 6 * n_groups + 4 * n_chunks) + B * L * (6 + 2 * n_tiles)
-                 + n_slots * c.K * 2 * c.BN)
-        formula = (f"4*(B*D*(4*nC*[G>1] + 6*nG + 4*nC) + B*L*(6 + 2*ceil(D/(2*BN))) + n_slots*K*2*BN)"
+        grouped = c.G > 1
+        words = (B * D * (8 * n_chunks + grouped * (4 * n_chunks + 4 * n_groups) + 2 * n_groups)
+                 + B * L * (8 + 2 * n_tiles) + n_slots * c.K * 2 * c.BN)
+        formula = (f"4*(B*D*(8*nC + [G>1]*(4*nC + 4*nG) + 2*nG) + B*L*(8 + 2*ceil(D/(2*BN))) + n_slots*K*2*BN)"
                    f" with K={c.K}, BN={c.BN}, G={c.G}, n_slots={n_slots}")
         return formula, 4 * words
     return scratch
