@@ -21,21 +21,22 @@ import torch
 import triton
 import triton.language as tl
 
-from samu.ops.samu.triton_fwd import (CTL, _cfma, _controls, _entering, _gamma, _input_step, _load_pair,
+from samu.ops.samu.triton_fwd import (CTL, _both, _cfma, _clamp, _controls, _entering, _gamma, _input_step,
+                                      _load_pair,
                                       _mode_row, _store_pair, _transition, prefix)
 from samu.ops.triton_utils import tanh
 
 
 @triton.jit
-def _adjoint_step(p_g, p_mn, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl):
+def _adjoint_step(p_g, p_m, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl):
     """conj(lambda_{t+1}) (identity from L on) and g_t (0 past L), from pointers to the dy row of
-    token t and the m of token t + 1."""
+    token t and the batch row's m plane."""
     nxt = t + 1 < L
-    m, cphi, sphi = _controls(p_mn, L, nxt)
+    m, cphi, sphi = _controls(p_m, t + 1, L, nxt)
     _, _, b_lr, b_li = _transition(m, cphi, sphi, b_rate, b_ch, b_cl, b_sh, b_sl)
     b_ar = tl.where(nxt, b_lr, 1.0)
     b_ai = tl.where(nxt, -b_li, 0.0)
-    b_gr, b_gi = _load_pair(p_g, 0, N, mask_n & (t < L))
+    b_gr, b_gi = _load_pair(p_g, 0, N, _both(mask_n, t < L))
     return b_ar, b_ai, b_gr, b_gi
 
 
@@ -47,18 +48,17 @@ def _adjoint_summary_kernel(dy, ctl, nu, theta_log, rsum, L, D, N, n_chunks, K: 
     mask_n = i_n < N
     b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
     t = i_c * K + K - 1
-    p_mn = ctl + i_b.to(tl.int64) * CTL * L + 2 * L + t + 1
+    p_m = ctl + i_b.to(tl.int64) * CTL * L + 2 * L
     p_g = dy + (i_b.to(tl.int64) * L + t) * D + i_n
     b_qr = tl.full([BN], 1.0, dtype=tl.float32)
     b_qi = tl.zeros([BN], dtype=tl.float32)
     b_fr = tl.zeros([BN], dtype=tl.float32)
     b_fi = tl.zeros([BN], dtype=tl.float32)
     for _ in range(K):
-        b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_mn, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl)
+        b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_m, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl)
         b_fr, b_fi = _cfma(b_ar, b_ai, b_fr, b_fi, b_gr, b_gi)
         b_qr, b_qi = b_ar * b_qr - b_ai * b_qi, b_ar * b_qi + b_ai * b_qr
         t -= 1
-        p_mn -= 1
         p_g -= D
     off = (i_b.to(tl.int64) * n_chunks + i_c) * 2 * D + i_n
     tl.store(rsum + off, b_qr, mask=mask_n)
@@ -81,20 +81,18 @@ def _main_kernel(x, dy, ctl, nu, theta_log, bound, rck, right, slots, part, rows
         i_n = i_j * BN + tl.arange(0, BN)
         mask_n = i_n < N
         b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
-        p_m0 = ctl + i_b.to(tl.int64) * CTL * L + 2 * L
+        p_m = ctl + i_b.to(tl.int64) * CTL * L + 2 * L
         # delta, right to left, kept in this program's slot (it stays in cache)
         b_dr, b_di = _entering(rck, right, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G)
         t = i_c * K + K - 1
-        p_mn = p_m0 + t + 1
         p_g = dy + (i_b.to(tl.int64) * L + t) * D + i_n
         p_slot = p_slot0 + (K - 1) * 2 * BN
         for _ in range(K):
-            b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_mn, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl)
+            b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_m, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl)
             b_dr, b_di = _cfma(b_ar, b_ai, b_dr, b_di, b_gr, b_gi)
             tl.store(p_slot, b_dr)
             tl.store(p_slot + BN, b_di)
             t -= 1
-            p_mn -= 1
             p_g -= D
             p_slot -= 2 * BN
         tl.debug_barrier()
@@ -103,16 +101,15 @@ def _main_kernel(x, dy, ctl, nu, theta_log, bound, rck, right, slots, part, rows
         b_snu = tl.zeros([BN], dtype=tl.float32)
         b_spsi = tl.zeros([BN], dtype=tl.float32)
         t = i_c * K
-        p_m = p_m0 + t
         p_x = x + (i_b.to(tl.int64) * L + t) * D + i_n
         p_part = part + (i_b.to(tl.int64) * 2 * n_tiles + i_j) * L + t
         p_slot = p_slot0
         for _ in range(K):
             valid = t < L
-            ok = mask_n & valid
+            ok = _both(mask_n, valid)
             b_dr = tl.load(p_slot)
             b_di = tl.load(p_slot + BN)
-            b_w, b_rho, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, L, N, mask_n, valid,
+            b_w, b_rho, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, t, L, N, mask_n, valid,
                                                                   b_rate, b_ch, b_cl, b_sh, b_sl)
             # v = conj(G_lambda) = conj(delta) h_{t-1}; dL/dpsi = -Im(v lambda), w rho dL/drho = w Re(v lambda)
             b_vr = b_dr * b_hr + b_di * b_hi
@@ -123,8 +120,10 @@ def _main_kernel(x, dy, ctl, nu, theta_log, bound, rck, right, slots, part, rows
             # w dL/dw = -w rho dL/drho + (w / gamma) rho^2 dL/dgamma; w / gamma -> 0 as w -> 0
             b_wg = tl.where(b_w > 0.0, b_w / tl.where(b_w > 0.0, b_g, 1.0), 0.0)
             b_wdw = tl.where(ok, -b_w * b_vlr + b_wg * b_rho * b_rho * (b_dr * b_zr + b_di * b_zi), 0.0)
-            tl.store(p_part, tl.sum(b_wdw, axis=0), mask=valid)
-            tl.store(p_part + n_tiles * L, tl.sum(b_dpsi, axis=0), mask=valid)
+            # one-element stores with a vector mask (interpreters reject scalar masks)
+            one = tl.arange(0, 1)
+            tl.store(p_part + one, tl.sum(b_wdw, axis=0) + tl.zeros([1], tl.float32), mask=t + one < L)
+            tl.store(p_part + n_tiles * L + one, tl.sum(b_dpsi, axis=0) + tl.zeros([1], tl.float32), mask=t + one < L)
             b_snu += b_wdw
             b_spsi += b_dpsi
             if HAS_H0:
@@ -134,7 +133,6 @@ def _main_kernel(x, dy, ctl, nu, theta_log, bound, rck, right, slots, part, rows
                                 b_lr * b_di - b_li * b_dr, mask_n)
             b_hr, b_hi = _cfma(b_lr, b_li, b_hr, b_hi, b_g * b_zr, b_g * b_zi)
             t += 1
-            p_m += 1
             p_x += D
             p_part += 1
             p_slot += 2 * BN
@@ -193,33 +191,31 @@ def _dx_kernel(x, dy, ctl, nu, theta_log, directions, rnorm, rck, right, dp, dx,
     b_a1i = tl.zeros([BN], dtype=tl.float32)
     b_dr, b_di = _entering(rck, right, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G)
     t = i_c * K + K - 1
-    p_p = ctl + i_b.to(tl.int64) * CTL * L + t
-    p_dp = dp + i_b.to(tl.int64) * 2 * L + t
+    p_p = ctl + i_b.to(tl.int64) * CTL * L
+    p_dp = dp + i_b.to(tl.int64) * 2 * L
     row = (i_b.to(tl.int64) * L + t) * D + i_n
     p_g = dy + row
     p_x = x + row
     p_dx = dx + row
     for _ in range(K):
         valid = t < L
-        ok = mask_n & valid
-        b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_p + 2 * L + 1, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl)
+        ok = _both(mask_n, valid)
+        tc = _clamp(t, L)
+        b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_p + 2 * L, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl)
         b_dr, b_di = _cfma(b_ar, b_ai, b_dr, b_di, b_gr, b_gi)
-        b_w = tl.load(p_p + 2 * L, mask=valid, other=0.0) * b_rate
-        b_g = _gamma(b_w)
-        dp0 = tl.load(p_dp, mask=valid, other=0.0)
-        dp1 = tl.load(p_dp + L, mask=valid, other=0.0)
+        b_g = _gamma(tl.load(p_p + 2 * L + tc) * b_rate)
+        dp0 = tl.where(valid, tl.load(p_dp + tc), 0.0)
+        dp1 = tl.where(valid, tl.load(p_dp + L + tc), 0.0)
         _store_pair(p_dx, 0, N, b_g * b_dr + dp0 * b_u0r + dp1 * b_u1r, b_g * b_di + dp0 * b_u0i + dp1 * b_u1i, ok)
         # dL/du_j = r_j sum_t dp_{t,j} (x_t - p_{t,j} u_hat_j); r_j is applied in the final reduction
         b_xr, b_xi = _load_pair(p_x, 0, N, ok)
-        p0 = tl.load(p_p, mask=valid, other=0.0)
-        p1 = tl.load(p_p + L, mask=valid, other=0.0)
+        p0 = tl.load(p_p + tc)
+        p1 = tl.load(p_p + L + tc)
         b_a0r += dp0 * (b_xr - p0 * b_u0r)
         b_a0i += dp0 * (b_xi - p0 * b_u0i)
         b_a1r += dp1 * (b_xr - p1 * b_u1r)
         b_a1i += dp1 * (b_xi - p1 * b_u1i)
         t -= 1
-        p_p -= 1
-        p_dp -= 1
         p_g -= D
         p_x -= D
         p_dx -= D

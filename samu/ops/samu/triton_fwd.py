@@ -53,11 +53,25 @@ def _mode_row(nu, theta_log, i_n, mask_n):
 
 
 @triton.jit
-def _controls(p_m, L, valid):
-    """m, cos phi, sin phi of one token from a pointer to its m in ctl (m = 0, phi = 0 where not valid)."""
-    m = tl.load(p_m, mask=valid, other=0.0)
-    c = tl.load(p_m + 2 * L, mask=valid, other=1.0)
-    s = tl.load(p_m + 3 * L, mask=valid, other=0.0)
+def _clamp(t, L):
+    """A token index inside [0, L): scalar loads stay in bounds without a mask."""
+    return tl.minimum(tl.maximum(t, 0), L - 1)
+
+
+@triton.jit
+def _both(mask_n, valid):
+    """A [BN] mask and a scalar condition (combined by where: interpreters reject scalar & vector)."""
+    return tl.where(valid, mask_n, False)
+
+
+@triton.jit
+def _controls(p_m, t, L, valid):
+    """m, cos phi, sin phi of token t, from a pointer to the batch row's m plane of ctl
+    (m = 0, phi = 0 where not valid)."""
+    tc = _clamp(t, L)
+    m = tl.where(valid, tl.load(p_m + tc), 0.0)
+    c = tl.where(valid, tl.load(p_m + 2 * L + tc), 1.0)
+    s = tl.where(valid, tl.load(p_m + 3 * L + tc), 0.0)
     return m, c, s
 
 
@@ -93,15 +107,15 @@ def _store_pair(ptr, off, N, b_re, b_im, mask):
 
 
 @triton.jit
-def _input_step(p_x, p_m, L, N, mask_n, valid, b_rate, b_ch, b_cl, b_sh, b_sl):
-    """Transition and input of one token, [BN] each, from pointers to its x row and its m;
+def _input_step(p_x, p_m, t, L, N, mask_n, valid, b_rate, b_ch, b_cl, b_sh, b_sl):
+    """Transition and input of token t, [BN] each, from a pointer to its x row and the row's m plane;
     identity (lambda = 1, input 0) where not valid (past L)."""
-    m, cphi, sphi = _controls(p_m, L, valid)
+    m, cphi, sphi = _controls(p_m, t, L, valid)
     b_w, b_rho, b_lr, b_li = _transition(m, cphi, sphi, b_rate, b_ch, b_cl, b_sh, b_sl)
     b_lr = tl.where(valid, b_lr, 1.0)
     b_li = tl.where(valid, b_li, 0.0)
     b_g = _gamma(b_w)
-    b_zr, b_zi = _load_pair(p_x, 0, N, mask_n & valid)
+    b_zr, b_zi = _load_pair(p_x, 0, N, _both(mask_n, valid))
     return b_w, b_rho, b_lr, b_li, b_g, b_zr, b_zi
 
 
@@ -155,19 +169,18 @@ def _summary_kernel(x, ctl, nu, theta_log, csum, L, D, N, n_chunks, K: tl.conste
     mask_n = i_n < N
     b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
     t = i_c * K
-    p_m = ctl + i_b.to(tl.int64) * CTL * L + 2 * L + t
+    p_m = ctl + i_b.to(tl.int64) * CTL * L + 2 * L
     p_x = x + (i_b.to(tl.int64) * L + t) * D + i_n
     b_pr = tl.full([BN], 1.0, dtype=tl.float32)
     b_pi = tl.zeros([BN], dtype=tl.float32)
     b_er = tl.zeros([BN], dtype=tl.float32)
     b_ei = tl.zeros([BN], dtype=tl.float32)
     for _ in range(K):
-        _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, L, N, mask_n, t < L,
+        _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, t, L, N, mask_n, t < L,
                                                         b_rate, b_ch, b_cl, b_sh, b_sl)
         b_er, b_ei = _cfma(b_lr, b_li, b_er, b_ei, b_g * b_zr, b_g * b_zi)
         b_pr, b_pi = _cmul(b_lr, b_li, b_pr, b_pi)
         t += 1
-        p_m += 1
         p_x += D
     off = (i_b.to(tl.int64) * n_chunks + i_c) * 2 * D + i_n
     tl.store(csum + off, b_pr, mask=mask_n)
@@ -271,22 +284,22 @@ def _replay_kernel(x, ctl, nu, theta_log, ck, start, y, bound, final, L, D, N, n
     tl.store(bound + off, b_hr, mask=mask_n)
     tl.store(bound + off + N, b_hi, mask=mask_n)
     t = i_c * K
-    p_m = ctl + i_b.to(tl.int64) * CTL * L + 2 * L + t
+    p_m = ctl + i_b.to(tl.int64) * CTL * L + 2 * L
     row = (i_b.to(tl.int64) * L + t) * D + i_n
     p_x = x + row
     p_y = y + row
     for k in range(K):
         valid = t < L
-        _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, L, N, mask_n, valid, b_rate, b_ch, b_cl, b_sh, b_sl)
+        _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, t, L, N, mask_n, valid,
+                                                        b_rate, b_ch, b_cl, b_sh, b_sl)
         b_hr, b_hi = _cfma(b_lr, b_li, b_hr, b_hi, b_g * b_zr, b_g * b_zi)
-        _store_pair(p_y, 0, N, b_hr, b_hi, mask_n & valid)
+        _store_pair(p_y, 0, N, b_hr, b_hi, _both(mask_n, valid))
         t += 1
-        p_m += 1
         p_x += D
         p_y += D
     if HAS_FINAL:
         # tokens past L are identity steps, so the chunk's last state is the state after token L-1
-        _store_pair(final, i_b.to(tl.int64) * D + i_n, N, b_hr, b_hi, mask_n & (i_c == n_chunks - 1))
+        _store_pair(final, i_b.to(tl.int64) * D + i_n, N, b_hr, b_hi, _both(mask_n, i_c == n_chunks - 1))
 
 
 def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *, K, BN, G,
