@@ -124,3 +124,61 @@ def test_custom_ops_pass_opcheck():
     h0 = randn((B, D), 10, device=DEVICE)
     torch.library.opcheck(samu_fwd, (x, nu, theta_log, directions, amplitudes, h0, 2.0, 8, 4, 2, 4),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
+def test_compiles_without_graph_breaks():
+    """torch.compile traces the mixer as one custom op (fake implementations, registered autograd)."""
+    from samu.ops.samu.function import Config, run
+
+    B, L, D = 1, 9, 8
+    x = randn((B, L, D), 11, device=DEVICE)
+    params = samu_params(D, 12, device=DEVICE)
+
+    def loss(x, *params):
+        y, h = run(x, *params, None, 2.0, Config(8, 4, 2))
+        return (y * y).sum() + h.sum()
+
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    got = torch.autograd.grad(compiled(x, *params), [x, *params])
+    want = torch.autograd.grad(loss(x, *params), [x, *params])
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_replays_the_same_bits():
+    from samu.ops.samu.function import grouped_config, run
+
+    B, L, D = 2, 3000, 256
+    x = randn((B, L, D), 13, device="cuda", dtype=torch.bfloat16)
+    params = samu_params(D, 14, device="cuda")
+    dy = torch.randn(B, L, D, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        y, _ = run(x, *params, None, 2.0, grouped_config(B, L, D))
+        return torch.autograd.grad(y, [x, *params], dy)
+
+    eager = step()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(eager, captured):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["triton_serial", "triton_grouped"])
+@pytest.mark.parametrize("B,L,D,dtype", [(4, 2048, 2048, torch.bfloat16), (1, 32768, 1024, torch.float32),
+                                         (1, 65536, 1024, torch.bfloat16), (1, 131072, 1024, torch.bfloat16)])
+def test_gates_at_long_shapes_on_gpu(variant, B, L, D, dtype):
+    def mixer(*args, **kw):
+        return samu.samu_mixer(*args, backend=variant, **kw)
+
+    assert_gate(gate_check("samu", mixer, dtype, B, L, D, seed=L, device="cuda"))

@@ -43,15 +43,20 @@ def _(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, K, 
             x.new_empty(2, **f32), x.new_empty(B, triton.cdiv(L, K), D, **f32))
 
 
+def _bwd_positional(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound,
+                    K, BN, G, num_warps):
+    return bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound,
+               K=K, BN=BN, G=G, num_warps=num_warps, empty=_empty)
+
+
 @torch.library.custom_op("samu::samu_bwd", mutates_args=())
 def samu_bwd(dy: torch.Tensor, dfinal: Optional[torch.Tensor], x: torch.Tensor, nu: torch.Tensor,
              theta_log: torch.Tensor, directions: torch.Tensor, amplitudes: torch.Tensor, has_h0: bool,
              ctl: torch.Tensor, rnorm: torch.Tensor, bound: torch.Tensor, radial_bound: float,
              K: int, BN: int, G: int, num_warps: int
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    dx, dnu, dtheta, ddir, damp, dh0 = bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl,
-                                           rnorm, bound, radial_bound, K=K, BN=BN, G=G, num_warps=num_warps,
-                                           empty=_empty)
+    dx, dnu, dtheta, ddir, damp, dh0 = _bwd_positional(dy, dfinal, x, nu, theta_log, directions, amplitudes,
+                                                       has_h0, ctl, rnorm, bound, radial_bound, K, BN, G, num_warps)
     # custom ops return fresh tensors: views of one buffer are copied out
     dh0 = dh0 if has_h0 else x.new_empty(0, dtype=torch.float32)
     return dx, dnu.clone(), dtheta.clone(), ddir.clone(), damp.clone(), dh0
@@ -67,26 +72,51 @@ def _(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, 
             x.new_empty(B, D, **f32) if has_h0 else x.new_empty(0, **f32))
 
 
-def _setup_context(ctx, inputs, output):
-    x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, K, BN, G, num_warps = inputs
-    _, _, ctl, rnorm, bound = output
+def _save(ctx, x, nu, theta_log, directions, amplitudes, initial_state, config, ctl, rnorm, bound):
     ctx.save_for_backward(x, nu, theta_log, directions, amplitudes, ctl, rnorm, bound)
-    ctx.config = (radial_bound, K, BN, G, num_warps)
+    ctx.config = config
     ctx.has_h0 = initial_state is not None
+
+
+def _gradients(ctx, dy, dfinal, backward):
+    """Input and parameter gradients from the saved context, with ``backward`` = the op or ``bwd``."""
+    x, nu, theta_log, directions, amplitudes, ctl, rnorm, bound = ctx.saved_tensors
+    dy = torch.zeros_like(x) if dy is None else dy.contiguous()
+    dfinal = None if dfinal is None else dfinal.float().contiguous()
+    dx, dnu, dtheta, ddir, damp, dh0 = backward(dy, dfinal, x, nu, theta_log, directions, amplitudes, ctx.has_h0,
+                                                ctl, rnorm, bound, *ctx.config)
+    return dx, dnu, dtheta, ddir, damp, (dh0 if ctx.has_h0 else None), None, None, None, None, None
+
+
+def _setup_context(ctx, inputs, output):
+    *tensors, radial_bound, K, BN, G, num_warps = inputs
+    _, _, ctl, rnorm, bound = output
+    _save(ctx, *tensors, (radial_bound, K, BN, G, num_warps), ctl, rnorm, bound)
     ctx.mark_non_differentiable(ctl, rnorm, bound)
 
 
 def _backward(ctx, dy, dfinal, _dctl, _drnorm, _dbound):
-    x, nu, theta_log, directions, amplitudes, ctl, rnorm, bound = ctx.saved_tensors
-    radial_bound, K, BN, G, num_warps = ctx.config
-    dy = torch.zeros_like(x) if dy is None else dy.contiguous()
-    dfinal = None if dfinal is None else dfinal.float().contiguous()
-    dx, dnu, dtheta, ddir, damp, dh0 = samu_bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, ctx.has_h0,
-                                                ctl, rnorm, bound, radial_bound, K, BN, G, num_warps)
-    return dx, dnu, dtheta, ddir, damp, (dh0 if ctx.has_h0 else None), None, None, None, None, None
+    return _gradients(ctx, dy, dfinal, samu_bwd)
 
 
 samu_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _Eager(torch.autograd.Function):
+    """The custom ops' forward and backward without their dispatch layers, which cost eager calls
+    ~0.2 ms of host time each; torch.compile traces the custom ops instead."""
+
+    @staticmethod
+    def forward(ctx, x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, K, BN, G, num_warps):
+        y, final, ctl, rnorm, bound = fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound,
+                                          K=K, BN=BN, G=G, num_warps=num_warps, empty=_empty)
+        _save(ctx, x, nu, theta_log, directions, amplitudes, initial_state, (radial_bound, K, BN, G, num_warps),
+              ctl, rnorm, bound)
+        return y, final
+
+    @staticmethod
+    def backward(ctx, dy, dfinal):
+        return _gradients(ctx, dy, dfinal, _bwd_positional)
 
 
 @dataclass(frozen=True)
@@ -103,8 +133,11 @@ def run(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, c
     """Differentiable SAMU forward with one Triton configuration: (y, final_state fp32)."""
     params = [p.float().contiguous() for p in (nu, theta_log, directions, amplitudes)]
     h0 = None if initial_state is None else initial_state.float().contiguous()
-    y, final, *_ = samu_fwd(x.contiguous(), *params, h0, float(radial_bound),
-                            config.K, config.BN, config.G, config.num_warps)
+    args = (x.contiguous(), *params, h0, float(radial_bound), config.K, config.BN, config.G, config.num_warps)
+    if torch.compiler.is_compiling():
+        y, final, *_ = samu_fwd(*args)
+    else:
+        y, final = _Eager.apply(*args)
     return y, final
 
 
