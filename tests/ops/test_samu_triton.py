@@ -175,8 +175,7 @@ def test_cuda_graph_capture_replays_the_same_bits():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["triton_serial", "triton_grouped"])
-@pytest.mark.parametrize("B,L,D,dtype", [(4, 2048, 2048, torch.bfloat16), (1, 32768, 1024, torch.float32),
-                                         (1, 65536, 1024, torch.bfloat16), (1, 131072, 1024, torch.bfloat16)])
+@pytest.mark.parametrize("B,L,D,dtype", [(4, 2048, 2048, torch.bfloat16), (1, 131072, 1024, torch.bfloat16)])
 def test_gates_at_long_shapes_on_gpu(variant, B, L, D, dtype):
     def mixer(*args, **kw):
         return samu.samu_mixer(*args, backend=variant, **kw)
