@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from samu.ops.checks import check_rglru_inputs, check_samu_inputs
 
-__all__ = ["samu_mixer", "rglru_mixer", "linear_scan", "samu_controls", "samu_transitions"]
+__all__ = ["samu_mixer", "rglru_mixer", "samu_serial", "rglru_serial", "linear_scan", "samu_controls",
+           "samu_transitions", "rglru_gates", "sqrt_bound_derivative"]
 
 
 class _SerialScan(torch.autograd.Function):
@@ -136,7 +137,8 @@ def rglru_gates(x, w_a, b_a, w_x, b_x, a_param, c):
     gate_x = torch.sigmoid(torch.einsum("blhi,hij->blhj", xh, w_x).reshape(B, L, D) + b_x)
     log_a = -c * gate_a * F.softplus(a_param)
     a = torch.exp(log_a)
-    multiplier = sqrt_bound_derivative(1.0 - torch.exp(2.0 * log_a))
+    # 1 - a^2 as -expm1(2 log a): the same quantity, without cancellation as a -> 1
+    multiplier = sqrt_bound_derivative(-torch.expm1(2.0 * log_a))
     return a, multiplier * gate_x * x
 
 

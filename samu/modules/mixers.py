@@ -8,29 +8,42 @@ import torch
 import torch.nn as nn
 
 from samu import reference
+from samu.modules.layers import check_token
+from samu.ops.checks import check_rglru_inputs, check_samu_inputs
 from samu.ops.functional import rglru_mixer, samu_mixer
+from samu.ops.scan import state_dtype
 
 
-def _state(state, x_t, width):
-    """fp32 [B, D] recurrent state, zeros when ``state`` is None."""
-    if state is None:
-        return torch.zeros(x_t.shape[0], width, dtype=torch.float32, device=x_t.device)
-    if state.shape != (x_t.shape[0], width):
-        raise ValueError(f"state must have shape {[x_t.shape[0], width]}, got {list(state.shape)}")
-    return state
+def _step(serial, x_t, params, state, *config):
+    """One token of a serial reference with autocast off: (y_t in x_t's dtype, new state)."""
+    sdt = state_dtype(x_t.dtype)
+    h = (torch.zeros(x_t.shape[0], x_t.shape[1], dtype=sdt, device=x_t.device) if state is None
+         else state.to(sdt))
+    with torch.autocast(x_t.device.type, enabled=False):
+        y = serial(x_t.unsqueeze(1), *params, h, *config, sdt)[:, 0]
+    return y.to(x_t.dtype), y
 
 
-def _check_step_input(x_t, width):
-    if not isinstance(x_t, torch.Tensor) or x_t.dim() != 2 or x_t.shape[1] != width:
-        shape = list(x_t.shape) if isinstance(x_t, torch.Tensor) else type(x_t).__name__
-        raise ValueError(f"x_t must have shape [B, {width}], got {shape}")
+class _FP32Parameters(nn.Module):
+    """Mixer parameters stay fp32 (SPEC §3) when the model around them is cast to bf16 or fp16."""
+
+    def _apply(self, fn, recurse=True):
+        def keep_fp32(t):
+            # a cast that changes dtype moves the tensor only; other conversions apply as asked
+            probe = fn(torch.empty(0, dtype=t.dtype, device=t.device))
+            if t.is_floating_point() and probe.dtype != t.dtype:
+                return t.to(device=probe.device)
+            return fn(t)
+
+        return super()._apply(keep_fp32, recurse)
 
 
-class SAMUMixer(nn.Module):
+class SAMUMixer(_FP32Parameters):
     """SAMU mixer of width D (even): N = D/2 complex modes, 3·D + 4 parameters.
 
     forward(x [B, L, D], initial_state [B, D] | None, output_final_state) -> (y, final_state | None)
-    step(x_t [B, D], state [B, D] | None) -> (y_t [B, D], new_state [B, D] fp32)
+    step(x_t [B, D], state [B, D] | None) -> (y_t [B, D], new_state [B, D] fp32; float64 for float64 x_t)
+    Parameters stay fp32 when the module is cast to another dtype.
     """
 
     def __init__(self, width: int, *, r_min: float = 0.9, r_max: float = 0.999,
@@ -72,16 +85,16 @@ class SAMUMixer(nn.Module):
                           backend=self.backend)
 
     def step(self, x_t, state=None):
-        _check_step_input(x_t, self.width)
-        h = _state(state, x_t, self.width)
-        y = reference.samu_serial(x_t.unsqueeze(1), *self._params(), h, self.radial_bound, torch.float32)
-        return y[:, 0].to(x_t.dtype), y[:, 0]
+        check_token("x_t", x_t, self.width)
+        check_samu_inputs(x_t.unsqueeze(1), *self._params(), state, self.radial_bound,
+                          state_name="state", x_name="x_t")
+        return _step(reference.samu_serial, x_t, self._params(), state, self.radial_bound)
 
     def extra_repr(self):
         return f"width={self.width}, modes={self.width // 2}, radial_bound={self.radial_bound}"
 
 
-class RGLRUMixer(nn.Module):
+class RGLRUMixer(_FP32Parameters):
     """RG-LRU mixer of width D with H block-diagonal gate heads: 2·D²/H + 3·D parameters.
 
     forward(x [B, L, D], initial_state [B, D] | None, output_final_state) -> (y, final_state | None)
@@ -128,10 +141,10 @@ class RGLRUMixer(nn.Module):
                            output_final_state=output_final_state, c=self.c, backend=self.backend)
 
     def step(self, x_t, state=None):
-        _check_step_input(x_t, self.width)
-        h = _state(state, x_t, self.width)
-        y = reference.rglru_serial(x_t.unsqueeze(1), *self._params(), h, self.c, torch.float32)
-        return y[:, 0].to(x_t.dtype), y[:, 0]
+        check_token("x_t", x_t, self.width)
+        check_rglru_inputs(x_t.unsqueeze(1), *self._params(), state, self.c, state_name="state",
+                           x_name="x_t")
+        return _step(reference.rglru_serial, x_t, self._params(), state, self.c)
 
     def extra_repr(self):
         return f"width={self.width}, num_heads={self.num_heads}, c={self.c}"

@@ -47,17 +47,17 @@ def _shape(name, t, shape):
 
 def _device(name, t, device):
     if t.device != device:
-        raise ValueError(f"{name} is on {t.device} but x is on {device}; move them to one device")
+        raise ValueError(f"{name} is on {t.device} but the input is on {device}; move them to one device")
 
 
-def _check_input(x):
-    _tensor("x", x)
+def _check_input(x, name="x"):
+    _tensor(name, x)
     if x.dim() != 3:
-        raise ValueError(f"x must have shape [B, L, D] (rank 3), got rank {x.dim()} with shape {list(x.shape)}")
-    _float("x", x)
+        raise ValueError(f"{name} must have shape [B, L, D] (rank 3), got rank {x.dim()} with shape {list(x.shape)}")
+    _float(name, x)
     B, L, D = x.shape
     if B < 1 or L < 1 or D < 1:
-        raise ValueError(f"x must have B, L, D >= 1, got shape {list(x.shape)}")
+        raise ValueError(f"{name} must have B, L, D >= 1, got shape {list(x.shape)}")
     return B, L, D
 
 
@@ -68,8 +68,9 @@ def _check_params(params, device):
         _shape(name, t, shape)
         _device(name, t, device)
     if _check_finite and not _tracing_or_capturing(device):
-        bad = [name for name, t, _ in params if not bool(torch.isfinite(t).all())]
-        if bad:
+        # one reduction and one host synchronisation for all parameters; names only on failure
+        if not bool(torch.isfinite(torch.cat([t.reshape(-1) for _, t, _ in params])).all()):
+            bad = [name for name, t, _ in params if not bool(torch.isfinite(t).all())]
             raise ValueError(f"non-finite values (nan or inf) in parameter(s): {', '.join(bad)}")
 
 
@@ -79,13 +80,13 @@ def _tracing_or_capturing(device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def _check_state(initial_state, B, D, device):
+def _check_state(initial_state, B, D, device, name):
     if initial_state is None:
         return
-    _tensor("initial_state", initial_state)
-    _float("initial_state", initial_state)
-    _shape("initial_state", initial_state, (B, D))
-    _device("initial_state", initial_state, device)
+    _tensor(name, initial_state)
+    _float(name, initial_state)
+    _shape(name, initial_state, (B, D))
+    _device(name, initial_state, device)
 
 
 def _positive(name, value):
@@ -93,24 +94,27 @@ def _positive(name, value):
         raise ValueError(f"{name} must be a finite positive number, got {value!r}")
 
 
-def check_samu_inputs(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound):
-    B, L, D = _check_input(x)
+def check_samu_inputs(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound,
+                      state_name="initial_state", x_name="x"):
+    """Raise a ValueError/TypeError naming the argument for any bad input (SPEC §5); the step API
+    passes its own argument names (x_t, state)."""
+    B, L, D = _check_input(x, x_name)
     if D % 2:
-        raise ValueError(f"x has odd width D={D}; SAMU needs an even D (N = D/2 complex modes)")
+        raise ValueError(f"{x_name} has odd width D={D}; SAMU needs an even D (N = D/2 complex modes)")
     n = D // 2
     _check_params([("nu", nu, (n,)), ("theta_log", theta_log, (n,)),
                    ("directions", directions, (2, D)), ("amplitudes", amplitudes, (2, 2))], x.device)
-    _check_state(initial_state, B, D, x.device)
+    _check_state(initial_state, B, D, x.device, state_name)
     _positive("radial_bound", radial_bound)
 
 
-def check_rglru_inputs(x, w_a, b_a, w_x, b_x, a_param, initial_state, c):
-    B, L, D = _check_input(x)
+def check_rglru_inputs(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, state_name="initial_state", x_name="x"):
+    B, L, D = _check_input(x, x_name)
     _tensor("w_a", w_a)
     if w_a.dim() != 3 or w_a.shape[1] != w_a.shape[2] or w_a.shape[0] * w_a.shape[1] != D:
         raise ValueError(f"w_a must have shape [H, D/H, D/H] with H * (D/H) = D = {D}, got {list(w_a.shape)}")
     H = w_a.shape[0]
     _check_params([("w_a", w_a, (H, D // H, D // H)), ("w_x", w_x, (H, D // H, D // H)),
                    ("b_a", b_a, (D,)), ("b_x", b_x, (D,)), ("a_param", a_param, (D,))], x.device)
-    _check_state(initial_state, B, D, x.device)
+    _check_state(initial_state, B, D, x.device, state_name)
     _positive("c", c)

@@ -113,14 +113,15 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
         raise TypeError(f"backend must be a string, got {type(backend).__name__}")
     if backend in ("reference", "torch"):
         return Choice(backend, None, f"backend={backend!r} requested")
+    if backend == "auto" and device.type != "cuda":
+        return Choice("torch", None, f"auto: {device.type} device, using the chunked PyTorch path")
+    unusable = _triton_usable(device)
+    if backend == "auto" and unusable:
+        return Choice("torch", None, f"auto: {unusable}, using the chunked PyTorch path")
     named = variants(op) if triton_available() else {}
     if backend not in BASE_BACKENDS and backend not in named:
         options = ", ".join(repr(b) for b in (*BASE_BACKENDS, *sorted(named)))
         raise ValueError(f"backend must be one of {options}; got {backend!r}")
-    unusable = _triton_usable(device)
-    if backend == "auto" and (device.type != "cuda" or unusable):
-        why = f"{device.type} device" if device.type != "cuda" else unusable
-        return Choice("torch", None, f"auto: {why}, using the chunked PyTorch path")
     if unusable:
         raise ValueError(f"backend={backend!r} cannot run: {unusable}")
     if dtype == torch.float64:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import torch
-
 from samu import reference
 from samu.ops import dispatch
 from samu.ops.checks import check_rglru_inputs, check_samu_inputs
 from samu.ops.rglru.torch import rglru_mixer_torch
-from samu.ops.samu.torch import samu_mixer_torch, state_dtype
+from samu.ops.samu.torch import samu_mixer_torch
+from samu.ops.scan import state_dtype
 
 
 def _finish(y, h, x, output_final_state):

@@ -23,6 +23,11 @@ import torch.nn.functional as F
 Coef = Callable[[int], "tuple[torch.Tensor, torch.Tensor]"]
 
 
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Recurrent state and accumulation dtype of the torch path: fp32, float64 for float64 input."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def chunk_size(length: int) -> int:
     """Chunk length for the torch path: a power of two near sqrt(L), in [8, 256]."""
     return int(min(256, max(8, 2 ** math.ceil(0.5 * math.log2(max(length, 1))))))

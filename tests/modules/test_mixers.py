@@ -59,6 +59,48 @@ def test_step_equals_forward_token_by_token(make):
     assert rel_err(state, h) < 1e-6
 
 
+@pytest.mark.parametrize("make", [lambda: _nonzero_amplitudes(samu.SAMUMixer(10)),
+                                  lambda: samu.RGLRUMixer(12, num_heads=3)])
+def test_step_under_autocast_equals_forward(make):
+    """Mixers compute in fp32 whatever autocast says, in forward and in step alike."""
+    torch.manual_seed(2)
+    m = make()
+    x = torch.randn(2, 17, m.width)
+    y, h = m(x, output_final_state=True)
+    state = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for t in range(x.shape[1]):
+            y_t, state = m.step(x[:, t], state)
+            assert rel_err(y_t, y[:, t]) < 1e-6
+    assert rel_err(state, h) < 1e-6
+
+
+@pytest.mark.parametrize("make", [lambda: samu.SAMUMixer(8), lambda: samu.RGLRUMixer(8, num_heads=2)])
+def test_parameters_stay_fp32_under_model_casts(make):
+    m = make().bfloat16()
+    assert all(p.dtype == torch.float32 for p in m.parameters())
+    y, _ = m(torch.randn(1, 5, 8, dtype=torch.bfloat16))
+    assert y.dtype == torch.bfloat16
+    m.double()
+    assert all(p.dtype == torch.float32 for p in m.parameters())
+
+
+def test_step_rejects_bad_dtypes_and_devices():
+    m = samu.SAMUMixer(8)
+    with pytest.raises(TypeError, match="x_t has dtype int64"):
+        m.step(torch.ones(1, 8, dtype=torch.int64))
+    with pytest.raises(TypeError, match="state has dtype int64"):
+        m.step(torch.ones(1, 8), torch.zeros(1, 8, dtype=torch.int64))
+    with pytest.raises(ValueError, match="state is on meta"):
+        m.step(torch.ones(1, 8), torch.zeros(1, 8, device="meta"))
+
+
+def test_step_in_float64_keeps_float64_state():
+    m = _nonzero_amplitudes(samu.SAMUMixer(6))
+    y_t, state = m.step(torch.randn(2, 6, dtype=torch.float64))
+    assert y_t.dtype == torch.float64 and state.dtype == torch.float64
+
+
 @pytest.mark.parametrize("bad,match", [(dict(width=7), "positive even"), (dict(width=8, r_min=0.99, r_max=0.9), "r_min"),
                                        (dict(width=8, max_phase=4.0), "max_phase")])
 def test_samu_module_bad_arguments(bad, match):

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 import samu
-from samu.ops import dispatch
 from tests.helpers import randn, rglru_params, samu_params
 
 
@@ -81,28 +80,3 @@ def test_finite_check_can_be_turned_off():
         assert torch.isnan(y).any()
     finally:
         samu.set_check_finite(previous)
-
-
-def test_triton_backend_needs_cuda_or_interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    if not dispatch.triton_available():
-        pytest.skip("triton is not installed")
-    with pytest.raises(ValueError, match="Triton needs CUDA"):
-        samu.samu_mixer(*_samu_args(), backend="triton")
-
-
-def test_float64_is_torch_or_reference_only():
-    args = [a.double() for a in _samu_args()]
-    args[1:] = [a.float() for a in args[1:]]
-    y, _ = samu.samu_mixer(*args)
-    assert y.dtype == torch.float64
-    if dispatch.triton_available():
-        with pytest.raises(TypeError, match="not float64"):
-            samu.samu_mixer(*args, backend="triton")
-
-
-def test_auto_on_cpu_is_torch_and_explain_says_why():
-    choice = dispatch.choose("samu", 1, 16, 8, torch.float32, "cpu")
-    assert choice.backend == "torch" and "cpu" in choice.reason
-    text = dispatch.explain("rglru", (1, 16, 8), torch.float32, "cpu")
-    assert text.startswith("rglru (1, 16, 8) float32 on cpu: torch")

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import samu
+from samu import reference
 from tests.helpers import assert_gate, gate_check, randn, rel_err, rglru_params
 
 
@@ -39,3 +40,48 @@ def test_output_dtypes(dtype):
     x = randn((1, 9, 8), 7, dtype=dtype, requires_grad=False)
     y, h = samu.rglru_mixer(x, *rglru_params(8, 2, 8), output_final_state=True, backend="torch")
     assert y.dtype == dtype and h.dtype == torch.float32 and y.shape == x.shape
+
+
+def test_torch_path_float64_is_exact():
+    B, L, D, H = 2, 63, 12, 3
+    x = randn((B, L, D), 0, dtype=torch.float64)
+    params = [p.detach().double().requires_grad_() for p in rglru_params(D, H, 1)]
+    h0 = randn((B, D), 2, dtype=torch.float64)
+    y, h = samu.rglru_mixer(x, *params, initial_state=h0, output_final_state=True, backend="torch")
+    y_ref, h_ref = reference.rglru_mixer(x, *params, initial_state=h0, output_final_state=True)
+    assert rel_err(y, y_ref) < 1e-13 and rel_err(h, h_ref) < 1e-13
+    gy, gh = torch.randn_like(y), torch.randn_like(h)
+    inputs = [x, h0, *params]
+    for a, b in zip(torch.autograd.grad((y * gy).sum() + (h * gh).sum(), inputs),
+                    torch.autograd.grad((y_ref * gy).sum() + (h_ref * gh).sum(), inputs)):
+        assert rel_err(a, b) < 1e-12
+
+
+def test_non_contiguous_input_is_accepted():
+    x = randn((9, 2, 8), 11, requires_grad=False).transpose(0, 1)
+    params = rglru_params(8, 2, 12)
+    y, _ = samu.rglru_mixer(x, *params, backend="torch")
+    y_c, _ = samu.rglru_mixer(x.contiguous(), *params, backend="torch")
+    assert torch.equal(y, y_c)
+
+
+def test_autocast_does_not_lower_precision():
+    x = randn((2, 33, 8), 13, requires_grad=False)
+    params = rglru_params(8, 2, 14)
+    y, _ = samu.rglru_mixer(x, *params, backend="torch")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y_ac, _ = samu.rglru_mixer(x, *params, backend="torch")
+    assert torch.equal(y, y_ac)
+
+
+def test_multiplier_keeps_its_precision_for_slow_decays():
+    """1 - a^2 without cancellation: the fp32 evaluation of a ~ 0.9999 channel stays fp32-accurate."""
+    log_a = torch.tensor([-1e-4, -1e-6], dtype=torch.float64)
+    a_param = torch.log(torch.expm1(-log_a / 8.0))  # softplus(a_param) = -log_a / c with gate 1
+    x = torch.ones(1, 1, 2, dtype=torch.float64)
+    w = torch.zeros(1, 2, 2, dtype=torch.float64)
+    big = torch.full((2,), 40.0, dtype=torch.float64)  # sigmoid(40) == 1 in float32 and float64
+    exact, _ = reference.rglru_mixer(x, w, big, w, big, a_param)
+    single, _ = reference.rglru_mixer(x, w, big.float(), w.float(), big.float(), a_param.float(),
+                                      dtype=torch.float32)
+    assert rel_err(single, exact) < 1e-6

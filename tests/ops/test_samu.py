@@ -106,3 +106,15 @@ def test_autocast_does_not_lower_precision():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y_ac, _ = samu.samu_mixer(x, *params, backend="torch")
     assert torch.equal(y, y_ac)
+
+
+def test_torch_path_gradients_stay_finite_when_a_rate_underflows():
+    """exp(nu) = 0 in fp32 (nu = -110): w = gamma = 0, and w / gamma is taken as its limit 0."""
+    B, L, D = 1, 20, 6
+    x = randn((B, L, D), 15)
+    nu, theta_log, directions, amplitudes = samu_params(D, 16)
+    with torch.no_grad():
+        nu[0] = -110.0
+    y, h = samu.samu_mixer(x, nu, theta_log, directions, amplitudes, output_final_state=True, backend="torch")
+    grads = torch.autograd.grad((y * y).sum() + h.sum(), [x, nu, theta_log, directions, amplitudes])
+    assert all(bool(torch.isfinite(g).all()) for g in grads)

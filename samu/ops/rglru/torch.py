@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from samu.ops.samu.torch import state_dtype
-from samu.ops.scan import linear_scan
+from samu.ops.scan import linear_scan, state_dtype
 from samu.reference import rglru_gates
 
 

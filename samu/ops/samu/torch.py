@@ -11,12 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from samu.ops.scan import chunk_size, from_chunks, scan, to_chunks
+from samu.ops.scan import chunk_size, from_chunks, scan, state_dtype, to_chunks
 from samu.reference import samu_controls
-
-
-def state_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _complex(dtype: torch.dtype) -> torch.dtype:
@@ -45,19 +41,24 @@ class _Transitions:
         return w, rho, psi, torch.polar(rho, psi), gamma
 
 
+def _setup(xs, m, phi, nu, theta_log):
+    """Chunk length, the chunked transitions and the complex inputs, for x already in the state dtype."""
+    K = chunk_size(xs.shape[1])
+    trans = _Transitions(to_chunks(m, K, 1.0), to_chunks(phi, K), nu.to(xs.dtype), theta_log.to(xs.dtype))
+    return K, trans, _split(to_chunks(xs, K))
+
+
 class SAMUTorchFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, nu, theta_log, directions, amplitudes, initial_state, radial_bound):
         with torch.autocast(x.device.type, enabled=False):
-            sdt = state_dtype(x.dtype)
             B, L, D = x.shape
             n = D // 2
-            K = chunk_size(L)
+            sdt = state_dtype(x.dtype)
             xs = x.to(sdt)
             p, m, phi = samu_controls(xs, directions.to(sdt), amplitudes.to(sdt), radial_bound)
-            trans = _Transitions(to_chunks(m, K, 1.0), to_chunks(phi, K), nu.to(sdt), theta_log.to(sdt))
-            z_c = _split(to_chunks(xs, K))
+            K, trans, z_c = _setup(xs, m, phi, nu, theta_log)
             h0 = (torch.zeros(B, n, dtype=_complex(sdt), device=x.device) if initial_state is None
                   else _split(initial_state.to(sdt)))
 
@@ -89,17 +90,13 @@ class SAMUTorchFunction(torch.autograd.Function):
         x, nu, theta_log, directions, amplitudes, p, m, phi, starts = ctx.saved_tensors
         kappa = ctx.radial_bound
         with torch.autocast(x.device.type, enabled=False):
-            sdt = state_dtype(x.dtype)
             B, L, D = x.shape
             n = D // 2
-            K = chunk_size(L)
+            sdt = state_dtype(x.dtype)
             xs = x.to(sdt)
-            nu_s, theta_log_s = nu.to(sdt), theta_log.to(sdt)
-            trans = _Transitions(to_chunks(m, K, 1.0), to_chunks(phi, K), nu_s, theta_log_s)
-            z_c = _split(to_chunks(xs, K))
+            K, trans, z_c = _setup(xs, m, phi, nu, theta_log)
             g = _split(dy.to(sdt) if dy is not None else torch.zeros_like(xs))
             if dfinal is not None:
-                g = g.clone()
                 g[:, L - 1] += _split(dfinal.to(sdt))
             g_c = to_chunks(g, K)
             n_chunks = g_c.shape[1]
@@ -135,8 +132,10 @@ class SAMUTorchFunction(torch.autograd.Function):
                 dpsi = (g_lam_conj * lam * 1j).real
                 drho = (g_lam_conj * torch.polar(torch.ones_like(psi), psi)).real
                 dgamma = (d.conj() * zk).real
-                # w dL/dw = -w rho dL/drho + (w / gamma) rho^2 dL/dgamma; w / gamma stays finite as w -> 0.
-                w_dw = w * rho * (-drho) + (w / gamma) * (rho * rho) * dgamma
+                # w dL/dw = -w rho dL/drho + (w / gamma) rho^2 dL/dgamma; w / gamma -> 0 as w -> 0
+                # (w itself is 0 where exp(nu) underflows)
+                w_gamma = torch.where(w > 0, w / torch.where(w > 0, gamma, 1.0), 0.0)
+                w_dw = w * rho * (-drho) + w_gamma * (rho * rho) * dgamma
                 dnu += w_dw.sum(dim=(0, 1))
                 dpsi_sum += dpsi.sum(dim=(0, 1))
                 dm_c[:, :, k] = w_dw.sum(-1) / m_c[:, :, k]
@@ -165,7 +164,7 @@ class SAMUTorchFunction(torch.autograd.Function):
             dx = dx + dp @ u_hat
             # dL/du_j = r_j sum_t dp_{t,j} (x_t - p_{t,j} u_hat_j)
             du = r * (torch.einsum("blj,bld->jd", dp, xs) - (dp * p).sum(dim=(0, 1))[:, None] * u_hat)
-            dtheta_log = torch.exp(theta_log_s) * dpsi_sum
+            dtheta_log = torch.exp(theta_log.to(sdt)) * dpsi_sum
 
         return (dx.to(x.dtype), dnu.to(nu.dtype), dtheta_log.to(theta_log.dtype), du.to(directions.dtype),
                 dA.to(amplitudes.dtype), d_initial, None)
