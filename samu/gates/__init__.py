@@ -3,8 +3,12 @@
 ``gates.toml`` declares the rules (``rules.py`` applies them), ``inputs.py`` draws the random
 inputs and ``runner.py`` is ``samu gate``. ``passed()`` and ``blocked()`` list the (op, variant,
 shape class) triples whose latest gate record passed or failed: dispatch picks a Triton variant
-for a shape class only when it passed there. Both read ``status.json`` beside this file (written
-by ``samu gate``), or the file named by ``SAMU_GATE_STATUS``.
+for a shape class only when it passed there.
+
+The status comes from ``status.json`` beside this file (built from the project's committed gate
+records) overlaid by the user's own (``samu gate`` on your GPU writes ``gate_status.json`` in the
+samu cache folder when the package folder is not writable); ``SAMU_GATE_STATUS`` names one file
+that replaces both.
 """
 
 from __future__ import annotations
@@ -17,14 +21,32 @@ from pathlib import Path
 STATUS_FILE = Path(__file__).with_name("status.json")
 
 
+def _user_file() -> Path:
+    cache = os.environ.get("SAMU_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "samu"
+    return Path(cache) / "gate_status.json"
+
+
 def status_path() -> Path:
-    return Path(os.environ.get("SAMU_GATE_STATUS", STATUS_FILE))
+    """Where ``samu gate`` writes the status."""
+    if "SAMU_GATE_STATUS" in os.environ:
+        return Path(os.environ["SAMU_GATE_STATUS"])
+    return STATUS_FILE if os.access(STATUS_FILE.parent, os.W_OK) else _user_file()
+
+
+def _read(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 @functools.lru_cache(maxsize=None)
 def _status() -> dict:
-    path = status_path()
-    return json.loads(path.read_text()) if path.exists() else {}
+    if "SAMU_GATE_STATUS" in os.environ:
+        return _read(Path(os.environ["SAMU_GATE_STATUS"]))
+    status = _read(STATUS_FILE)
+    user = _read(_user_file())
+    # the user's verdict on a (op, variant, shape class) replaces the packaged one
+    mine = {tuple(k) for k in user.get("passed", []) + user.get("blocked", [])}
+    return {kind: [k for k in status.get(kind, []) if tuple(k) not in mine] + user.get(kind, [])
+            for kind in ("passed", "blocked")}
 
 
 def blocked() -> frozenset:

@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 import torch
@@ -114,3 +115,27 @@ def test_quarantined_gate_records_never_reach_the_status(tmp_path):
     _, status = update_status(tmp_path, path=tmp_path / "status.json")
     assert status["blocked"] == [] and status["sources"] == ["gates/ok.json"]
     reload()
+
+
+def test_user_status_overlays_the_packaged_one(tmp_path, monkeypatch):
+    import samu.gates as gates
+
+    packaged = tmp_path / "pkg" / "status.json"
+    packaged.parent.mkdir()
+    packaged.write_text(json.dumps({"passed": [["samu", "v", "c"], ["samu", "w", "c"]], "blocked": []}))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "gate_status.json").write_text(json.dumps({"passed": [], "blocked": [["samu", "v", "c"]]}))
+    monkeypatch.delenv("SAMU_GATE_STATUS", raising=False)
+    monkeypatch.setenv("SAMU_CACHE", str(cache))
+    monkeypatch.setattr(gates, "STATUS_FILE", packaged)
+    reload()
+    try:
+        assert gates.passed() == {("samu", "w", "c")}
+        assert gates.blocked() == {("samu", "v", "c")}
+        packaged.parent.chmod(0o500)
+        if not os.access(packaged.parent, os.W_OK):  # root may write anyway
+            assert gates.status_path() == cache / "gate_status.json"
+    finally:
+        packaged.parent.chmod(0o700)
+        reload()
