@@ -7,6 +7,7 @@ Writes samu_dev.json under --out (default $OUT or .) and prints a table last.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -19,12 +20,13 @@ import triton
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import samu  # noqa: E402
-from samu.ops.samu.function import Config, run  # noqa: E402
+from samu.ops.samu.function import Config, grouped_config, run  # noqa: E402
 from tests.helpers import gate_check, randn, rel_err, samu_params  # noqa: E402
 
 SHAPES = [(1, 8192, 1024), (4, 2048, 2048), (2, 4096, 2560), (1, 32768, 1024), (1, 32768, 2048)]
-CONFIGS = [Config(32, 32, 1, 4), Config(32, 32, 16, 4), Config(32, 64, 16, 4), Config(64, 32, 16, 4),
-           Config(16, 64, 16, 4), Config(32, 32, 32, 4), Config(64, 64, 8, 8), Config(32, 16, 16, 2)]
+# G = 0: the grouped variant's group size for each shape (about sqrt(#chunks))
+CONFIGS = [Config(32, 64, 0, 1, 16), Config(32, 64, 0, 1, 32), Config(32, 32, 0, 1, 32), Config(16, 64, 0, 1, 16),
+           Config(32, 128, 0, 2, 16), Config(64, 64, 0, 1, 16), Config(32, 64, 1, 1, 16)]
 
 
 def copy_bandwidth():
@@ -37,6 +39,8 @@ def copy_bandwidth():
 def check(config):
     """fp32 outputs and gradients against the float64 torch path at a mid-size shape."""
     B, L, D = 2, 1000, 256
+    if config.G == 0:
+        config = dataclasses.replace(config, G=4)
     x = randn((B, L, D), 0, device="cuda")
     params = samu_params(D, 1, device="cuda")
     h0 = randn((B, D), 2, device="cuda")
@@ -52,6 +56,8 @@ def check(config):
 
 def time_shape(config, shape, dtype=torch.bfloat16):
     B, L, D = shape
+    if config.G == 0:
+        config = dataclasses.replace(config, G=grouped_config(B, L, D).G)
     x = randn(shape, 3, device="cuda", dtype=dtype)
     params = samu_params(D, 4, device="cuda")
     dy = torch.randn(shape, device="cuda", dtype=dtype)
@@ -76,7 +82,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--configs", help="K,BN,G,warps;... (default: the built-in sweep)")
+    ap.add_argument("--configs", help="K,BN,G,warps,slots_per_sm;... with G=0 for the grouped default "
+                    "(default: the built-in sweep)")
     ap.add_argument("--shapes", help="B,L,D;... (default: the primary shapes)")
     ap.add_argument("--no-gates", action="store_true")
     ap.add_argument("--gate-variants", default="triton_serial,triton_grouped")

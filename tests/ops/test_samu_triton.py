@@ -122,7 +122,7 @@ def test_custom_ops_pass_opcheck():
     x = randn((B, L, D), 8, device=DEVICE)
     nu, theta_log, directions, amplitudes = samu_params(D, 9, device=DEVICE)
     h0 = randn((B, D), 10, device=DEVICE)
-    torch.library.opcheck(samu_fwd, (x, nu, theta_log, directions, amplitudes, h0, 2.0, 8, 4, 2, 4),
+    torch.library.opcheck(samu_fwd, (x, nu, theta_log, directions, amplitudes, h0, 2.0, [8, 4, 2, 1, 3]),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 

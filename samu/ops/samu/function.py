@@ -26,45 +26,62 @@ def set_allocator(empty) -> None:
     _empty = empty
 
 
+@dataclass(frozen=True)
+class Config:
+    """One launch configuration: chunk K, mode tile BN, chunks per group G (1: serial prefix), warps
+    per program, and programs per multiprocessor of the persistent main backward kernel."""
+
+    K: int
+    BN: int
+    G: int
+    num_warps: int = 1
+    slots_per_sm: int = 16
+
+    def as_list(self) -> list[int]:
+        return [self.K, self.BN, self.G, self.num_warps, self.slots_per_sm]
+
+
+def _fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, config):
+    K, BN, G, num_warps, _ = config
+    return fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, K=K, BN=BN, G=G,
+               num_warps=num_warps, empty=_empty)
+
+
+def _bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound, config):
+    K, BN, G, num_warps, slots_per_sm = config
+    return bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound,
+               K=K, BN=BN, G=G, num_warps=num_warps, slots_per_sm=slots_per_sm, empty=_empty)
+
+
 @torch.library.custom_op("samu::samu_fwd", mutates_args=())
 def samu_fwd(x: torch.Tensor, nu: torch.Tensor, theta_log: torch.Tensor, directions: torch.Tensor,
              amplitudes: torch.Tensor, initial_state: Optional[torch.Tensor], radial_bound: float,
-             K: int, BN: int, G: int, num_warps: int
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound,
-               K=K, BN=BN, G=G, num_warps=num_warps, empty=_empty)
+             config: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, config)
 
 
 @samu_fwd.register_fake
-def _(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, K, BN, G, num_warps):
+def _(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, config):
     B, L, D = x.shape
     f32 = dict(device=x.device, dtype=torch.float32)
     return (x.new_empty(B, L, D), x.new_empty(B, D, **f32), x.new_empty(B, CTL.value, L, **f32),
-            x.new_empty(2, **f32), x.new_empty(B, triton.cdiv(L, K), D, **f32))
-
-
-def _bwd_positional(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound,
-                    K, BN, G, num_warps):
-    return bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound,
-               K=K, BN=BN, G=G, num_warps=num_warps, empty=_empty)
+            x.new_empty(2, **f32), x.new_empty(B, triton.cdiv(L, config[0]), D, **f32))
 
 
 @torch.library.custom_op("samu::samu_bwd", mutates_args=())
 def samu_bwd(dy: torch.Tensor, dfinal: Optional[torch.Tensor], x: torch.Tensor, nu: torch.Tensor,
              theta_log: torch.Tensor, directions: torch.Tensor, amplitudes: torch.Tensor, has_h0: bool,
-             ctl: torch.Tensor, rnorm: torch.Tensor, bound: torch.Tensor, radial_bound: float,
-             K: int, BN: int, G: int, num_warps: int
+             ctl: torch.Tensor, rnorm: torch.Tensor, bound: torch.Tensor, radial_bound: float, config: list[int]
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    dx, dnu, dtheta, ddir, damp, dh0 = _bwd_positional(dy, dfinal, x, nu, theta_log, directions, amplitudes,
-                                                       has_h0, ctl, rnorm, bound, radial_bound, K, BN, G, num_warps)
+    dx, dnu, dtheta, ddir, damp, dh0 = _bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl,
+                                            rnorm, bound, radial_bound, config)
     # custom ops return fresh tensors: views of one buffer are copied out
     dh0 = dh0 if has_h0 else x.new_empty(0, dtype=torch.float32)
     return dx, dnu.clone(), dtheta.clone(), ddir.clone(), damp.clone(), dh0
 
 
 @samu_bwd.register_fake
-def _(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound,
-      K, BN, G, num_warps):
+def _(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound, config):
     B, L, D = x.shape
     f32 = dict(device=x.device, dtype=torch.float32)
     return (x.new_empty(B, L, D), x.new_empty(D // 2, **f32), x.new_empty(D // 2, **f32),
@@ -72,26 +89,25 @@ def _(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, 
             x.new_empty(B, D, **f32) if has_h0 else x.new_empty(0, **f32))
 
 
-def _save(ctx, x, nu, theta_log, directions, amplitudes, initial_state, config, ctl, rnorm, bound):
+def _save(ctx, x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, config, ctl, rnorm, bound):
     ctx.save_for_backward(x, nu, theta_log, directions, amplitudes, ctl, rnorm, bound)
-    ctx.config = config
+    ctx.radial_bound, ctx.config = radial_bound, config
     ctx.has_h0 = initial_state is not None
 
 
 def _gradients(ctx, dy, dfinal, backward):
-    """Input and parameter gradients from the saved context, with ``backward`` = the op or ``bwd``."""
+    """Input and parameter gradients from the saved context, with ``backward`` = the op or ``_bwd``."""
     x, nu, theta_log, directions, amplitudes, ctl, rnorm, bound = ctx.saved_tensors
     dy = torch.zeros_like(x) if dy is None else dy.contiguous()
     dfinal = None if dfinal is None else dfinal.float().contiguous()
     dx, dnu, dtheta, ddir, damp, dh0 = backward(dy, dfinal, x, nu, theta_log, directions, amplitudes, ctx.has_h0,
-                                                ctl, rnorm, bound, *ctx.config)
-    return dx, dnu, dtheta, ddir, damp, (dh0 if ctx.has_h0 else None), None, None, None, None, None
+                                                ctl, rnorm, bound, ctx.radial_bound, ctx.config)
+    return dx, dnu, dtheta, ddir, damp, (dh0 if ctx.has_h0 else None), None, None
 
 
 def _setup_context(ctx, inputs, output):
-    *tensors, radial_bound, K, BN, G, num_warps = inputs
     _, _, ctl, rnorm, bound = output
-    _save(ctx, *tensors, (radial_bound, K, BN, G, num_warps), ctl, rnorm, bound)
+    _save(ctx, *inputs, ctl, rnorm, bound)
     ctx.mark_non_differentiable(ctl, rnorm, bound)
 
 
@@ -107,33 +123,22 @@ class _Eager(torch.autograd.Function):
     ~0.2 ms of host time each; torch.compile traces the custom ops instead."""
 
     @staticmethod
-    def forward(ctx, x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, K, BN, G, num_warps):
-        y, final, ctl, rnorm, bound = fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound,
-                                          K=K, BN=BN, G=G, num_warps=num_warps, empty=_empty)
-        _save(ctx, x, nu, theta_log, directions, amplitudes, initial_state, (radial_bound, K, BN, G, num_warps),
-              ctl, rnorm, bound)
+    def forward(ctx, x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, config):
+        y, final, ctl, rnorm, bound = _fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound,
+                                           config)
+        _save(ctx, x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, config, ctl, rnorm, bound)
         return y, final
 
     @staticmethod
     def backward(ctx, dy, dfinal):
-        return _gradients(ctx, dy, dfinal, _bwd_positional)
-
-
-@dataclass(frozen=True)
-class Config:
-    """Tile sizes of one launch: chunk K, mode tile BN, chunks per group G (1: serial prefix)."""
-
-    K: int
-    BN: int
-    G: int
-    num_warps: int = 4
+        return _gradients(ctx, dy, dfinal, _bwd)
 
 
 def run(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, config: Config):
     """Differentiable SAMU forward with one Triton configuration: (y, final_state fp32)."""
     params = [p.float().contiguous() for p in (nu, theta_log, directions, amplitudes)]
     h0 = None if initial_state is None else initial_state.float().contiguous()
-    args = (x.contiguous(), *params, h0, float(radial_bound), config.K, config.BN, config.G, config.num_warps)
+    args = (x.contiguous(), *params, h0, float(radial_bound), config.as_list())
     if torch.compiler.is_compiling():
         y, final, *_ = samu_fwd(*args)
     else:
@@ -166,7 +171,7 @@ def _scratch(config_of):
         n_chunks, n_tiles = triton.cdiv(L, c.K), triton.cdiv(D // 2, c.BN)
         n_groups = triton.cdiv(n_chunks, c.G)
         sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
-        n_slots = slot_count(B * n_chunks * n_tiles, sms)
+        n_slots = slot_count(B * n_chunks * n_tiles, sms, c.slots_per_sm)
         grouped = c.G > 1
         words = (B * D * (8 * n_chunks + grouped * (4 * n_chunks + 4 * n_groups) + 2 * n_groups)
                  + B * L * (8 + 2 * n_tiles) + n_slots * c.K * 2 * c.BN)

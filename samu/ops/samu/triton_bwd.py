@@ -258,20 +258,20 @@ def _reduce_kernel(rows, dA_rows, theta_log, rnorm, out, dA, n_rows, n_dA_rows, 
         tl.store(dA + i_a, tl.sum(b_acc4, axis=0))
 
 
-def slot_count(n_items: int, multiprocessors: int) -> int:
-    """Programs of the persistent main kernel (each owns one adjoint slot): 16 per multiprocessor."""
-    return min(n_items, 16 * multiprocessors)
+def slot_count(n_items: int, multiprocessors: int, per_sm: int) -> int:
+    """Programs of the persistent main kernel (each owns one adjoint slot)."""
+    return min(n_items, per_sm * multiprocessors)
 
 
-def _slots(device, n_items: int) -> int:
+def _slots(device, n_items: int, per_sm: int) -> int:
     if device.type == "cuda":
-        return slot_count(n_items, torch.cuda.get_device_properties(device).multi_processor_count)
+        return slot_count(n_items, torch.cuda.get_device_properties(device).multi_processor_count, per_sm)
     # the interpreter runs programs one after another: a few slots exercise the persistent loop
     return min(n_items, 3)
 
 
 def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound, *,
-        K, BN, G, num_warps=4, empty=torch.empty):
+        K, BN, G, num_warps=1, slots_per_sm=16, empty=torch.empty):
     """Backward pass. Returns dx (x.dtype), dnu, dtheta_log, ddirections, damplitudes, dh0 (or None)."""
     B, L, D = x.shape
     N = D // 2
@@ -289,7 +289,7 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     rows = empty(B * n_chunks, 3 * D, **f32)
     dh0 = empty(B, D, **f32) if has_h0 else None
     n_items = B * n_chunks * n_tiles
-    n_slots = _slots(x.device, n_items)
+    n_slots = _slots(x.device, n_items, slots_per_sm)
     slots = torch.empty(n_slots, K, 2 * BN, **f32)
     _main_kernel[(n_slots,)](x, dy, ctl, nu, theta_log, bound, rck, right, slots, part, rows,
                              dh0 if has_h0 else rows, L, D, N, n_chunks, n_groups, n_tiles, n_items,

@@ -303,7 +303,7 @@ def _replay_kernel(x, ctl, nu, theta_log, ck, start, y, bound, final, L, D, N, n
 
 
 def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *, K, BN, G,
-        num_warps=4, want_final=True, empty=torch.empty):
+        num_warps=1, want_final=True, empty=torch.empty):
     """Forward pass. Returns y [B, L, D] (x.dtype), final [B, D] fp32 (or None), and the saved
     tensors for backward: ctl [B, 6, L], rnorm [2], bound [B, nC, D].
 
