@@ -1,7 +1,7 @@
 """The ``samu`` command: demo, train, generate, info (and bench, gate, report where installed).
 
 A user error (a missing path, a corrupt checkpoint, an unknown preset, a bad number) prints one
-line and exits non-zero; nothing is written.
+line that names the flag and exits non-zero; nothing is written.
 """
 
 from __future__ import annotations
@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import platform
+import re
 import sys
 import time
 from pathlib import Path
+
+from samu import __version__, validate
 
 DEMO_STEPS = 400
 DEMO_PROMPT = "def "
@@ -26,23 +28,24 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def _number(kind, low, strict=False):
-    """An argparse type: a finite ``kind`` >= low (> low when ``strict``)."""
+def _number(kind, check):
+    """An argparse type: the text as a ``kind``, accepted by the ``samu.validate`` function ``check``."""
     def parse(text):
         try:
             value = kind(text)
         except ValueError:
             what = "an integer" if kind is int else "a number"
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        if not math.isfinite(value) or value < low or (strict and value == low):
-            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low}, got {text!r}")
-        return value
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        try:
+            return check(None, value)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
     return parse
 
 
-positive_int = _number(int, 0, strict=True)
-nonneg_int = _number(int, 0)
-nonneg_float = _number(float, 0.0)
+positive_int = _number(int, validate.positive_int)
+nonneg_int = _number(int, validate.nonneg_int)
+nonneg_float = _number(float, validate.finite_number)
 
 
 def _add_model_args(p):
@@ -89,6 +92,19 @@ TRAIN_KEYS = ("data", "data_format", "steps", "batch_size", "seq_len", "grad_acc
               "seed", "autocast", "backend", "device", "threads")
 
 
+# Names that messages from below the CLI may use, shown there as the flags that set them.
+FIELDS = MODEL_KEYS + tuple(k for k in TRAIN_KEYS if k != "data") + (
+    "out_dir", "max_new_tokens", "temperature", "top_k")
+FLAGS = {"num_layers": "--layers", "warmup_steps": "--warmup", "out_dir": "--out"}
+_FIELD = re.compile(r"(?<![\w/.\-'\"])(%s)(?=\s*(?:must\b|=|<=|>|\(|is\b|and\b|')|,)"
+                    % "|".join(sorted(FIELDS, key=len, reverse=True)))
+
+
+def with_flags(message: str) -> str:
+    """``message`` with config field names (``lru_width must be even``) as flags (``--lru-width``)."""
+    return _FIELD.sub(lambda m: FLAGS.get(m[1], "--" + m[1].replace("_", "-")), message)
+
+
 def _given(args, keys) -> dict:
     return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
 
@@ -105,9 +121,9 @@ def _model_config(args, base=None):
 def cmd_train(args):
     from samu.data import load_data
     from samu.models import load_checkpoint
-    from samu.train import CHECKPOINT, TrainConfig, train
+    from samu.train import CHECKPOINT, TrainConfig, check_out_dir, is_finished, train
 
-    out = Path(args.out)
+    out = check_out_dir(args.out)
     if args.resume:
         payload = load_checkpoint(out / CHECKPOINT)
         if "train" not in payload:
@@ -116,7 +132,8 @@ def cmd_train(args):
         model = _model_config(args, saved.model)
         config = dataclasses.replace(saved, model=model, out_dir=str(out), progress=not args.no_progress,
                                      **_given(args, TRAIN_KEYS))
-        data = load_data(config.data, config.data_format)
+        # train() loads the data, unless the run is finished and there is nothing to do.
+        data = None
     else:
         config = TrainConfig(model=_model_config(args), out_dir=str(out), progress=not args.no_progress,
                              **_given(args, TRAIN_KEYS))
@@ -124,13 +141,11 @@ def cmd_train(args):
         if config.data_format != "text" and args.vocab_size is None:
             model = dataclasses.replace(config.model, vocab_size=data.vocab_size)
             config = dataclasses.replace(config, model=model)
-    result = train(config, data=data, resume=args.resume)
+    train(config, data=data, resume=args.resume)
     if int(os.environ.get("RANK", "0")) != 0:
         return
-    if result.log["val"]:
-        last = result.log["val"][-1]
-        bpb = f", {last['val_bpb']:.3f} bits/byte" if "val_bpb" in last else ""
-        print(f"step {last['step']}: validation loss {last['val_loss']:.4f}{bpb}")
+    if args.resume and is_finished(payload, config):
+        print(f"{out} holds a finished run ({config.steps} steps); nothing to do, nothing written")
     print(f"checkpoint: {out / CHECKPOINT}; log: {out / 'log.json'}")
 
 
@@ -163,10 +178,13 @@ def _prompt(args, vocab_size):
 
 def cmd_generate(args):
     from samu.models import generate, load_model
-    from samu.train import resolve_device
+    from samu.train import CHECKPOINT, resolve_device
 
     device = resolve_device(args.device or "auto")
-    model = load_model(args.checkpoint, device=device, backend=args.backend or "auto")
+    path = Path(args.checkpoint)
+    if path.is_dir():
+        path = path / CHECKPOINT
+    model = load_model(path, device=device, backend=args.backend or "auto")
     vocab = model.config.vocab_size
     prompt = _prompt(args, vocab)
     out = generate(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None,
@@ -174,22 +192,41 @@ def cmd_generate(args):
     print(_decode(out.tolist(), vocab))
 
 
+def _check_demo_may_replace(out: Path) -> None:
+    """samu demo replaces a run in ``out`` only if samu demo wrote it."""
+    from samu.models import load_checkpoint
+    from samu.train import CHECKPOINT
+
+    path = out / CHECKPOINT
+    if not path.exists():
+        return
+    try:
+        demo = json.loads(load_checkpoint(path)["train"]["config"]).get("demo", False)
+    except (ValueError, KeyError):
+        demo = False
+    if not demo:
+        raise FileExistsError(f"--out {out} holds {path}, which samu demo did not write; samu demo replaces "
+                              f"only its own runs: choose another --out")
+
+
 def cmd_demo(args):
     import torch
 
-    from samu.data import stdlib_corpus
+    from samu.data import stdlib_cached, stdlib_corpus
     from samu.models import LMConfig, generate
-    from samu.train import CHECKPOINT, TrainConfig, resolve_device, train
+    from samu.train import CHECKPOINT, TrainConfig, check_out_dir, resolve_device, train
 
     start = time.perf_counter()
     device = resolve_device(args.device or "auto")
+    _check_demo_may_replace(check_out_dir(args.out))
     where = f"cpu ({args.threads} thread{'s' * (args.threads > 1)})" if device.type == "cpu" else str(device)
-    print("building the byte-level corpus from this Python's standard library (cached after the first run)")
+    if not stdlib_cached():
+        print("building the byte-level corpus from this Python's standard library (once; it is cached)")
     data = stdlib_corpus()
     config = TrainConfig(model=LMConfig.preset("tiny", mixer=args.mixer), out_dir=args.out, steps=args.steps,
                          eval_every=max(1, args.steps // 4), checkpoint_every=args.steps,
                          warmup_steps=min(50, args.steps // 5), seed=args.seed, device=str(device),
-                         threads=args.threads, progress=not args.no_progress)
+                         threads=args.threads, progress=not args.no_progress, demo=True)
     print(f"training the tiny {args.mixer} model ({config.model.num_params() / 1e6:.2f}M parameters) for "
           f"{args.steps} steps of {config.batch_size} x {config.seq_len} bytes on {data.name} "
           f"({len(data.train) / 1e6:.1f} MB train, {len(data.val) / 1e3:.0f} kB validation) on {where}")
@@ -252,12 +289,15 @@ def cmd_info(args):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="samu", description="Fast, exact recurrent sequence mixers (SAMU, RG-LRU) "
                                               "and the language models built on them.")
+    parser.add_argument("--version", action="version", version=f"samu {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("demo", help="train the tiny model on the embedded corpus, report bits/byte, sample")
     p.add_argument("--steps", type=positive_int, default=DEMO_STEPS, help=f"training steps (default {DEMO_STEPS})")
     p.add_argument("--mixer", choices=("samu", "rglru"), default="samu", help="temporal mixer (default samu)")
-    p.add_argument("--out", default="runs/demo", help="output folder, replaced on each demo (default runs/demo)")
+    p.add_argument("--out", default="runs/demo",
+                   help="output folder; a previous demo run there is replaced, any other run is kept "
+                        "(default runs/demo)")
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed (default 0)")
     p.add_argument("--sample-bytes", type=nonneg_int, default=300, help="bytes to generate (default 300)")
     # The tiny model's ops are too small for intra-op threads to pay off, and spinning threads stall
@@ -271,14 +311,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-format", choices=("text", "uint16", "uint32"),
                    help="text (bytes, default) or a flat file of uint16/uint32 token ids")
     p.add_argument("--out", default="runs/train", help="run folder: checkpoint.pt, log.json (default runs/train)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out exactly where it stopped (same --steps and schedule; "
+                        "a finished run is left as it is)")
     _add_model_args(p)
     _add_train_args(p)
     _add_runtime_args(p)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("generate", help="sample from a checkpoint")
-    p.add_argument("checkpoint", help="a checkpoint.pt written by samu train or samu demo")
+    p.add_argument("checkpoint", help="a run folder or a checkpoint.pt written by samu train or samu demo")
     p.add_argument("--prompt", default=DEMO_PROMPT,
                    help=f"text prompt for byte-level models (default {DEMO_PROMPT!r})")
     p.add_argument("--prompt-ids", help="prompt as token ids, e.g. '12 7 99' (models with a token vocabulary)")
@@ -312,7 +354,8 @@ def main(argv=None) -> int:
         print(f"samu {args.command}: interrupted", file=sys.stderr)
         return 130
     except (ValueError, TypeError, OSError) as e:
-        print(f"samu {args.command}: error: {e}", file=sys.stderr)
+        message = with_flags(str(e)) if args.command in ("demo", "train", "generate") else str(e)
+        print(f"samu {args.command}: error: {message}", file=sys.stderr)
         return 1
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +26,9 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from samu.data import DATA_FORMATS, TokenData, load_data
-from samu.models import LanguageModel, LMConfig, load_checkpoint, save_checkpoint
+from samu.models import LanguageModel, LMConfig, load_checkpoint, load_model, save_checkpoint
 from samu.models.checkpoint import CheckpointError, atomic_write
+from samu.validate import finite_number, nonneg_int, positive_int
 
 CHECKPOINT = "checkpoint.pt"
 LOG = "log.json"
@@ -64,7 +66,10 @@ class TrainConfig:
     threads: int | None = None
     autocast: str = "auto"
     backend: str = "auto"
+    # A progress bar; validation results are printed either way.
     progress: bool = True
+    # Written by `samu demo`, which may replace a demo run but no other.
+    demo: bool = False
 
     def __post_init__(self):
         if isinstance(self.model, dict):
@@ -74,26 +79,21 @@ class TrainConfig:
         self.betas = tuple(self.betas)
         for name in ("steps", "batch_size", "seq_len", "grad_accum", "eval_every", "eval_batches",
                      "checkpoint_every", "log_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
-                                         or self.threads < 1):
-            raise ValueError(f"threads must be a positive integer or None, got {self.threads!r}")
+            positive_int(name, getattr(self, name))
+        if self.threads is not None:
+            positive_int("threads", self.threads)
         for name in ("warmup_steps", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+            nonneg_int(name, getattr(self, name))
         for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+            finite_number(name, getattr(self, name))
         if self.min_lr > self.lr or self.lr == 0:
             raise ValueError(f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
         if self.data_format not in DATA_FORMATS:
             raise ValueError(f"data_format must be one of {', '.join(DATA_FORMATS)}, got {self.data_format!r}")
+        if self.device != "auto":
+            parse_device(self.device)
         if self.autocast not in AUTOCAST:
             raise ValueError(f"autocast must be one of {', '.join(AUTOCAST)}, got {self.autocast!r}")
 
@@ -138,11 +138,19 @@ class _Dist:
         return t.tolist()
 
 
+def parse_device(name: str) -> torch.device:
+    """``torch.device(name)``, or a ValueError naming the device argument."""
+    try:
+        return torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}") from None
+
+
 def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
     """"auto" is this process's GPU where CUDA is available, else the CPU."""
     if name == "auto":
         return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    device = torch.device(name)
+    device = parse_device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device={name!r} requested but CUDA is not available")
@@ -229,16 +237,45 @@ def _check_resumable(saved: dict, config: TrainConfig, path: Path) -> None:
         raise CheckpointError(f"cannot resume {path} exactly: " + "; ".join(differ))
 
 
+def check_out_dir(out_dir) -> Path:
+    """``out_dir`` as a Path if a run can be written there, else a ValueError naming it; creates nothing.
+
+    It must not be an existing file, and its nearest existing ancestor must be a folder that takes files.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out_dir {str(out)!r} exists and is not a folder")
+    existing = out
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"out_dir {str(out)!r} cannot be created: {existing} is not a folder")
+    try:
+        # A nameless file, gone on close: os.access cannot tell (root passes it even on /proc).
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        raise ValueError(f"out_dir {str(out)!r} is not writable: cannot create files in {existing} "
+                         f"({e.strerror or type(e).__name__})") from None
+    return out
+
+
+def is_finished(payload: dict, config: TrainConfig) -> bool:
+    """Whether the checkpoint ``payload`` holds a run that has done all of ``config.steps``."""
+    return payload["train"]["step"] >= config.steps
+
+
 def train(config: TrainConfig, *, data: TokenData | None = None, resume: bool = False,
           overwrite: bool = False) -> TrainResult:
     """Train a LanguageModel as ``config`` says; writes checkpoint.pt and log.json to config.out_dir.
 
-    resume: continue from out_dir/checkpoint.pt (same batches, same schedule as an uninterrupted run).
+    resume: continue from out_dir/checkpoint.pt (same batches, same schedule as an uninterrupted run;
+        so ``steps`` cannot change). A finished run is returned as it is, and nothing is written.
     overwrite: start afresh even where out_dir already holds a checkpoint (otherwise an error).
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
-    out = Path(config.out_dir)
+    out = check_out_dir(config.out_dir)
     ckpt_path = out / CHECKPOINT
     payload = None
     if resume:
@@ -246,6 +283,10 @@ def train(config: TrainConfig, *, data: TokenData | None = None, resume: bool = 
         if "train" not in payload:
             raise CheckpointError(f"{ckpt_path} holds no training state to resume from")
         _check_resumable(json.loads(payload["train"]["config"]), config, ckpt_path)
+        if is_finished(payload, config):
+            model = load_model(ckpt_path, device=resolve_device(config.device), backend=config.backend,
+                               payload=payload)
+            return TrainResult(model, json.loads(payload["train"]["log"]))
     elif ckpt_path.exists() and not overwrite:
         raise FileExistsError(f"{out} already holds a run ({ckpt_path}); resume it or choose another "
                               f"output folder")
@@ -255,10 +296,14 @@ def train(config: TrainConfig, *, data: TokenData | None = None, resume: bool = 
         raise ValueError(f"the data has tokens up to {data.vocab_size - 1} but the model's vocab_size is "
                          f"{config.model.vocab_size}")
 
-    ctx, device = _setup_distributed(config)
+    # train() sets the thread count for its run only.
+    threads = torch.get_num_threads()
+    ctx = _Dist()
     try:
+        ctx, device = _setup_distributed(config)
         return _run(config, data, payload, ctx, device, out)
     finally:
+        torch.set_num_threads(threads)
         if ctx.owns_group:
             dist.destroy_process_group()
 
@@ -272,7 +317,7 @@ def _run(config, data, payload, ctx: _Dist, device, out: Path) -> TrainResult:
         optimizer, CosineSchedule(config.warmup_steps, config.steps, config.min_lr / config.lr))
     start = 0
     log = {"config": config.to_dict(), "params": model.num_params(), "world_size": ctx.world,
-           "device": str(device), "torch": torch.__version__,
+           "device": str(device), "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
            "data": {"name": data.name, "train_tokens": len(data.train), "val_tokens": len(data.val)},
            "train": [], "val": [], "checkpoints": []}
     if payload is not None:
@@ -293,7 +338,7 @@ def _run(config, data, payload, ctx: _Dist, device, out: Path) -> TrainResult:
         result = {"step": step, **evaluate(model, data, config, device, rank=ctx.rank, world=ctx.world,
                                            autocast=autocast)}
         log["val"].append(result)
-        if is_main and config.progress:
+        if is_main:
             bpb = f", {result['val_bpb']:.3f} bits/byte" if "val_bpb" in result else ""
             tqdm.write(f"step {step}: validation loss {result['val_loss']:.4f} nats/token{bpb}")
         return result
@@ -346,14 +391,13 @@ def _run(config, data, payload, ctx: _Dist, device, out: Path) -> TrainResult:
         if done % config.eval_every == 0 or done == config.steps:
             result = validate(done)
             postfix["val"] = f"{result.get('val_bpb', result['val_loss']):.3f}"
+        if done == config.steps:
+            log["done"] = True
         if done % config.checkpoint_every == 0 or done == config.steps:
             save(done)
         bar.set_postfix(postfix, refresh=False)
         bar.update(1)
     bar.close()
-    log["done"] = True
-    if is_main:
-        write_log(out, log)
     return TrainResult(model, log)
 
 

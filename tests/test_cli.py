@@ -1,13 +1,16 @@
 """The samu command: train, resume, generate, demo, info, and one-line errors that write nothing."""
 
 import json
+import os
 
 import numpy as np
 import pytest
 import torch
 
+import samu
 from samu.cli import main
 from samu.models import load_checkpoint
+from samu.train import TrainConfig, train
 
 TINY = ["--width", "16", "--layers", "2", "--lru-width", "8", "--batch-size", "2", "--seq-len", "16",
         "--eval-batches", "1", "--warmup", "1", "--no-progress"]
@@ -29,16 +32,22 @@ def _one_line_error(capsys, command):
 def test_train_resume_generate(tmp_path, corpus, capsys):
     out = tmp_path / "run"
     assert main(["train", "--data", str(corpus), "--out", str(out), "--steps", "2", *TINY]) == 0
-    assert "validation loss" in capsys.readouterr().out
+    # --no-progress hides the bar, not the validation results.
+    text = capsys.readouterr().out
+    assert "step 0: validation loss" in text and "step 2: validation loss" in text
+    before = (out / "checkpoint.pt").read_bytes(), (out / "log.json").read_bytes()
     assert main(["train", "--out", str(out), "--resume", "--no-progress"]) == 0
-    assert json.loads((out / "log.json").read_text())["resumed_at"] == [2]
+    assert "holds a finished run (2 steps); nothing to do" in capsys.readouterr().out
+    assert ((out / "checkpoint.pt").read_bytes(), (out / "log.json").read_bytes()) == before
     assert main(["train", "--out", str(out), "--resume", "--steps", "4"]) == 1
-    assert "steps (2 there, 4 here)" in _one_line_error(capsys, "train")
+    assert "--steps (2 there, 4 here)" in _one_line_error(capsys, "train")
     assert main(["generate", str(out / "checkpoint.pt"), "--prompt", "def", "--max-new-tokens", "7",
                  "--seed", "1"]) == 0
-    text = capsys.readouterr().out
-    assert text.startswith("def") and len(text.rstrip("\n").encode()) >= 3
-    assert main(["generate", str(out / "checkpoint.pt"), "--prompt-ids", "100,101", "--max-new-tokens", "3",
+    text = capsys.readouterr().out[:-1]
+    # 7 new bytes decode to 2 (4-byte UTF-8 sequences) to 7 characters.
+    assert text.startswith("def") and 3 + 2 <= len(text) <= 3 + 7
+    # A run folder stands for its checkpoint.
+    assert main(["generate", str(out), "--prompt-ids", "100,101", "--max-new-tokens", "3",
                  "--temperature", "0"]) == 0
     assert capsys.readouterr().out.startswith("de")
 
@@ -52,22 +61,45 @@ def test_train_on_a_token_file(tmp_path, capsys):
     assert "bits/byte" not in capsys.readouterr().out
     assert main(["generate", str(out / "checkpoint.pt"), "--max-new-tokens", "2"]) == 1
     assert "pass --prompt-ids" in _one_line_error(capsys, "generate")
-    assert main(["generate", str(out / "checkpoint.pt"), "--prompt-ids", "5 6", "--max-new-tokens", "2"]) == 0
-    assert capsys.readouterr().out.split()[:2] == ["5", "6"]
+    assert main(["generate", str(out / "checkpoint.pt"), "--prompt-ids", "5 6", "--max-new-tokens", "3"]) == 0
+    tokens = capsys.readouterr().out.split()
+    assert tokens[:2] == ["5", "6"] and len(tokens) == 2 + 3
 
 
 @pytest.mark.parametrize("argv,command,message", [
     (["train", "--data", "/no/such/path"], "train", "data path not found: /no/such/path"),
     (["train", "--preset", "huge"], "train", "unknown preset 'huge'"),
-    (["train", "--mixer", "samu", "--lru-width", "7"], "train", "lru_width must be even"),
+    (["train", "--mixer", "samu", "--lru-width", "7"], "train", "--lru-width must be even"),
+    (["train", "--device", "foo"], "train", "--device must be auto, cpu, cuda or cuda:N, got 'foo'"),
+    (["demo", "--device", "foo"], "demo", "--device must be auto, cpu, cuda or cuda:N, got 'foo'"),
+    (["generate", "/no/such.pt", "--device", "foo"], "generate", "--device must be auto, cpu, cuda"),
     (["generate", "/no/such.pt"], "generate", "checkpoint not found"),
 ])
 def test_user_errors_are_one_line_and_write_nothing(tmp_path, argv, command, message, capsys):
     out = tmp_path / "out"
-    extra = ["--out", str(out)] if command == "train" else []
+    extra = ["--out", str(out)] if command != "generate" else []
     assert main(argv + extra) == 1
     assert message in _one_line_error(capsys, command)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["train", "demo"])
+def test_a_bad_out_is_refused_before_any_work(tmp_path, corpus, command, monkeypatch, capsys):
+    monkeypatch.setenv("SAMU_CACHE", str(tmp_path / "cache"))
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    argv = [command, "--steps", "1", "--no-progress"] + (["--data", str(corpus), *TINY] if command == "train" else [])
+    for out, message in [(a_file, "exists and is not a folder"), (a_file / "run", "cannot be created"),
+                         ("/proc/forbidden/run", "is not writable")]:
+        assert main([*argv, "--out", str(out)]) == 1
+        assert f"--out '{out}' {message}" in _one_line_error(capsys, command)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "text.txt"]
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        assert main([*argv, "--out", str(locked / "run")]) == 1
+        assert "is not writable" in _one_line_error(capsys, command)
+        assert list(locked.iterdir()) == []
 
 
 def test_corrupt_checkpoint(tmp_path, corpus, capsys):
@@ -93,10 +125,12 @@ def test_existing_run_is_not_overwritten(tmp_path, corpus, capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["train", "--steps", "0"], "argument --steps: must be > 0, got '0'"),
+    (["train", "--steps", "0"], "argument --steps: must be a positive integer, got 0"),
+    (["train", "--warmup", "-1"], "argument --warmup: must be a non-negative integer, got -1"),
     (["train", "--lr", "abc"], "argument --lr: expected a number, got 'abc'"),
-    (["train", "--lr", "nan"], "argument --lr: must be >= 0.0, got 'nan'"),
-    (["generate", "x.pt", "--temperature", "-1"], "argument --temperature: must be >= 0.0"),
+    (["train", "--lr", "nan"], "argument --lr: must be a finite number >= 0, got nan"),
+    (["train", "--lr", "1e400"], "argument --lr: must be a finite number >= 0, got inf"),
+    (["generate", "x.pt", "--temperature", "-1"], "argument --temperature: must be a finite number >= 0"),
     (["train", "--mixer", "lstm"], "argument --mixer: invalid choice"),
 ])
 def test_bad_numbers_exit_2_with_one_line(argv, message, capsys):
@@ -107,26 +141,56 @@ def test_bad_numbers_exit_2_with_one_line(argv, message, capsys):
     assert message in err and "\n" not in err
 
 
+def _demo(out, *extra):
+    return main(["demo", "--steps", "1", "--out", str(out), "--sample-bytes", "20", "--no-progress",
+                 "--device", "cpu", *extra])
+
+
 def test_demo_runs_end_to_end(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SAMU_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "demo"
-    out.mkdir()
-    (out / "checkpoint.pt").write_text("an earlier demo's checkpoint, replaced by this one")
     threads = torch.get_num_threads()
-    try:
-        assert main(["demo", "--steps", "1", "--out", str(out), "--sample-bytes", "20", "--no-progress",
-                     "--device", "cpu"]) == 0
-        assert torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(threads)
+    assert _demo(out) == 0
     text = capsys.readouterr().out
-    assert "on cpu (1 thread)" in text
+    assert "building the byte-level corpus" in text and "on cpu (1 thread)" in text
     summary = text.split("validation bits/byte: ")[1].splitlines()[0]
     before = float(summary.split(" before training, ")[0])
     after = float(summary.split(" before training, ")[1].split(" after ")[0])
     assert after < before
     assert "sample (prompt 'def '" in text
-    assert load_checkpoint(out / "checkpoint.pt")["train"]["step"] == 1
+    payload = load_checkpoint(out / "checkpoint.pt")
+    assert payload["train"]["step"] == 1
+    # The demo trained on one thread and gave the process its thread count back.
+    assert json.loads((out / "log.json").read_text())["cpu_threads"] == 1
+    assert torch.get_num_threads() == threads
+    # A second demo replaces the first, with the corpus already built.
+    assert _demo(out, "--seed", "1") == 0
+    assert "building" not in capsys.readouterr().out
+    assert json.loads(load_checkpoint(out / "checkpoint.pt")["train"]["config"])["seed"] == 1
+
+
+def test_demo_keeps_any_other_run(tmp_path, corpus, monkeypatch, capsys):
+    monkeypatch.setenv("SAMU_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    config = TrainConfig(model=samu.LMConfig(width=16, num_layers=1, lru_width=8), data=str(corpus),
+                         out_dir=str(out), steps=1, batch_size=2, seq_len=16, eval_batches=1, progress=False)
+    train(config)
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "checkpoint.pt").write_text("not a checkpoint")
+    for folder in (out, garbage):
+        before = sorted((p.name, p.read_bytes()) for p in folder.iterdir())
+        capsys.readouterr()
+        assert _demo(folder) == 1
+        assert "which samu demo did not write" in _one_line_error(capsys, "demo")
+        assert sorted((p.name, p.read_bytes()) for p in folder.iterdir()) == before
+    assert not (tmp_path / "cache").exists()
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"samu {samu.__version__}"
 
 
 def test_info(capsys):

@@ -13,7 +13,7 @@ import torch
 
 from samu.data import TokenData, text_corpus
 from samu.models import CheckpointError, LMConfig, load_checkpoint
-from samu.train import CosineSchedule, TrainConfig, train
+from samu.train import CosineSchedule, TrainConfig, check_out_dir, train
 
 MODEL = LMConfig(width=16, num_layers=2, lru_width=8)
 
@@ -110,6 +110,51 @@ def test_refuses_to_overwrite_or_resume_a_different_run(tmp_path):
     assert ckpt.read_bytes() == before
 
 
+def test_a_finished_run_is_not_touched_on_resume(tmp_path):
+    data = text_corpus(_text(tmp_path))
+    config = _config(tmp_path, steps=3)
+    first = train(config, data=data)
+    run = tmp_path / "run"
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.iterdir()}
+    again = train(config, data=data, resume=True)
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.iterdir()} == before
+    assert "resumed_at" not in again.log and again.log["done"]
+    assert again.log["val"] == first.log["val"]
+    for (name, a), (_, b) in zip(first.model.state_dict().items(), again.model.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_files_get_the_umask_mode(tmp_path):
+    umask = os.umask(0o027)
+    try:
+        train(_config(tmp_path, steps=1), data=text_corpus(_text(tmp_path)))
+    finally:
+        os.umask(umask)
+    for name in ("checkpoint.pt", "log.json"):
+        assert (tmp_path / "run" / name).stat().st_mode & 0o777 == 0o640, name
+
+
+def test_threads_are_set_for_the_run_only(tmp_path):
+    threads = torch.get_num_threads()
+    other = 1 if threads > 1 else 2
+    result = train(_config(tmp_path, steps=1, threads=other, device="cpu"), data=text_corpus(_text(tmp_path)))
+    assert result.log["cpu_threads"] == other and torch.get_num_threads() == threads
+
+
+def test_a_bad_out_dir_is_refused_before_any_work(tmp_path, monkeypatch):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    loaded = []
+    monkeypatch.setattr("samu.train.load_data", lambda *a: loaded.append(a))
+    for out, message in [(a_file, "exists and is not a folder"), (a_file / "run", "cannot be created"),
+                         ("/proc/forbidden", "is not writable")]:
+        with pytest.raises(ValueError, match=f"out_dir '{out}' {message}"):
+            train(_config(tmp_path, out_dir=str(out)))
+    assert loaded == [] and [p.name for p in tmp_path.iterdir()] == ["a_file"]
+    assert check_out_dir(tmp_path / "new" / "run") == tmp_path / "new" / "run"
+    assert [p.name for p in tmp_path.iterdir()] == ["a_file"]
+
+
 def test_data_that_does_not_fit_is_rejected(tmp_path):
     data = text_corpus(_text(tmp_path))
     with pytest.raises(ValueError, match="the val split has"):
@@ -129,6 +174,8 @@ def test_data_that_does_not_fit_is_rejected(tmp_path):
     (dict(data_format="csv"), "data_format must be one of"),
     (dict(warmup_steps=-1), "warmup_steps must be a non-negative integer"),
     (dict(threads=0), "threads must be a positive integer"),
+    (dict(lr=float("inf")), "lr must be a finite number >= 0, got inf"),
+    (dict(device="foo"), "device must be auto, cpu, cuda or cuda:N, got 'foo'"),
 ])
 def test_config_bad_values(kw, match):
     with pytest.raises(ValueError, match=match):

@@ -95,6 +95,18 @@ def _build_stdlib(root: Path, out: Path) -> dict:
     return meta
 
 
+def _stdlib_folder(cache=None) -> Path:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    key = hashlib.sha256(str(root).encode()).hexdigest()[:8]
+    version = ".".join(map(str, sys.version_info[:3]))
+    return Path(cache or cache_dir()) / f"stdlib-{platform.python_implementation().lower()}{version}-{key}"
+
+
+def stdlib_cached(cache: str | Path | None = None) -> bool:
+    """Whether ``stdlib_corpus(cache)`` finds its corpus built (else its first call builds it)."""
+    return (_stdlib_folder(cache) / "meta.json").is_file()
+
+
 def stdlib_corpus(cache: str | Path | None = None) -> TokenData:
     """Byte-level text of this interpreter's standard library (.py files), built once and cached.
 
@@ -102,10 +114,8 @@ def stdlib_corpus(cache: str | Path | None = None) -> TokenData:
     Python implementation, version and standard library location.
     """
     root = Path(sysconfig.get_paths()["stdlib"])
-    key = hashlib.sha256(str(root).encode()).hexdigest()[:8]
-    version = ".".join(map(str, sys.version_info[:3]))
-    folder = Path(cache or cache_dir()) / f"stdlib-{platform.python_implementation().lower()}{version}-{key}"
-    if not (folder / "meta.json").is_file():
+    folder = _stdlib_folder(cache)
+    if not stdlib_cached(cache):
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".stdlib-", dir=folder.parent))
         try:
@@ -119,6 +129,7 @@ def stdlib_corpus(cache: str | Path | None = None) -> TokenData:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     train, val = (np.memmap(folder / f"{s}.bin", dtype=np.uint8, mode="r") for s in ("train", "val"))
+    version = ".".join(map(str, sys.version_info[:3]))
     return TokenData(f"python {version} stdlib", train, val, vocab_size=256, bytes_per_token=1.0)
 
 

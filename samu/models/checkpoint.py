@@ -31,6 +31,12 @@ def unwrap(model: nn.Module) -> nn.Module:
         model = inner
 
 
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
 def atomic_write(path, write) -> None:
     """Call ``write(tmp_path)``, then move the result onto ``path``: readers never see half a file."""
     path = Path(path)
@@ -39,6 +45,8 @@ def atomic_write(path, write) -> None:
     os.close(fd)
     try:
         write(tmp)
+        # mkstemp makes the file private (0600); give it the mode a plain open() would.
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

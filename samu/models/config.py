@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from samu.modules.block import MIXERS
-from samu.modules.layers import positive_int
+from samu.validate import finite_number, positive_int
 
 
 @dataclass(frozen=True)
@@ -36,9 +35,7 @@ class LMConfig:
         if self.mixer == "rglru" and self.mixer_width % self.num_heads:
             raise ValueError(f"num_heads={self.num_heads} must divide lru_width={self.mixer_width} "
                              f"for mixer='rglru'")
-        if (isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float))
-                or not (math.isfinite(self.norm_eps) and self.norm_eps > 0)):
-            raise ValueError(f"norm_eps must be a finite positive number, got {self.norm_eps!r}")
+        finite_number("norm_eps", self.norm_eps, positive=True)
 
     @property
     def mixer_width(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from samu.models.model import LanguageModel
+from samu.validate import finite_number, nonneg_int, positive_int
 
 
 def sample(logits: torch.Tensor, temperature: float, top_k: int | None,
@@ -44,13 +45,10 @@ def generate(model: LanguageModel, prompt: torch.Tensor, max_new_tokens: int, *,
     vocab = model.config.vocab_size
     if prompt.is_floating_point() or prompt.is_complex() or prompt.min() < 0 or prompt.max() >= vocab:
         raise ValueError(f"prompt must hold integer tokens in [0, {vocab})")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
-    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
-            or not 0 <= temperature < float("inf")):
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+    nonneg_int("max_new_tokens", max_new_tokens)
+    finite_number("temperature", temperature)
+    if top_k is not None:
+        positive_int("top_k", top_k)
     device = next(model.parameters()).device
     generator = None
     if seed is not None:

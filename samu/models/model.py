@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -39,8 +37,9 @@ class LanguageModel(nn.Module):
 
     @torch.no_grad()
     def _init_weights(self):
-        # Unit-norm embedding rows: with the sqrt(width) input scale the residual stream starts at unit RMS.
-        nn.init.normal_(self.embed.weight, std=self.config.width ** -0.5)
+        # Embedding rows of norm ~0.5: through the tied head an untrained model's logits spread by ~0.5
+        # at any width, close to a uniform guess (each layer's RMSNorm gives its block unit-RMS input).
+        nn.init.normal_(self.embed.weight, std=0.5 * self.config.width ** -0.5)
         # Each of the 2 * num_layers residual branches adds variance 1 / (2 * num_layers) at init.
         scale = (2 * self.config.num_layers) ** -0.5
         for layer in self.layers:
@@ -64,16 +63,13 @@ class LanguageModel(nn.Module):
         if tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
             raise TypeError(f"{name} must be an integer tensor, got {tokens.dtype}")
 
-    def _embed(self, tokens):
-        return self.embed(tokens) * math.sqrt(self.config.width)
-
     def _head(self, x):
         return F.linear(self.final_norm(x), self.embed.weight)
 
     def forward(self, tokens, state=None, return_state=False):
         self._check_tokens("tokens", tokens, 2)
         states = self._check_state(state)
-        x = self._embed(tokens)
+        x = self.embed(tokens)
         new_states = []
         for layer, s in zip(self.layers, states):
             x, s = layer(x, s, return_state)
@@ -83,7 +79,7 @@ class LanguageModel(nn.Module):
     def step(self, token, state=None):
         self._check_tokens("token", token, 1)
         states = self._check_state(state)
-        x = self._embed(token)
+        x = self.embed(token)
         new_states = []
         for layer, s in zip(self.layers, states):
             x, s = layer.step(x, s)

@@ -8,9 +8,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from samu.modules.layers import (Conv1D, GatedMLP, RMSNorm, check_sequence, check_tensor,
-                                 check_token, lecun_normal_, positive_int)
+from samu.modules.layers import Conv1D, GatedMLP, RMSNorm, check_sequence, check_tensor, check_token, lecun_normal_
 from samu.modules.mixers import RGLRUMixer, SAMUMixer
+from samu.validate import positive_int
 
 MIXERS = ("samu", "rglru")
 

@@ -6,12 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-def positive_int(name: str, value) -> int:
-    """``value`` if it is a positive int, else a ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+from samu.validate import finite_number, positive_int
 
 
 def check_tensor(name: str, t, shape, dtype=None) -> torch.Tensor:
@@ -70,7 +65,8 @@ class Conv1D(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self):
-        nn.init.normal_(self.weight, std=self.kernel_size ** -0.5)
+        # Griffin's init (recurrentgemma's Conv1D): variance 0.01 / kernel_size, so the conv starts small.
+        nn.init.normal_(self.weight, std=(0.01 / self.kernel_size) ** 0.5)
         nn.init.zeros_(self.bias)
 
     def empty_state(self, batch: int, device=None, dtype=torch.float32) -> torch.Tensor:
@@ -106,9 +102,7 @@ class RMSNorm(nn.Module):
     def __init__(self, width: int, eps: float = 1e-6, *, device=None, dtype=None):
         super().__init__()
         self.width = positive_int("width", width)
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
-            raise ValueError(f"eps must be a positive number, got {eps!r}")
-        self.eps = float(eps)
+        self.eps = float(finite_number("eps", eps, positive=True))
         self.weight = nn.Parameter(torch.ones(width, device=device, dtype=dtype))
 
     def reset_parameters(self):

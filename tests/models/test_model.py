@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
@@ -41,11 +42,30 @@ def test_presets_sizes():
     assert PRESETS["tiny"].num_params() < PRESETS["small"].num_params() < PRESETS["400m"].num_params()
 
 
+@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+def test_an_untrained_model_starts_near_a_uniform_guess(name, mixer):
+    config = LMConfig.preset(name, mixer=mixer)
+    if name == "400m":
+        # Its width, fewer layers (fast on CPU): the final RMSNorm makes the logit spread independent of depth.
+        config = dataclasses.replace(config, num_layers=2)
+    torch.manual_seed(0)
+    model = LanguageModel(config)
+    g = torch.Generator().manual_seed(0)
+    tokens, targets = (torch.randint(0, 256, (4, 64), generator=g) for _ in range(2))
+    with torch.no_grad():
+        logits, _ = model(tokens)
+    bits = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()).item() / math.log(2)
+    # A uniform guess costs 8 bits per byte; the current token must not dominate the prediction.
+    assert bits < 8.5
+    assert (logits.argmax(-1) == tokens).float().mean() < 0.25
+
+
 def test_head_is_tied_to_the_embedding():
     model = _model(SMALL[0])
     tokens = torch.randint(0, 19, (2, 5))
     logits, _ = model(tokens)
-    h = model.embed(tokens) * 12 ** 0.5
+    h = model.embed(tokens)
     for layer in model.layers:
         h, _ = layer(h)
     assert torch.allclose(logits, model.final_norm(h) @ model.embed.weight.t(), atol=1e-5)

@@ -65,6 +65,14 @@ def test_conv1d_carried_state_equals_unsplit(split):
     assert torch.equal(s2, final)
 
 
+def test_conv1d_init_follows_griffin():
+    torch.manual_seed(0)
+    conv = Conv1D(4096, 4)
+    # recurrentgemma's Conv1D: normal with variance 0.01 / temporal width, zero bias.
+    assert conv.weight.std().item() == pytest.approx((0.01 / 4) ** 0.5, rel=0.02)
+    assert torch.equal(conv.bias, torch.zeros(4096))
+
+
 def test_conv1d_bad_inputs():
     conv = Conv1D(5)
     with pytest.raises(ValueError, match="width"):
@@ -97,7 +105,7 @@ def test_rmsnorm_matches_definition_and_keeps_dtype():
     assert norm(xb).dtype == torch.bfloat16
     with pytest.raises(ValueError, match=r"x must have shape \[..., 9\]"):
         norm(torch.randn(2, 8))
-    with pytest.raises(ValueError, match="eps"):
+    with pytest.raises(ValueError, match="eps must be a finite number > 0, got 0"):
         RMSNorm(9, eps=0)
 
 
