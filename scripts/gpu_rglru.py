@@ -1,5 +1,8 @@
 """Development run of the RG-LRU Triton kernels on a GPU: gates, timings, a config sweep, a profile.
 
+The next run after the v2 rewrite (chunk-parallel kernels):
+    python scripts/gpu_rglru.py --budget 540 --warm-budget 240 --jobs 14
+
 Usage: python scripts/gpu_rglru.py [--out DIR] [--budget SECONDS] [--jobs N] [--phases LIST]
 Phases (default all, in this order): warm (compile every config in parallel worker processes so
 the Triton cache serves the rest), gate (SPEC §7 gates at realistic shapes), time (fwd and
@@ -27,39 +30,34 @@ SHAPES = [(1, 8192, 1024), (4, 2048, 2048), (2, 4096, 2560), (1, 32768, 1024), (
 # fwd+bwd ms of RG-LRU from torch gate ops + fla chunk_hgrn on an H200 (NOTES.md), for the 20x target
 PEER_FB_MS = {(1, 8192, 1024): 3.15, (4, 2048, 2048): 3.61, (2, 4096, 2560): 4.36, (1, 32768, 1024): 9.04,
               (1, 32768, 2048): 13.5}
-# the last: head dim 160, above what the kernels support (expect a clear error, not a result)
+# head dims 64, 128, 96 and 160 (D = 1024, 2048, 1536, 2560 with 16 heads)
 GATE_SHAPES = [(2, 2048, 1024), (1, 8192, 2048), (3, 1000, 1536), (1, 4100, 2560)]
 H = 16
 
 
 def configs():
-    from samu.ops.rglru.function import GROUPED, SERIAL
+    from samu.ops.rglru.function import CHUNKED
 
-    base = GROUPED
+    base = CHUNKED
     return {
-        "grouped": base,
-        "grouped_precise": replace(base, fast=False),
-        "serial": SERIAL,
-        "g_kb64_bw16": replace(base, K_bwd=64, bwd_warps=16),
-        "g_bw8": replace(base, bwd_warps=8),
-        "g_fw4": replace(base, fwd_warps=4),
-        "g_k32": replace(base, K=32),
-        "g_t528": replace(base, target_programs=528),
-        "g_t132": replace(base, target_programs=132),
+        "chunked": base,
+        "chunked_precise": replace(base, fast=False),
+        "c_wc8": replace(base, WC=8),
+        "c_t264": replace(base, target_programs=264),
+        "c_t1056": replace(base, target_programs=1056),
+        "c_k8wc8": replace(base, K=8, WC=8),
     }
 
 
 # which configs are timed at which shapes (the first two everywhere)
-SWEEP_SHAPES = [(1, 8192, 1024), (1, 32768, 2048), (4, 2048, 2048)]
+SWEEP_SHAPES = [(1, 8192, 1024), (1, 32768, 2048), (2, 4096, 2560)]
 
 
 def plan():
     names = list(configs())
-    timing = [(n, s) for n in names for s in (SHAPES if n in ("grouped", "grouped_precise", "serial")
-                                                 else SWEEP_SHAPES)]
-    gates = [(n, s, dt) for n in ("grouped", "grouped_precise") for s in GATE_SHAPES[:3]
-             for dt in ("bfloat16", "float32")]
-    gates += [("serial", GATE_SHAPES[0], "bfloat16"), ("grouped", GATE_SHAPES[3], "bfloat16")]
+    timing = [(n, s) for n in names for s in (SHAPES if n in ("chunked", "chunked_precise") else SWEEP_SHAPES)]
+    gates = [(n, s, dt) for n in ("chunked", "chunked_precise") for s in GATE_SHAPES for dt in ("bfloat16", "float32")]
+    gates += [(n, GATE_SHAPES[0], "bfloat16") for n in names if n not in ("chunked", "chunked_precise")]
     return timing, gates
 
 
@@ -88,8 +86,8 @@ def _warm(item):
 
         cfg = configs()[name]
         dt = getattr(torch, dtype)
-        # several groups (NG > 1 compiles the grouped kernels); lengths are not specialised on
-        B, L = 1, 4 * max(cfg.K, cfg.K_bwd)
+        # lengths are not specialised on (every kernel compiles at any L)
+        B, L = 1, 4 * cfg.K * cfg.WC
         x = torch.randn(B, L, D, device="cuda", dtype=dt, requires_grad=grad)
         ps = [p.detach().requires_grad_(grad) for p in params(D)]
         h0 = torch.randn(B, D, device="cuda", requires_grad=grad) if with_state else None
@@ -105,18 +103,12 @@ def _warm(item):
 
 
 def warm_items(timing, gates):
-    from samu.ops.rglru.function import MAX_HEAD_BLOCK
-    from samu.ops.rglru.triton_fwd import head_block
-
     items = set()
     for name, (B, L, D) in timing:
-        if head_block(D // H) > MAX_HEAD_BLOCK:
-            continue
         items.add((name, D, "bfloat16", False, False))
         items.add((name, D, "bfloat16", True, False))
     for name, (B, L, D), dt in gates:
-        if head_block(D // H) <= MAX_HEAD_BLOCK:
-            items.add((name, D, dt, True, True))
+        items.add((name, D, dt, True, True))
     return sorted(items)
 
 
@@ -230,11 +222,9 @@ def main():
     import triton
 
     import samu  # noqa: F401
-    from samu.ops.rglru.triton_fwd import MAX_GROUPS
 
     rec = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "max_groups": MAX_GROUPS,
-           "configs": {k: {bn: asdict(v.resolve(bn)) for bn in (64, 128)} for k, v in configs().items()},
+           "configs": {k: asdict(v) for k, v in configs().items()},
            "warm": [], "gate": [], "time": [], "profile": {}, "skipped": []}
 
     def save():
@@ -306,12 +296,12 @@ def main():
             save()
 
     if "profile" in phases:
-        for shape in [(1, 32768, 2048), (1, 8192, 1024)]:
+        for shape in [(1, 32768, 2048), (1, 8192, 1024), (2, 4096, 2560)]:
             if left() < 15:
                 rec["skipped"].append(["profile", shape])
                 continue
             try:
-                rec["profile"][str(shape)] = profile("grouped", shape)
+                rec["profile"][str(shape)] = profile("chunked", shape)
             except Exception:  # noqa: BLE001
                 rec["profile"][str(shape)] = traceback.format_exc()[-1500:]
             save()

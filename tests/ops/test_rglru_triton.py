@@ -26,10 +26,10 @@ def poison_outputs():
     triton_fwd.poison_outputs(previous)
 
 
-def _config(K=16, K_bwd=16, grouped=True, target=1):
+def _config(K=4, WC=4, target=1):
     from samu.ops.rglru.function import Config
 
-    return Config(K=K, K_bwd=K_bwd, grouped=grouped, target_programs=target)
+    return Config(K=K, WC=WC, target_programs=target)
 
 
 def _with_config(config):
@@ -41,14 +41,15 @@ def _with_config(config):
     return mixer
 
 
-# (B, L, D, H, config): L not a multiple of K, L = 1, a ragged last group, head dims 8, 12 and 16
-# (padded to the 16-wide register tile), several groups per batch row, a single sweep, backward
-# chunks shorter and longer than the forward's
+# (B, L, D, H, config): L not a multiple of the chunk or the step, L = 1, one chunk per step and
+# several, several programs per batch row; head dims 8 and 16 (padded to the 16-wide minimum tile),
+# 12, and 80 (three channel tiles of 32, the last one partial)
 CASES = [
-    (2, 37, 32, 4, dict(grouped=False)),
-    (2, 70, 48, 4, dict(target=32, K=32)),
-    (1, 1, 32, 4, dict(target=8)),
-    (1, 50, 80, 5, dict(target=20, K_bwd=32)),
+    (2, 37, 32, 4, dict(K=16, WC=1)),
+    (2, 70, 48, 4, dict(target=32)),
+    (1, 1, 32, 4, dict(K=8, WC=2)),
+    (1, 50, 80, 5, dict(target=20, K=8, WC=2)),
+    (1, 23, 160, 2, dict(target=4)),
 ]
 
 
@@ -64,6 +65,12 @@ def test_low_precision_matches_reference(dtype):
                            device=DEVICE))
 
 
+def test_head_dim_160():
+    """The medium primary shape's head dim: five channel tiles of 32 over a 256-wide padded head."""
+    assert_gate(gate_check("rglru", _with_config(_config(target=2)), torch.bfloat16, 1, 19, 160, H=1, seed=7,
+                           device=DEVICE))
+
+
 def test_without_initial_state():
     assert_gate(gate_check("rglru", _with_config(_config(target=16)), torch.bfloat16, 2, 40, 32, H=4, seed=9,
                            with_state=False, device=DEVICE))
@@ -71,24 +78,15 @@ def test_without_initial_state():
 
 def test_public_backend_names():
     names = set(samu.dispatch.variants("rglru"))
-    assert {"triton_serial", "triton_grouped"} <= names
+    assert {"triton_chunked", "triton_chunked_precise"} <= names
+    # every primary width is served (head dims 64, 128 and 160)
+    for D in (1024, 2048, 2560):
+        assert samu.dispatch.variants("rglru")["triton_chunked"].preference(1, 4096, D) is not None
 
-    def grouped(*args, **kw):
-        return samu.rglru_mixer(*args, backend="triton_grouped", **kw)
+    def chunked(*args, **kw):
+        return samu.rglru_mixer(*args, backend="triton_chunked", **kw)
 
-    assert_gate(gate_check("rglru", grouped, torch.float32, 1, 20, 32, H=4, seed=3, device=DEVICE))
-
-
-def test_head_dims_above_128_are_refused():
-    """Heads wider than 128 are outside what the kernels hold on chip: a clear error, and dispatch skips them."""
-    from samu.ops.rglru.function import GROUPED, run
-
-    x = torch.zeros(1, 3, 2560, device=DEVICE)
-    params = rglru_params(2560, 16, 0, device=DEVICE)
-    with pytest.raises(ValueError, match="head dims up to 128"):
-        run(x, *params, None, 8.0, GROUPED)
-    assert samu.dispatch.variants("rglru")["triton_grouped"].preference(2, 4096, 2560) is None
-    assert samu.dispatch.variants("rglru")["triton_grouped"].preference(2, 4096, 2048) is not None
+    assert_gate(gate_check("rglru", chunked, torch.float32, 1, 20, 32, H=4, seed=3, device=DEVICE))
 
 
 def test_deterministic():
@@ -125,21 +123,18 @@ def test_split_sequence_carries_state():
 
 
 def test_split_weights_reconstruct():
-    """fp16 hi + lo with one power-of-two scale per (gate, head) reproduce w to 2^-21 relative per
-    element, plus 2^-36 of the head's largest element (fp16 subnormals of the low part)."""
+    """The bf16 parts hi + mid + lo reproduce every weight exactly, over twelve decades of scale,
+    and the padding to the 16-wide tile is zero."""
     from samu.ops.rglru.triton_fwd import split_weights
 
     H, n = 3, 12
     g = torch.Generator().manual_seed(0)
-    w = torch.randn(2, H, n, n, generator=g) * torch.logspace(-6, 3, n)[None, None, :, None]
+    w = torch.randn(2, H, n, n, generator=g) * torch.logspace(-6, 6, n)[None, None, :, None]
     w = w.to(DEVICE)
-    w16, w_inv = split_weights(w[0], w[1])
-    parts = w16[:, :, :, :n, :n].double()
-    back = (parts[:, 0] + parts[:, 1]) * w_inv.double()[:, :, None, None]
-    want = w.double()
-    bound = 2.0 ** -21 * want.abs() + 2.0 ** -36 * want.abs().amax(dim=(2, 3), keepdim=True)
-    assert ((back - want).abs() <= bound).all()
-    assert (w16[:, :, :, n:, :] == 0).all() and (w16[:, :, :, :, n:] == 0).all()
+    w3 = split_weights(w[0], w[1])
+    back = w3[:, :, :, :n, :n].double().sum(dim=1)
+    assert torch.equal(back, w.double())
+    assert (w3[:, :, :, n:, :] == 0).all() and (w3[:, :, :, :, n:] == 0).all()
 
 
 def test_custom_ops_opcheck():
@@ -149,13 +144,15 @@ def test_custom_ops_opcheck():
     params = rglru_params(16, 1, 1, device=DEVICE)
     h0 = randn((1, 16), 2, device=DEVICE)
     checks = ("test_schema", "test_faketensor", "test_autograd_registration")
-    args = (x, *params, h0, 8.0, 16, 16, 1, 4, 1, 4, True, True)
+    # c, K, WC, G, G_dx, fast
+    config = (8.0, 4, 4, 1, 1, True)
+    args = (x, *params, h0, *config)
     torch.library.opcheck(rglru_fwd_op, args, test_utils=checks)
     _, _, states = rglru_fwd_op(*args)
     dy = randn((1, 20, 16), 3, device=DEVICE, requires_grad=False)
     dh = randn((1, 16), 4, device=DEVICE, requires_grad=False)
     plain = [t.detach() for t in (x, *params)]
-    torch.library.opcheck(rglru_bwd_op, (dy, dh, *plain, True, states.detach(), 8.0, 16, 1, 4, True),
+    torch.library.opcheck(rglru_bwd_op, (dy, dh, *plain, True, states.detach(), *config),
                           test_utils=("test_schema", "test_faketensor"))
 
 
@@ -164,9 +161,9 @@ def test_custom_ops_opcheck():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["triton_serial", "triton_grouped"])
+@pytest.mark.parametrize("name", ["triton_chunked", "triton_chunked_precise"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("B,L,D", [(2, 1000, 1024), (1, 4097, 2048), (3, 777, 1536)])
+@pytest.mark.parametrize("B,L,D", [(2, 1000, 1024), (1, 4097, 2048), (3, 777, 1536), (1, 2100, 2560)])
 def test_gpu_gate(name, dtype, B, L, D):
     def mixer(*args, **kw):
         return samu.rglru_mixer(*args, backend=name, **kw)
@@ -176,7 +173,7 @@ def test_gpu_gate(name, dtype, B, L, D):
 
 @pytest.mark.gpu
 def test_gpu_compile_fullgraph():
-    mixer = samu.RGLRUMixer(256, 16, backend="triton_grouped").cuda()
+    mixer = samu.RGLRUMixer(256, 16, backend="triton_chunked").cuda()
     x = torch.randn(2, 300, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 
     def f(x):
@@ -196,15 +193,15 @@ def test_gpu_cuda_graph_capture():
     x = torch.randn(2, 700, 512, device="cuda", dtype=torch.bfloat16)
     previous = samu.set_check_finite(False)
     try:
-        y_eager, _ = samu.rglru_mixer(x, *params, backend="triton_grouped")
+        y_eager, _ = samu.rglru_mixer(x, *params, backend="triton_chunked")
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            samu.rglru_mixer(x, *params, backend="triton_grouped")
+            samu.rglru_mixer(x, *params, backend="triton_chunked")
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            y_graph, _ = samu.rglru_mixer(x, *params, backend="triton_grouped")
+            y_graph, _ = samu.rglru_mixer(x, *params, backend="triton_chunked")
         graph.replay()
         torch.cuda.synchronize()
     finally:

@@ -2,15 +2,16 @@
 
 The forward and backward are registered as ``samu::rglru_fwd`` / ``samu::rglru_bwd`` with fake
 implementations, so torch.compile traces a model through the mixer without a graph break and CUDA
-graphs can capture it (the host code only allocates and launches; it never synchronises).
+graphs can capture it (the host code only allocates and launches; it never synchronises). Eager
+calls go through ``_Eager``, the same kernels without the custom-op dispatch layers (host time).
 
-The forward saves for the backward only x (held by autograd anyway), the parameters and the
-state entering every backward chunk, [B, ceil(L/K_bwd), D] fp32; gates are recomputed from x.
+The forward saves for the backward only x (held by autograd anyway), the parameters and the state
+entering every chunk, [B, ceil(L/K), D] fp32; gates are recomputed from x.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -18,40 +19,43 @@ import triton
 
 from samu.ops import dispatch
 from samu.ops.rglru.triton_bwd import rglru_bwd
-from samu.ops.rglru.triton_fwd import MAX_GROUPS, head_block, rglru_fwd
+from samu.ops.rglru.triton_fwd import channel_block, head_block, rglru_fwd
 
 Tensor = torch.Tensor
 
 
 @torch.library.custom_op("samu::rglru_fwd", mutates_args=())
 def rglru_fwd_op(x: Tensor, w_a: Tensor, b_a: Tensor, w_x: Tensor, b_x: Tensor, a_param: Tensor,
-                 initial_state: Optional[Tensor], c: float, K: int, S: int, G: int, num_warps: int,
-                 G_bwd: int, bwd_warps: int, fast: bool, save_states: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """Forward with chunk K, G chunks per program; saves the state every S tokens (the backward's chunk)."""
-    return rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K=K, G=G, save_states=save_states,
-                     state_every=S, fast=fast, num_warps=num_warps)
+                 initial_state: Optional[Tensor], c: float, K: int, WC: int, G: int, G_dx: int,
+                 fast: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Forward with chunks of K tokens, WC chunks per step, G steps per program; returns the states too."""
+    return rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K=K, WC=WC, G=G, fast=fast)
 
 
 @rglru_fwd_op.register_fake
-def _(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K, S, G, num_warps, G_bwd, bwd_warps, fast, save_states):
+def _(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K, WC, G, G_dx, fast):
     B, L, D = x.shape
     f32 = dict(dtype=torch.float32)
-    states = x.new_empty(B, triton.cdiv(L, S), D, **f32) if save_states else x.new_empty(0, **f32)
-    return x.new_empty(B, L, D), x.new_empty(B, D, **f32), states
+    return x.new_empty(B, L, D), x.new_empty(B, D, **f32), x.new_empty(B, triton.cdiv(L, K), D, **f32)
+
+
+def _bwd_positional(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, c, K, WC, G, G_dx, fast):
+    return rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, c, K=K, WC=WC, G=G, G_dx=G_dx,
+                     fast=fast)
 
 
 @torch.library.custom_op("samu::rglru_bwd", mutates_args=())
 def rglru_bwd_op(dy: Tensor, dh_last: Optional[Tensor], x: Tensor, w_a: Tensor, b_a: Tensor, w_x: Tensor,
-                 b_x: Tensor, a_param: Tensor, has_h0: bool, states: Tensor, c: float, K: int, G: int,
-                 num_warps: int, fast: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Backward with chunk K (the spacing of ``states``), G chunks per program."""
-    dx, dw_a, db_a, dw_x, db_x, da, dh0 = rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states,
-                                                    c, K=K, G=G, fast=fast, num_warps=num_warps)
+                 b_x: Tensor, a_param: Tensor, has_h0: bool, states: Tensor, c: float, K: int, WC: int, G: int,
+                 G_dx: int, fast: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Backward with the forward's chunking (``states`` holds the state entering every chunk)."""
+    dx, dw_a, db_a, dw_x, db_x, da, dh0 = _bwd_positional(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0,
+                                                          states, c, K, WC, G, G_dx, fast)
     return dx, dw_a, db_a, dw_x, db_x, da, (dh0 if has_h0 else x.new_empty(0, dtype=torch.float32))
 
 
 @rglru_bwd_op.register_fake
-def _(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, c, K, G, num_warps, fast):
+def _(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, c, K, WC, G, G_dx, fast):
     B, L, D = x.shape
     f32 = dict(dtype=torch.float32)
     return (x.new_empty(B, L, D), torch.empty_like(w_a), torch.empty_like(b_a), torch.empty_like(w_x),
@@ -59,91 +63,86 @@ def _(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, c, K, G, num_
             x.new_empty(B, D, **f32) if has_h0 else x.new_empty(0, **f32))
 
 
-def _setup_context(ctx, inputs, output):
-    (x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K, S, G, num_warps, G_bwd, bwd_warps, fast,
-     save_states) = inputs
-    ctx.save_for_backward(x, w_a, b_a, w_x, b_x, a_param, output[2])
+def _save(ctx, x, w_a, b_a, w_x, b_x, a_param, initial_state, config, states):
+    ctx.save_for_backward(x, w_a, b_a, w_x, b_x, a_param, states)
     ctx.has_h0 = initial_state is not None
-    ctx.config = (save_states, c, S, G_bwd, bwd_warps, fast)
+    ctx.config = config
+
+
+def _gradients(ctx, dy, dh_last, backward):
+    """Input and parameter gradients from the saved context, with ``backward`` = the op or ``rglru_bwd``."""
+    x, w_a, b_a, w_x, b_x, a_param, states = ctx.saved_tensors
+    dy = torch.zeros_like(x) if dy is None else dy.contiguous()
+    dh_last = None if dh_last is None else dh_last.float().contiguous()
+    dx, dw_a, db_a, dw_x, db_x, da, dh0 = backward(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, ctx.has_h0, states,
+                                                   *ctx.config)
+    return dx, dw_a, db_a, dw_x, db_x, da, (dh0 if ctx.has_h0 else None)
+
+
+def _setup_context(ctx, inputs, output):
+    *tensors, c, K, WC, G, G_dx, fast = inputs
+    _save(ctx, *tensors, (c, K, WC, G, G_dx, fast), output[2])
     ctx.mark_non_differentiable(output[2])
 
 
 def _backward(ctx, dy, dh_last, _dstates):
-    x, w_a, b_a, w_x, b_x, a_param, states = ctx.saved_tensors
-    save_states, c, S, G_bwd, bwd_warps, fast = ctx.config
-    if not save_states:
-        raise RuntimeError("samu::rglru_fwd ran with save_states=False (no input required grad); "
-                           "it kept no chunk states to differentiate")
-    dy = torch.zeros_like(x) if dy is None else dy.contiguous()
-    dh_last = None if dh_last is None else dh_last.float().contiguous()
-    dx, dw_a, db_a, dw_x, db_x, da, dh0 = rglru_bwd_op(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, ctx.has_h0,
-                                                       states, c, S, G_bwd, bwd_warps, fast)
-    return (dx, dw_a, db_a, dw_x, db_x, da, (dh0 if ctx.has_h0 else None)) + (None,) * 9
+    return _gradients(ctx, dy, dh_last, rglru_bwd_op) + (None,) * 6
 
 
 rglru_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-MAX_HEAD_BLOCK = 128
+class _Eager(torch.autograd.Function):
+    """The custom ops' forward and backward without their dispatch layers (host time per eager
+    call); torch.compile traces the custom ops instead."""
+
+    @staticmethod
+    def forward(ctx, x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K, WC, G, G_dx, fast):
+        y, h, states = rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K=K, WC=WC, G=G, fast=fast)
+        _save(ctx, x, w_a, b_a, w_x, b_x, a_param, initial_state, (c, K, WC, G, G_dx, fast), states)
+        return y, h
+
+    @staticmethod
+    def backward(ctx, dy, dh_last):
+        return _gradients(ctx, dy, dh_last, _bwd_positional) + (None,) * 6
 
 
 @dataclass(frozen=True)
 class Config:
-    """Launch settings of one variant; they fix its numerics.
+    """Launch settings of one variant; K and WC fix its numerics (the other fields only the work split).
 
-    K, K_bwd: chunk lengths of the forward and the backward (powers of two >= 16; the forward saves
-    the state every K_bwd tokens); 0 picks by the head's register tile BN (``resolve``).
-    grouped=False: one program per (batch row, head) sweeps every chunk in order, no summaries.
-    grouped=True: the chunks are split into up to MAX_GROUPS groups, one program each, aiming at
-    ``target_programs`` programs: group summaries, a prefix over groups folded into the replay, and
-    the same in reverse for the backward. fast: hardware approximations of exp, reciprocal and
+    K: chunk length (the tokens one thread walks; a power of two, WC * K >= 16); WC: chunks per
+    program step, one per warp. Programs take whole steps; the chunk-parallel kernels aim at
+    ``target_programs`` programs in all. fast: hardware approximations of exp, reciprocal and
     square root (a few ulp) instead of libdevice.
     """
 
-    K: int = 64
-    K_bwd: int = 0
-    grouped: bool = True
-    target_programs: int = 264
+    K: int = 16
+    WC: int = 4
+    target_programs: int = 528
     fast: bool = True
-    fwd_warps: int = 8
-    bwd_warps: int = 0
 
-    def resolve(self, BN: int) -> "Config":
-        """Concrete settings for head tile BN: at BN = 128 the backward needs 64-row chunks (wgmma
-        reads the transposed weights from the same shared-memory tiles) and 16 warps (the two
-        [BN, BN] fp32 weight-gradient accumulators)."""
-        return replace(self, K_bwd=self.K_bwd or (32 if BN <= 64 else 64),
-                       bwd_warps=self.bwd_warps or (8 if BN <= 64 else 16))
-
-    def chunks_per_program(self, B: int, H: int, L: int, K: int) -> int:
-        n_chunks = triton.cdiv(L, K)
-        if not self.grouped:
-            return n_chunks
-        n_groups = min(n_chunks, MAX_GROUPS, max(1, triton.cdiv(self.target_programs, B * H)))
-        return triton.cdiv(n_chunks, n_groups)
-
-
-def check_head_dim(n: int) -> None:
-    if head_block(n) > MAX_HEAD_BLOCK:
-        raise ValueError(f"the Triton RG-LRU kernels support head dims up to {MAX_HEAD_BLOCK} (D/H); got {n}. "
-                         "Larger heads need weights and weight-gradient accumulators beyond one SM's "
-                         "shared memory and registers; use backend='torch'")
+    def steps_per_program(self, B: int, L: int, tiles: int) -> int:
+        """Steps per program when ``tiles`` programs share each batch row's steps."""
+        n_steps = triton.cdiv(triton.cdiv(L, self.K), self.WC)
+        n_groups = max(1, min(n_steps, triton.cdiv(self.target_programs, B * tiles)))
+        return triton.cdiv(n_steps, n_groups)
 
 
 def run(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, config: Config):
     """Differentiable RG-LRU forward with one Triton configuration: (y [B, L, D] x.dtype, h [B, D] fp32)."""
     B, L, D = x.shape
     H = w_a.shape[0]
-    check_head_dim(D // H)
-    cfg = config.resolve(head_block(D // H))
+    n = D // H
     params = [p.float().contiguous() for p in (w_a, b_a, w_x, b_x, a_param)]
     h0 = None if initial_state is None else initial_state.float().contiguous()
-    needs_grad = torch.is_grad_enabled() and any(
-        t.requires_grad for t in (x, *params, h0) if t is not None)
-    G = cfg.chunks_per_program(B, H, L, cfg.K)
-    G_bwd = cfg.chunks_per_program(B, H, L, cfg.K_bwd)
-    y, h, _ = rglru_fwd_op(x.contiguous(), *params, h0, float(c), cfg.K, cfg.K_bwd, G, cfg.fwd_warps,
-                           G_bwd, cfg.bwd_warps, cfg.fast, needs_grad)
+    G = config.steps_per_program(B, L, H * triton.cdiv(n, channel_block(n)))
+    G_dx = config.steps_per_program(B, L, H)
+    args = (x.contiguous(), *params, h0, float(c), config.K, config.WC, G, G_dx, config.fast)
+    if torch.compiler.is_compiling():
+        y, h, _ = rglru_fwd_op(*args)
+    else:
+        y, h = _Eager.apply(*args)
     return y, h
 
 
@@ -154,40 +153,22 @@ def scratch(config: Config):
     """
     def formula(B: int, L: int, D: int, H: int = 16):
         n = D // H
-        BN = head_block(n)
-        config_ = config.resolve(BN)
-        NS = triton.cdiv(L, config_.K_bwd)
-        NGf = triton.cdiv(triton.cdiv(L, config_.K), config_.chunks_per_program(B, H, L, config_.K))
-        NGb = triton.cdiv(NS, config_.chunks_per_program(B, H, L, config_.K_bwd))
-        words = (B * NS * D                                    # states every K_bwd tokens, fp32
-                 + (2 * B * NGf * D if NGf > 1 else 0)         # forward group summaries
-                 + (2 * B * NGb * D if NGb > 1 else 0)         # reverse group summaries
-                 + B * NGb * (2 * H * n * n + 3 * D)           # parameter-gradient partials
-                 + 2 * (2 * H * BN * BN + 2 * H))              # split weights, forward and backward
-        text = (f"4*B*D*ceil(L/{config_.K_bwd}) + 8*B*D*(NGf + NGb) + 4*B*NGb*(2*D^2/H + 3*D) + 16*H*BN^2 + 16*H"
-                f" with H={H}, BN={BN}, NGf={NGf}, NGb={NGb} (no summaries where a count is 1)")
+        NP = head_block(n)
+        NC = triton.cdiv(L, config.K)
+        n_dw = triton.cdiv(triton.cdiv(NC, config.WC), config.steps_per_program(B, L, H * triton.cdiv(n, channel_block(n))))
+        words = (2 * B * NC * D                    # states (forward) and adjoint states (backward)
+                 + 2 * B * NC * D                  # chunk summaries (one pass at a time)
+                 + B * n_dw * (2 * H * n * n + 3 * D)  # weight-gradient partials
+                 + 3 * H * NP * NP)                # bf16 weight parts (6 x 2 bytes per padded weight)
+        text = (f"8*B*D*ceil(L/{config.K}) + 8*B*D*ceil(L/{config.K}) + 4*B*P*(2*D^2/H + 3*D) + 12*H*NP^2"
+                f" with H={H}, NP={NP}, P={n_dw} weight-gradient programs per batch row")
         return text, 4 * words
     return formula
 
 
-SERIAL = Config(grouped=False)
-GROUPED = Config(grouped=True)
-
-
-def _fits(D: int, H: int = 16) -> bool:
+def _applies(D: int, H: int = 16) -> bool:
     # dispatch sees (B, L, D); the modules' default is 16 heads
-    return D % H == 0 and head_block(D // H) <= MAX_HEAD_BLOCK
-
-
-def _serial_preference(B: int, L: int, D: int):
-    if not _fits(D):
-        return None
-    # a sweep per (batch row, head) fills the GPU only with many rows, or has little to walk
-    return 0.5 if B * 16 >= 256 or triton.cdiv(L, SERIAL.K) <= 2 else 2.0
-
-
-def _grouped_preference(B: int, L: int, D: int):
-    return 1.0 if _fits(D) else None
+    return D % H == 0
 
 
 def _register(name, config, preference, description):
@@ -197,10 +178,11 @@ def _register(name, config, preference, description):
         preference=preference, scratch=lambda B, L, D: scratch(config)(B, L, D), description=description))
 
 
-_register("triton_serial", SERIAL, _serial_preference,
-          "forward chunks of 64 tokens, backward chunks of 32 (64 at head dims > 64); one program per "
-          "(batch row, head) sweeps all chunks in order; head dims <= 128")
-_register("triton_grouped", GROUPED, _grouped_preference,
-          "forward chunks of 64 tokens, backward chunks of 32 (64 at head dims > 64), in up to 64 groups: "
-          "group summaries, prefix over groups, replay; reverse summaries and prefix for the adjoint; "
-          "head dims <= 128")
+CHUNKED = Config()
+CHUNKED_PRECISE = Config(fast=False)
+
+_register("triton_chunked", CHUNKED, lambda B, L, D: 1.0 if _applies(D) else None,
+          "chunks of 16 tokens, 4 per step (one per warp): per-chunk summaries, a serial prefix over "
+          "chunks, replay; the backward mirrors it and splits weight and input gradients; fast math")
+_register("triton_chunked_precise", CHUNKED_PRECISE, lambda B, L, D: 2.0 if _applies(D) else None,
+          "as triton_chunked with libdevice exp/expm1 and correctly rounded division and square root")

@@ -1,10 +1,13 @@
 """RG-LRU backward in Triton: adjoint scan, input and parameter gradients (SPEC §4, §6).
 
-Read bottom-up: ``rglru_bwd`` (host) runs the reverse group summaries, the main kernel and a
-fixed-order reduction of the per-program parameter-gradient partials. The main kernel rebuilds,
-per chunk and head, the gates (from x), the state before every token (from the chunk-entering
-state the forward saved) and the adjoint delta (from the cotangent entering from the right), all
-in registers. Derivations are in README.md beside this file.
+Read bottom-up: ``rglru_bwd`` (host) runs per-chunk reverse summaries of the adjoint, their prefix
+(the adjoint entering every chunk from the right, and d initial_state), the weight-gradient kernel
+(one tile of output channels per program), the input-gradient kernel (one whole head per program)
+and a fixed-order reduction of the parameter-gradient partials. Every chunk is independent given
+the state entering it (saved by the forward) and the adjoint entering it, so both main kernels take
+WC chunks per step, one per warp, and rebuild per chunk and channel tile the gates (from x), the
+state before every token and the adjoint, all in registers. Derivations are in README.md beside
+this file.
 """
 
 from __future__ import annotations
@@ -14,24 +17,29 @@ import triton
 import triton.language as tl
 
 from samu.ops.rglru.triton_fwd import (
-    MAX_GROUPS,
-    _affine,
     _decay,
-    _fold_prefix,
+    _flip_tokens,
     _gate_dot,
-    _last_row,
+    _parts_dot,
+    _rows,
     _rsqrt,
     _sigmoid,
     _sigmoid_channel,
     _sigmoid_pair,
+    _scan_affine,
     _softplus,
-    _split_cols,
-    _split_rows,
+    _split3,
     _sqrt,
+    _to_scan_layout,
     _to_store,
-    head_block,
+    _token,
+    _w_parts,
+    _walk3,
+    _x_parts,
+    chunk_launch,
     math_mode,
     new_buffer,
+    prefix,
     split_weights,
 )
 
@@ -56,206 +64,304 @@ def _adjoint(q1, l1, v1, q2, l2, v2):
     return q1 * l1 * q2, l2, v2 + q2 * l1 * v1
 
 
-@triton.jit(do_not_specialize=["L", "NC", "G", "NG"])
-def _rglru_bwd_summary_kernel(
-    x,                   # [B, L, D]
-    w16, w_inv,          # split gate weights (gate a is used)
-    b_a, a_param,        # [D] fp32
-    dy,                  # [B, L, D]
-    sums,                # [2, B, NG, D] fp32: (P = prod a, E = eps leaving the group entered with 0)
-    L, D, n, H, NC, G, NG, c,
-    K: tl.constexpr, BN: tl.constexpr, X_PARTS: tl.constexpr, MATH: tl.constexpr,
-):
-    """Reverse affine summary of eps_t = a_t (dy_t + eps_{t+1}) over one group of chunks.
+@triton.jit
+def _scan_before(b_a, b_b, K: tl.constexpr, MATH: tl.constexpr):
+    """(prod a, a_t h_{t-1} entered with 0) along the tokens of [BJ, WC, K] tiles (_affine_before)."""
+    b_zero = tl.zeros_like(b_a)
+    if MATH == 0:
+        b_p, b_w, _ = _walk3(b_a, b_zero, b_b, _affine_before, K)
+    else:
+        b_p, b_w, _ = tl.associative_scan((b_a, b_zero, b_b), 2, _affine_before)
+    return b_p, b_w
 
-    Chunks are read last token first, so the reverse recurrence is a forward scan of (a, a dy).
+
+@triton.jit
+def _scan_adjoint(b_af, b_dyf, K: tl.constexpr, MATH: tl.constexpr):
+    """(q, v) of _adjoint along the tokens of flipped [BJ, WC, K] tiles (a and dy last token first)."""
+    b_one = tl.full(b_af.shape, 1.0, tl.float32)
+    if MATH == 0:
+        b_q, _, b_v = _walk3(b_one, b_af, b_dyf, _adjoint, K)
+    else:
+        b_q, _, b_v = tl.associative_scan((b_one, b_af, b_dyf), 2, _adjoint)
+    return b_q, b_v
+
+
+@triton.jit
+def _chunk_cotangents(b_xr, b_xj, b_dy, b_wa0, b_wa1, b_wa2, b_wx0, b_wx1, b_wx2, b_ba, b_bx, b_csp,
+                      b_hin, b_e, m_t, m_x, X_PARTS: tl.constexpr, WC: tl.constexpr, K: tl.constexpr,
+                      BJ: tl.constexpr, MATH: tl.constexpr):
+    """What WC chunks of one channel tile contribute, as [BJ, WC, K] tiles.
+
+    b_xr [WC K, NP]: the head's input rows; b_xj, b_dy [BJ, WC, K] fp32: this tile's inputs and
+    output cotangents; b_hin [BJ, WC]: the state entering each chunk; b_e [BJ, WC]: eps = a delta
+    entering each chunk from the right. Returns dza, dzx (gate pre-activation cotangents), the
+    direct input cotangent delta * multiplier * gate_x, and dlog a * gate_a (for d softplus).
     """
-    i_g, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b_x0, b_x1, b_x2 = _x_parts(b_xr, X_PARTS)
+    b_za = _to_scan_layout(_gate_dot(b_x0, b_x1, b_x2, b_wa0, b_wa1, b_wa2, X_PARTS, WC, K, BJ, MATH), MATH)
+    b_zx = _to_scan_layout(_gate_dot(b_x0, b_x1, b_x2, b_wx0, b_wx1, b_wx2, X_PARTS, WC, K, BJ, MATH), MATH)
+    b_za += b_ba[:, None, None]
+    b_zx += b_bx[:, None, None]
+    b_ga, b_gac = _sigmoid_pair(b_za, MATH)
+    # sigma' = sigma (1 - sigma), both factors free of cancellation
+    b_pa = b_ga * b_gac
+    b_gx, b_gxc = _sigmoid_pair(b_zx, MATH)
+    b_px = b_gx * b_gxc
+    b_at, b_u = _decay(b_csp[:, None, None] * b_ga, MATH)
+    b_mult = _sqrt(b_u, MATH)
+    b_at = tl.where(m_t[None, :, :], b_at, 1.0)
+    b_bt = tl.where(m_t[None, :, :], b_mult * b_gx * b_xj, 0.0)
+
+    # g_t = a_t h_{t-1}, from the state entering the chunk
+    b_P, b_W = _scan_before(b_at, b_bt, K, MATH)
+    b_gt = b_W + b_P * b_hin[:, :, None]
+
+    # delta_t = dy_t + a_{t+1} delta_{t+1} over each chunk flipped (free: its tokens lie inside a thread)
+    b_q, b_v = _scan_adjoint(_flip_tokens(b_at, K, MATH), _flip_tokens(b_dy, K, MATH), K, MATH)
+    b_delta = _flip_tokens(b_v + b_q * b_e[:, :, None], K, MATH)
+
+    # pointwise cotangents; b = multiplier * gate_x * x
+    b_dm = b_delta * b_mult
+    b_direct = tl.where(m_x, b_dm * b_gx, 0.0)
+    b_dzx = tl.where(m_x, b_dm * b_xj * b_px, 0.0)
+    # Griffin's bounded derivative of sqrt(u): 1 / sqrt(max(4u, 1e-6))
+    b_du = b_delta * b_gx * b_xj * _rsqrt(tl.maximum(4.0 * b_u, 1e-6), MATH)
+    # u = 1 - exp(2 log a): du/dlog a = -2 a^2
+    b_dloga = b_delta * b_gt - 2.0 * b_at * b_at * b_du
+    b_dza = tl.where(m_x, b_dloga * b_csp[:, None, None] * b_pa, 0.0)
+    return b_dza, b_dzx, b_direct, tl.where(m_x, b_dloga * b_ga, 0.0)
+
+
+@triton.jit(do_not_specialize=["L", "NC", "G", "one"])
+def _rglru_bwd_summary_kernel(
+    x, dy,               # [B, L, D]
+    w3,                  # [2, 3, H, NP, NP] bf16 weight parts (gate a is used)
+    b_a, a_param,        # [D] fp32
+    sums,                # [2, B, NC, D] fp32: per chunk (P = prod a, E = eps leaving it to the left entered with 0)
+    L, NC, G, c, one,
+    D: tl.constexpr, n: tl.constexpr, H: tl.constexpr,
+    K: tl.constexpr, WC: tl.constexpr, NP: tl.constexpr, BJ: tl.constexpr, X_PARTS: tl.constexpr,
+    MATH: tl.constexpr,
+):
+    """Reverse affine summary of eps_t = a_t (dy_t + eps_{t+1}) over every chunk.
+
+    Each chunk is flipped (last token first), so the reverse recurrence is a forward scan of (a, a dy).
+    """
+    i_g, i_hj, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    NJ: tl.constexpr = (n + BJ - 1) // BJ
+    i_h = i_hj // NJ
     i_b64 = i_b.to(tl.int64)
-    o_j = tl.arange(0, BN)
+    o_i = tl.arange(0, NP)
+    o_j = (i_hj % NJ) * BJ + tl.arange(0, BJ)
+    o_c = tl.arange(0, WC)
     o_k = tl.arange(0, K)
+    o_t = tl.arange(0, WC * K)
+    m_i = o_i < n
     m_j = o_j < n
     o_d = i_h * n + o_j
     b_ba = tl.load(b_a + o_d, mask=m_j, other=0.0)
     b_csp = -c * _softplus(tl.load(a_param + o_d, mask=m_j, other=0.0), MATH)
-    o_w = i_h.to(tl.int64) * BN * BN + o_j[:, None] * BN + o_j[None, :]
-    b_wah = tl.load(w16 + o_w)
-    b_wal = tl.load(w16 + H * BN * BN + o_w)
-    b_wainv = tl.load(w_inv + i_h)
+    HPP: tl.constexpr = H * NP * NP
+    b_wa0, b_wa1, b_wa2 = _w_parts(w3 + i_h.to(tl.int64) * NP * NP + o_i[:, None] * NP + o_j[None, :], HPP)
 
-    b_e = tl.zeros([BN], dtype=tl.float32)
-    b_p = tl.full([BN], 1.0, dtype=tl.float32)
-    c_lo = i_g * G
-    c_hi = tl.minimum(c_lo + G, NC)
-    o_tile = ((K - 1) - o_k)[:, None] * D + o_j[None, :]
-    o_base = (i_b64 * L + (c_hi - 1).to(tl.int64) * K) * D + i_h * n
+    o_row = o_t[:, None] * D + o_i[None, :]                                          # [WC K, NP]
+    o_ch = (o_c[None, :, None] * K + o_k[None, None, :]) * D + (o_j * one)[:, None, None]  # [BJ, WC, K]
+    s_lo = i_g * G
+    s_hi = tl.minimum(s_lo + G, tl.cdiv(NC, WC))
+    o_base = (i_b64 * L + s_lo.to(tl.int64) * (WC * K)) * D + i_h * n
     p_x = x + o_base
     p_dy = dy + o_base
-    for i in range(0, c_hi - c_lo):
-        m_t = (c_hi - 1 - i) * K + (K - 1) - o_k < L
-        m_x = m_t[:, None] & m_j[None, :]
-        b_xt = tl.load(p_x + o_tile, mask=m_x, other=0.0).to(tl.float32)       # [K, BN] reversed
-        b_dy = tl.load(p_dy + o_tile, mask=m_x, other=0.0).to(tl.float32)
-        b_xh, b_xl, b_xinv = _split_rows(b_xt, X_PARTS)
-        b_za = _gate_dot(b_xh, b_xl, b_xinv, b_wah, b_wal, b_wainv, X_PARTS) + b_ba[None, :]
-        b_at, _ = _decay(b_csp[None, :] * _sigmoid(b_za, MATH), MATH)
-        b_at = tl.where(m_t[:, None], b_at, 1.0)
-        b_bt = b_at * b_dy
-        b_bt = tl.where(o_k[:, None] == 0, b_bt + b_at * b_e[None, :], b_bt)
-        b_A, b_E = tl.associative_scan((b_at, b_bt), 0, _affine)
-        b_p = b_p * _last_row(b_A, K)
-        b_e = _last_row(b_E, K)
-        p_x -= K * D
-        p_dy -= K * D
-    p_s = sums + (i_b64 * NG + i_g) * D + o_d
-    tl.store(p_s, b_p, mask=m_j)
-    tl.store(p_s + tl.num_programs(2).to(tl.int64) * NG * D, b_e, mask=m_j)
+    for i_s in range(s_lo, s_hi):
+        t0 = i_s * (WC * K)
+        m_t = t0 + o_c[:, None] * K + o_k[None, :] < L                                 # [WC, K]
+        b_xr = tl.load(p_x + o_row, mask=(t0 + o_t < L)[:, None] & m_i[None, :], other=0.0)
+        b_dy = tl.load(p_dy + o_ch, mask=m_j[:, None, None] & m_t[None, :, :], other=0.0).to(tl.float32)
+        b_x0, b_x1, b_x2 = _x_parts(b_xr, X_PARTS)
+        b_za = _gate_dot(b_x0, b_x1, b_x2, b_wa0, b_wa1, b_wa2, X_PARTS, WC, K, BJ, MATH) + b_ba[:, None, None]
+        b_at, _ = _decay(b_csp[:, None, None] * _sigmoid(b_za, MATH), MATH)
+        # tokens past L are identities; they come first once flipped
+        b_at = _flip_tokens(tl.where(m_t[None, :, :], b_at, 1.0), K, MATH)
+        b_A, b_E = _scan_affine(b_at, b_at * _flip_tokens(b_dy, K, MATH), K, MATH)
+        o_s = (i_b64 * NC + i_s * WC + o_c)[None, :] * D + o_d[:, None]                # [BJ, WC]
+        m_s = m_j[:, None] & (i_s * WC + o_c < NC)[None, :]
+        tl.store(sums + o_s, _token(b_A, K - 1, K), mask=m_s)
+        tl.store(sums + tl.num_programs(2).to(tl.int64) * NC * D + o_s, _token(b_E, K - 1, K), mask=m_s)
+        p_x += WC * K * D
+        p_dy += WC * K * D
 
 
-@triton.jit(do_not_specialize=["L", "NC", "G", "NG", "M"])
-def _rglru_bwd_kernel(
+@triton.jit(do_not_specialize=["L", "NC", "G", "one"])
+def _rglru_bwd_dw_kernel(
     x, dy,               # [B, L, D]
-    dh_last,             # [B, D] fp32 cotangent of the final state (read when HAS_DH)
-    w16, w_inv,          # split gate weights (their transposes serve dx)
+    w3,                  # [2, 3, H, NP, NP] bf16 weight parts
     b_a, b_x, a_param,   # [D] fp32
-    states,              # [B, NC, D] fp32: state entering each chunk (from the forward)
-    sums,                # [2, B, NG, D] fp32 reverse group summaries
-    dx,                  # [B, L, D] x.dtype
-    dh0,                 # [B, D] fp32 (written when HAS_H0)
-    part,                # [B * NG, M] fp32 parameter-gradient partials of each program
-    L, D, n, H, NC, G, NG, M, c,
-    K: tl.constexpr, BN: tl.constexpr, NGP: tl.constexpr, X_PARTS: tl.constexpr,
-    HAS_DH: tl.constexpr, HAS_H0: tl.constexpr, MATH: tl.constexpr,
+    states,              # [B, NC, D] fp32: the state entering every chunk (from the forward)
+    estates,             # [B, NC, D] fp32: eps entering every chunk from the right
+    part,                # [B * grid0, M] fp32 parameter-gradient partials of each program
+    L, NC, G, c, one,
+    D: tl.constexpr, n: tl.constexpr, H: tl.constexpr, M: tl.constexpr,
+    K: tl.constexpr, WC: tl.constexpr, NP: tl.constexpr, BJ: tl.constexpr, X_PARTS: tl.constexpr,
+    MATH: tl.constexpr,
 ):
-    """One (group of G chunks, head, batch row), walking its chunks last to first."""
-    i_g, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """Weight, bias and decay gradients of one (range of G steps of WC chunks, head x channel tile,
+    batch row): dW[:, J] accumulates x^T dz over the WC K tokens of every step on tensor cores."""
+    i_g, i_hj, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    NJ: tl.constexpr = (n + BJ - 1) // BJ
+    i_h = i_hj // NJ
     i_b64 = i_b.to(tl.int64)
-    o_j = tl.arange(0, BN)
+    o_i = tl.arange(0, NP)
+    o_j = (i_hj % NJ) * BJ + tl.arange(0, BJ)
+    o_c = tl.arange(0, WC)
     o_k = tl.arange(0, K)
+    o_t = tl.arange(0, WC * K)
+    m_i = o_i < n
     m_j = o_j < n
     o_d = i_h * n + o_j
     b_ba = tl.load(b_a + o_d, mask=m_j, other=0.0)
     b_bx = tl.load(b_x + o_d, mask=m_j, other=0.0)
     b_csp = -c * _softplus(tl.load(a_param + o_d, mask=m_j, other=0.0), MATH)
+    HPP: tl.constexpr = H * NP * NP
+    p_wa = w3 + i_h.to(tl.int64) * NP * NP + o_i[:, None] * NP + o_j[None, :]
+    b_wa0, b_wa1, b_wa2 = _w_parts(p_wa, HPP)
+    b_wx0, b_wx1, b_wx2 = _w_parts(p_wa + 3 * HPP, HPP)
 
-    HBB = H * BN * BN
-    o_w = i_h.to(tl.int64) * BN * BN + o_j[:, None] * BN + o_j[None, :]
-    b_wah = tl.load(w16 + o_w)
-    b_wal = tl.load(w16 + HBB + o_w)
-    b_wxh = tl.load(w16 + 2 * HBB + o_w)
-    b_wxl = tl.load(w16 + 3 * HBB + o_w)
-    b_wainv = tl.load(w_inv + i_h)
-    b_wxinv = tl.load(w_inv + H + i_h)
+    b_dwa = tl.zeros([NP, BJ], dtype=tl.float32)
+    b_dwx = tl.zeros([NP, BJ], dtype=tl.float32)
+    # per (channel, chunk of the step): the sum over chunks crosses warps, so it waits for the end
+    b_dba = tl.zeros([BJ, WC], dtype=tl.float32)
+    b_dbx = tl.zeros([BJ, WC], dtype=tl.float32)
+    b_dsp = tl.zeros([BJ, WC], dtype=tl.float32)
 
-    b_dwa = tl.zeros([BN, BN], dtype=tl.float32)
-    b_dwx = tl.zeros([BN, BN], dtype=tl.float32)
-    b_dba = tl.zeros([BN], dtype=tl.float32)
-    b_dbx = tl.zeros([BN], dtype=tl.float32)
-    b_dsp = tl.zeros([BN], dtype=tl.float32)
-    b_one = tl.full([K, BN], 1.0, dtype=tl.float32)
-    b_zero = tl.zeros([K, BN], dtype=tl.float32)
+    o_row = o_t[:, None] * D + o_i[None, :]                                          # [WC K, NP]
+    o_ch = (o_c[None, :, None] * K + o_k[None, None, :]) * D + (o_j * one)[:, None, None]  # [BJ, WC, K]
+    s_lo = i_g * G
+    s_hi = tl.minimum(s_lo + G, tl.cdiv(NC, WC))
+    o_base = (i_b64 * L + s_lo.to(tl.int64) * (WC * K)) * D + i_h * n
+    p_x = x + o_base
+    p_dy = dy + o_base
+    for i_s in range(s_lo, s_hi):
+        t0 = i_s * (WC * K)
+        m_t = t0 + o_c[:, None] * K + o_k[None, :] < L                                 # [WC, K]
+        m_x = m_j[:, None, None] & m_t[None, :, :]
+        b_xr = tl.load(p_x + o_row, mask=(t0 + o_t < L)[:, None] & m_i[None, :], other=0.0)
+        b_xj = tl.load(p_x + o_ch, mask=m_x, other=0.0).to(tl.float32)
+        b_dy = tl.load(p_dy + o_ch, mask=m_x, other=0.0).to(tl.float32)
+        o_s = (i_b64 * NC + i_s * WC + o_c)[None, :] * D + o_d[:, None]                # [BJ, WC]
+        m_s = m_j[:, None] & (i_s * WC + o_c < NC)[None, :]
+        b_hin = tl.load(states + o_s, mask=m_s, other=0.0)
+        b_e = tl.load(estates + o_s, mask=m_s, other=0.0)
+        b_dza, b_dzx, _, b_dlga = _chunk_cotangents(
+            b_xr, b_xj, b_dy, b_wa0, b_wa1, b_wa2, b_wx0, b_wx1, b_wx2, b_ba, b_bx, b_csp, b_hin, b_e,
+            m_t, m_x, X_PARTS, WC, K, BJ, MATH)
+        b_dba += tl.sum(b_dza, axis=2)
+        b_dbx += tl.sum(b_dzx, axis=2)
+        b_dsp += tl.sum(b_dlga, axis=2)
+        # dW[:, J] += x^T dz over the step's tokens: x in its exact parts, dz in three bf16 parts
+        b_xt0, b_xt1, b_xt2 = _x_parts(tl.trans(b_xr), X_PARTS)
+        b_d0, b_d1, b_d2 = _split3(_rows(b_dza, WC, K, BJ))
+        b_dwa = _parts_dot(b_xt0, b_xt1, b_xt2, b_d0, b_d1, b_d2, b_dwa, X_PARTS, 3, 2, MATH)
+        b_d0, b_d1, b_d2 = _split3(_rows(b_dzx, WC, K, BJ))
+        b_dwx = _parts_dot(b_xt0, b_xt1, b_xt2, b_d0, b_d1, b_d2, b_dwx, X_PARTS, 3, 2, MATH)
+        p_x += WC * K * D
+        p_dy += WC * K * D
 
-    # eps entering the group's last chunk from the right: a delta of the next token
-    b_e = tl.zeros([BN], dtype=tl.float32)
-    if HAS_DH:
-        b_e = tl.load(dh_last + i_b64 * D + o_d, mask=m_j, other=0.0)
-    if NGP > 1:
-        o_r = tl.arange(0, NGP)
-        SB = tl.num_programs(2).to(tl.int64) * NG * D
-        b_e = _fold_prefix(b_e, sums + i_b64 * NG * D, NG - 1 - o_r, o_r < NG - 1 - i_g, o_d, m_j, D, SB, NGP)
+    p_p = part + (i_b64 * tl.num_programs(0) + i_g) * M
+    m_w = m_i[:, None] & m_j[None, :]
+    o_nn = i_h * n * n + o_i[:, None] * n + o_j[None, :]
+    tl.store(p_p + o_nn, b_dwa, mask=m_w)
+    tl.store(p_p + H * n * n + o_nn, b_dwx, mask=m_w)
+    tl.store(p_p + 2 * H * n * n + o_d, tl.sum(b_dba, axis=1), mask=m_j)
+    tl.store(p_p + 2 * H * n * n + D + o_d, tl.sum(b_dbx, axis=1), mask=m_j)
+    tl.store(p_p + 2 * H * n * n + 2 * D + o_d, -c * tl.sum(b_dsp, axis=1), mask=m_j)
 
-    c_lo = i_g * G
-    c_hi = tl.minimum(c_lo + G, NC)
-    o_tile = o_k[:, None] * D + o_j[None, :]
-    o_tile_r = ((K - 1) - o_k)[:, None] * D + o_j[None, :]
-    o_base = (i_b64 * L + (c_hi - 1).to(tl.int64) * K) * D + i_h * n
+
+@triton.jit(do_not_specialize=["L", "NC", "G", "one"])
+def _rglru_bwd_dx_kernel(
+    x, dy,               # [B, L, D]
+    w3,                  # [2, 3, H, NP, NP] bf16 weight parts (their transposes serve dx)
+    b_a, b_x, a_param,   # [D] fp32
+    states,              # [B, NC, D] fp32: the state entering every chunk (from the forward)
+    estates,             # [B, NC, D] fp32: eps entering every chunk from the right
+    dx,                  # [B, L, D] x.dtype
+    L, NC, G, c, one,
+    D: tl.constexpr, n: tl.constexpr, H: tl.constexpr,
+    K: tl.constexpr, WC: tl.constexpr, NP: tl.constexpr, BJ: tl.constexpr, X_PARTS: tl.constexpr,
+    DX_ORDER: tl.constexpr, MATH: tl.constexpr,
+):
+    """dx of one (range of G steps of WC chunks, head, batch row): per step, the cotangents of each
+    channel tile in turn, folded into the head's [WC K, NP] input-gradient tile on tensor cores.
+
+    dx = direct + dza w_a^T + dzx w_x^T; the direct term (a channel to itself) enters through a
+    product with an identity slab, so every term accumulates in the same tile.
+    """
+    i_g, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    NJ: tl.constexpr = (n + BJ - 1) // BJ
+    i_b64 = i_b.to(tl.int64)
+    o_i = tl.arange(0, NP)
+    o_jt = tl.arange(0, BJ)
+    o_c = tl.arange(0, WC)
+    o_k = tl.arange(0, K)
+    o_t = tl.arange(0, WC * K)
+    m_i = o_i < n
+    HPP: tl.constexpr = H * NP * NP
+    o_row = o_t[:, None] * D + o_i[None, :]                                          # [WC K, NP]
+    s_lo = i_g * G
+    s_hi = tl.minimum(s_lo + G, tl.cdiv(NC, WC))
+    o_base = (i_b64 * L + s_lo.to(tl.int64) * (WC * K)) * D + i_h * n
     p_x = x + o_base
     p_dy = dy + o_base
     p_dx = dx + o_base
-    p_st = states + (i_b64 * NC + c_hi - 1) * D + o_d
-    for i in range(0, c_hi - c_lo):
-        t0 = (c_hi - 1 - i) * K
-        m_t = t0 + o_k < L
-        m_x = m_t[:, None] & m_j[None, :]
-        b_xt = tl.load(p_x + o_tile, mask=m_x, other=0.0).to(tl.float32)       # [K, BN]
-        # the cotangent read last token first, for the adjoint scan
-        m_xr = (t0 + (K - 1) - o_k < L)[:, None] & m_j[None, :]
-        b_dyr = tl.load(p_dy + o_tile_r, mask=m_xr, other=0.0).to(tl.float32)
-
-        # gates, recomputed
-        b_xh, b_xl, b_xinv = _split_rows(b_xt, X_PARTS)
-        b_za = _gate_dot(b_xh, b_xl, b_xinv, b_wah, b_wal, b_wainv, X_PARTS) + b_ba[None, :]
-        b_zx = _gate_dot(b_xh, b_xl, b_xinv, b_wxh, b_wxl, b_wxinv, X_PARTS) + b_bx[None, :]
-        b_ga, b_gac = _sigmoid_pair(b_za, MATH)
-        b_gx, b_gxc = _sigmoid_pair(b_zx, MATH)
-        b_at, b_u = _decay(b_csp[None, :] * b_ga, MATH)
-        b_mult = _sqrt(b_u, MATH)
-        b_at = tl.where(m_t[:, None], b_at, 1.0)
-        b_bt = tl.where(m_t[:, None], b_mult * b_gx * b_xt, 0.0)
-
-        # g_t = a_t h_{t-1}, from the state entering the chunk
-        b_hin = tl.load(p_st, mask=m_j, other=0.0)
-        b_P, b_W, _ = tl.associative_scan((b_at, b_zero, b_bt), 0, _affine_before)
-        b_gt = b_W + b_P * b_hin[None, :]
-
-        # delta_t = dy_t + a_{t+1} delta_{t+1}, entered with eps = a delta of the next chunk's first token
-        b_q, _, b_v = tl.associative_scan((b_one, tl.flip(b_at, 0), b_dyr), 0, _adjoint)
-        b_delta = tl.flip(b_v + b_q * b_e[None, :], 0)
-        b_e = tl.sum(tl.where(o_k[:, None] == 0, b_at * b_delta, 0.0), axis=0)
-
-        # pointwise cotangents; b = multiplier * gate_x * x
-        b_dgx = b_delta * b_mult * b_xt
-        # Griffin's bounded derivative of sqrt(u): 1 / sqrt(max(4u, 1e-6))
-        b_du = b_delta * b_gx * b_xt * _rsqrt(tl.maximum(4.0 * b_u, 1e-6), MATH)
-        # u = 1 - exp(2 log a): du/dlog a = -2 a^2
-        b_dloga = b_delta * b_gt - 2.0 * b_at * b_at * b_du
-        b_dza = tl.where(m_x, b_dloga * b_csp[None, :] * b_ga * b_gac, 0.0)
-        b_dzx = tl.where(m_x, b_dgx * b_gx * b_gxc, 0.0)
-        b_dba += tl.sum(b_dza, axis=0)
-        b_dbx += tl.sum(b_dzx, axis=0)
-        b_dsp += tl.sum(tl.where(m_x, b_dloga * b_ga, 0.0), axis=0)
-
-        # dx = delta * multiplier * gate_x + dza w_a^T + dzx w_x^T
-        b_dx = b_delta * b_mult * b_gx
-        b_dh, b_dl, b_dinv = _split_rows(b_dza, 2)
-        b_dx += _gate_dot(b_dh, b_dl, b_dinv, tl.trans(b_wah), tl.trans(b_wal), b_wainv, 2)
-        b_dh, b_dl, b_dinv = _split_rows(b_dzx, 2)
-        b_dx += _gate_dot(b_dh, b_dl, b_dinv, tl.trans(b_wxh), tl.trans(b_wxl), b_wxinv, 2)
-        tl.store(p_dx + o_tile, _to_store(b_dx, dx.dtype.element_ty, MATH), mask=m_x)
-
-        # dW = x^T dz, both split along the token axis
-        b_xch, b_xcl, b_xcinv = _split_cols(b_xt, X_PARTS)
-        b_xth = tl.trans(b_xch)
-        b_xtl = tl.trans(b_xcl)
-        b_dh, b_dl, b_dinv = _split_cols(b_dza, 2)
-        b_dwa += _gate_dot(b_xth, b_xtl, b_xcinv, b_dh, b_dl, b_dinv[None, :], X_PARTS)
-        b_dh, b_dl, b_dinv = _split_cols(b_dzx, 2)
-        b_dwx += _gate_dot(b_xth, b_xtl, b_xcinv, b_dh, b_dl, b_dinv[None, :], X_PARTS)
-        p_x -= K * D
-        p_dy -= K * D
-        p_dx -= K * D
-        p_st -= D
-
-    p_p = part + (i_b64 * NG + i_g) * M
-    m_w = m_j[:, None] & m_j[None, :]
-    o_nn = i_h * n * n + o_j[:, None] * n + o_j[None, :]
-    tl.store(p_p + o_nn, b_dwa, mask=m_w)
-    tl.store(p_p + H * n * n + o_nn, b_dwx, mask=m_w)
-    tl.store(p_p + 2 * H * n * n + o_d, b_dba, mask=m_j)
-    tl.store(p_p + 2 * H * n * n + D + o_d, b_dbx, mask=m_j)
-    tl.store(p_p + 2 * H * n * n + 2 * D + o_d, -c * b_dsp, mask=m_j)
-    if HAS_H0:
-        if i_g == 0:
-            tl.store(dh0 + i_b64 * D + o_d, b_e, mask=m_j)
+    for i_s in range(s_lo, s_hi):
+        t0 = i_s * (WC * K)
+        m_t = t0 + o_c[:, None] * K + o_k[None, :] < L                                 # [WC, K]
+        m_r = (t0 + o_t < L)[:, None] & m_i[None, :]
+        b_xr = tl.load(p_x + o_row, mask=m_r, other=0.0)
+        b_dx = tl.zeros([WC * K, NP], dtype=tl.float32)
+        for i_j in range(0, NJ):
+            o_j = i_j * BJ + o_jt
+            m_j = o_j < n
+            m_x = m_j[:, None, None] & m_t[None, :, :]
+            o_d = i_h * n + o_j
+            o_ch = (o_c[None, :, None] * K + o_k[None, None, :]) * D + (o_j * one)[:, None, None]
+            b_ba = tl.load(b_a + o_d, mask=m_j, other=0.0)
+            b_bx = tl.load(b_x + o_d, mask=m_j, other=0.0)
+            b_csp = -c * _softplus(tl.load(a_param + o_d, mask=m_j, other=0.0), MATH)
+            p_wa = w3 + i_h.to(tl.int64) * NP * NP + o_i[:, None] * NP + o_j[None, :]
+            b_wa0, b_wa1, b_wa2 = _w_parts(p_wa, HPP)
+            b_wx0, b_wx1, b_wx2 = _w_parts(p_wa + 3 * HPP, HPP)
+            b_xj = tl.load(p_x + o_ch, mask=m_x, other=0.0).to(tl.float32)
+            b_dy = tl.load(p_dy + o_ch, mask=m_x, other=0.0).to(tl.float32)
+            o_s = (i_b64 * NC + i_s * WC + o_c)[None, :] * D + o_d[:, None]            # [BJ, WC]
+            m_s = m_j[:, None] & (i_s * WC + o_c < NC)[None, :]
+            b_hin = tl.load(states + o_s, mask=m_s, other=0.0)
+            b_e = tl.load(estates + o_s, mask=m_s, other=0.0)
+            b_dza, b_dzx, b_direct, _ = _chunk_cotangents(
+                b_xr, b_xj, b_dy, b_wa0, b_wa1, b_wa2, b_wx0, b_wx1, b_wx2, b_ba, b_bx, b_csp, b_hin, b_e,
+                m_t, m_x, X_PARTS, WC, K, BJ, MATH)
+            # dx += dz w^T over this tile's channels; ORDER 1 keeps ~2^-16, enough for bf16 / fp16 dx
+            b_d0, b_d1, b_d2 = _split3(_rows(b_dza, WC, K, BJ))
+            b_dx = _parts_dot(b_d0, b_d1, b_d2, tl.trans(b_wa0), tl.trans(b_wa1), tl.trans(b_wa2), b_dx,
+                              3, 3, DX_ORDER, MATH)
+            b_d0, b_d1, b_d2 = _split3(_rows(b_dzx, WC, K, BJ))
+            b_dx = _parts_dot(b_d0, b_d1, b_d2, tl.trans(b_wx0), tl.trans(b_wx1), tl.trans(b_wx2), b_dx,
+                              3, 3, DX_ORDER, MATH)
+            # the direct term through the identity slab E[j, i] = (i == channel j): exact, E is one part
+            b_eye = tl.where(o_i[None, :] == o_j[:, None], 1.0, 0.0).to(tl.bfloat16)
+            b_d0, b_d1, b_d2 = _split3(_rows(b_direct, WC, K, BJ))
+            b_dx = _parts_dot(b_d0, b_d1, b_d2, b_eye, b_eye, b_eye, b_dx, 3, 1, DX_ORDER, MATH)
+        tl.store(p_dx + o_row, _to_store(b_dx, dx.dtype.element_ty, MATH), mask=m_r)
+        p_x += WC * K * D
+        p_dy += WC * K * D
+        p_dx += WC * K * D
 
 
-@triton.jit(do_not_specialize=["NP", "M"])
+@triton.jit(do_not_specialize=["n_rows", "M"])
 def _rglru_reduce_kernel(
-    part,                # [NP, M] fp32: per program [dW_a (H n n) | dW_x | db_a (D) | db_x | dsoftplus]
+    part,                # [n_rows, M] fp32: per program [dW_a (H n n) | dW_x | db_a (D) | db_x | dsoftplus]
     dwa, dwx,            # [H, n, n] fp32
     dba, dbx, da,        # [D] fp32
     a_param,             # [D] fp32
-    NP, M, HNN, D,
+    n_rows, M, HNN, D,
     BLOCK: tl.constexpr, MATH: tl.constexpr,
 ):
     """Sum the partials over programs in a fixed order (deterministic); d a_param = dsoftplus * sigma."""
@@ -263,7 +369,7 @@ def _rglru_reduce_kernel(
     m = o < M
     b_acc = tl.zeros([BLOCK], dtype=tl.float32)
     p_part = part + o
-    for _ in range(0, NP):
+    for _ in range(0, n_rows):
         b_acc += tl.load(p_part, mask=m, other=0.0)
         p_part += M
     tl.store(dwa + o, b_acc, mask=o < HNN)
@@ -276,50 +382,43 @@ def _rglru_reduce_kernel(
     tl.store(da + (o_v - 2 * D), b_acc * b_sig, mask=m_a)
 
 
-def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states, c: float, *, K: int, G: int,
-              fast: bool = False, num_warps: int = 4, num_stages: int = 1):
+def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states, c: float, *, K: int, WC: int,
+              G: int, G_dx: int, fast: bool = False):
     """Chunked RG-LRU backward.
 
     dy: [B, L, D] (any float dtype); dh_last: [B, D] fp32 or None; x and the parameters as in the
     forward; has_h0: whether the forward had an initial state (its gradient is then returned);
-    states: [B, ceil(L/K), D] fp32 from the forward with the same K. G (chunks per program) is the
-    backward's own choice.
+    states: [B, ceil(L/K), D] fp32 from the forward with the same K. WC: chunks per step (one per
+    warp); G: steps per program of the summary and weight-gradient kernels; G_dx: of the dx kernel.
     Returns dx [B, L, D] x.dtype, dw_a [H, n, n], db_a [D], dw_x [H, n, n], db_x [D], da [D]
     (all fp32) and dh0 [B, D] fp32 (None without an initial state).
     """
     B, L, D = x.shape
     H, n = w_a.shape[0], w_a.shape[1]
-    BN = head_block(n)
     NC = triton.cdiv(L, K)
     assert states.shape == (B, NC, D), "states must come from a forward with the same chunk length"
-    NG = triton.cdiv(NC, G)
-    assert NG <= MAX_GROUPS, f"{NG} groups of {G} chunks; at most {MAX_GROUPS}"
-    NGP = MAX_GROUPS if NG > 1 else 1
     dev = x.device
-    X_PARTS = 2 if x.dtype == torch.float32 else 1
-    w16, w_inv = split_weights(w_a, w_x)
+    MATH = math_mode(fast)
+    w3 = split_weights(w_a, w_x)
     dy = dy.contiguous()
-    dx = new_buffer((B, L, D), x.dtype, dev)
-    dh0 = new_buffer((B, D), torch.float32, dev) if has_h0 else None
+    rsums = new_buffer((2, B, NC, D), torch.float32, dev)
+    grid, meta = chunk_launch(x, H, K, WC, G, MATH=MATH)
+    _rglru_bwd_summary_kernel[grid](x, dy, w3, b_a, a_param, rsums, L, NC, G, float(c), 1, **meta)
+    estates, dh0 = prefix(rsums, dh_last, reverse=True)
     M = 2 * H * n * n + 3 * D
-    part = new_buffer((B * NG, M), torch.float32, dev)
-    sums = new_buffer((2, B, NG, D), torch.float32, dev) if NG > 1 else part
-    grid = (NG, H, B)
-    if NG > 1:
-        _rglru_bwd_summary_kernel[grid](x, w16, w_inv, b_a, a_param, dy, sums, L, D, n, H, NC, G, NG, float(c),
-                                        K=K, BN=BN, X_PARTS=X_PARTS, MATH=math_mode(fast),
-                                        num_warps=num_warps, num_stages=num_stages)
-    _rglru_bwd_kernel[grid](
-        x, dy, dh_last if dh_last is not None else part, w16, w_inv, b_a, b_x, a_param, states,
-        sums, dx, dh0 if dh0 is not None else part, part, L, D, n, H, NC, G, NG, M, float(c),
-        K=K, BN=BN, NGP=NGP, X_PARTS=X_PARTS, HAS_DH=dh_last is not None, HAS_H0=has_h0,
-        MATH=math_mode(fast), num_warps=num_warps, num_stages=num_stages)
+    part = new_buffer((B * grid[0], M), torch.float32, dev)
+    _rglru_bwd_dw_kernel[grid](x, dy, w3, b_a, b_x, a_param, states, estates, part, L, NC, G, float(c), 1,
+                               M=M, **meta)
+    dx = new_buffer((B, L, D), x.dtype, dev)
+    grid_dx, meta_dx = chunk_launch(x, H, K, WC, G_dx, MATH=MATH, DX_ORDER=2 if x.dtype == torch.float32 else 1)
+    _rglru_bwd_dx_kernel[(grid_dx[0], H, B)](x, dy, w3, b_a, b_x, a_param, states, estates, dx, L, NC, G_dx,
+                                             float(c), 1, **meta_dx)
     dw_a = new_buffer((H, n, n), torch.float32, dev)
     dw_x = new_buffer((H, n, n), torch.float32, dev)
     db_a = new_buffer((D,), torch.float32, dev)
     db_x = new_buffer((D,), torch.float32, dev)
     da = new_buffer((D,), torch.float32, dev)
     BLOCK = 1024
-    _rglru_reduce_kernel[(triton.cdiv(M, BLOCK),)](part, dw_a, dw_x, db_a, db_x, da, a_param, B * NG, M, H * n * n, D,
-                                                  BLOCK=BLOCK, MATH=math_mode(fast), num_warps=4)
-    return dx, dw_a, db_a, dw_x, db_x, da, dh0
+    _rglru_reduce_kernel[(triton.cdiv(M, BLOCK),)](part, dw_a, dw_x, db_a, db_x, da, a_param, B * grid[0], M,
+                                                  H * n * n, D, BLOCK=BLOCK, MATH=MATH, num_warps=4)
+    return dx, dw_a, db_a, dw_x, db_x, da, (dh0 if has_h0 else None)

@@ -1,12 +1,20 @@
-"""RG-LRU forward in Triton: block-diagonal gates fused with a chunked linear scan (SPEC §4, §6).
+"""RG-LRU forward in Triton: block-diagonal gates on tensor cores fused with a chunked linear scan
+(SPEC §4, §6).
 
-Read bottom-up: ``rglru_fwd`` (host) launches ``_rglru_fwd_kernel`` once per pass; the kernel is
-built from the jit helpers above it (exact gate products, gates, affine scan combines). The math,
-the precision argument and the scratch formula are in README.md beside this file.
+Read bottom-up: ``rglru_fwd`` (host) runs three launches: per-chunk affine summaries
+(``_rglru_chunk_kernel``, SUMMARY), the prefix over chunks (``_rglru_prefix_kernel``: the state
+entering every chunk, which the backward reuses) and the replay writing y (``_rglru_chunk_kernel``
+again). The kernels are built from the jit helpers above them (elementary functions, exact gate
+products on tensor cores, scan combines). The math, the precision argument, the layouts and the
+scratch formula are in README.md beside this file.
 
-Layout: x, y [B, L, D]; channel d = h * n + j for head h and in-head index j (n = D / H);
-gate weights [H, n, n] with x_{t,h} @ w[h]. A program owns one (batch row, head, group of chunks)
-and walks its chunks in order, carrying the state in registers.
+Layout: x, y [B, L, D]; channel d = h * n + j for head h and in-head index j (n = D / H); gate
+weights [H, n, n] with x_{t,h} @ w[h]. Every chunk is independent once the states entering the
+chunks are known, so a program owns (batch row, head, tile of BJ output channels, a range of
+chunks) and takes WC chunks per step, one per warp: its gate products read the head's whole input
+rows of those WC * K tokens, everything else is per channel, in [BJ, WC, K] tiles laid out one
+channel per lane, one chunk per warp and a chunk's K tokens inside the thread, so token scans
+(and flips) never leave a thread.
 """
 
 from __future__ import annotations
@@ -45,8 +53,9 @@ def new_buffer(shape, dtype, device) -> torch.Tensor:
 def math_mode(fast: bool) -> int:
     """The kernels' MATH constant: 0 in the interpreter, else 1 (precise) or 2 (fast); see below.
 
-    The interpreter has no libdevice (its numpy functions are correctly rounded already) and
-    truncates on fp32 -> bf16 casts, so kernels round those by hand there.
+    The interpreter has no libdevice (its numpy functions are correctly rounded already), truncates
+    on fp32 -> bf16 casts and multiplies bf16 matrices as raw integers, so kernels work around all
+    three there.
     """
     if os.environ.get("TRITON_INTERPRET", "0") == "1" or libdevice is None:
         return 0
@@ -54,8 +63,13 @@ def math_mode(fast: bool) -> int:
 
 
 def head_block(n: int) -> int:
-    """Register tile width of one head: a power of two >= 16 (the tl.dot minimum), padded by masks."""
+    """Padded head width NP: a power of two >= 16 (tl.dot's minimum), the reduction length of the gate products."""
     return max(16, triton.next_power_of_2(n))
+
+
+def channel_block(n: int) -> int:
+    """Output channels per program BJ: one per lane of a warp, at most the padded head width."""
+    return min(head_block(n), 32)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -83,6 +97,10 @@ def _exp(x, MATH: tl.constexpr):
 def _recip(x, MATH: tl.constexpr):
     if MATH == 1:
         return tl.div_rn(1.0, x)
+    elif MATH == 2:
+        # one MUFU.RCP; Triton's `1 / x` adds a range fix-up the callers never need
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                        is_pure=True, pack=1)
     else:
         return 1.0 / x
 
@@ -111,9 +129,8 @@ def _expm1_neg(x, MATH: tl.constexpr):
     if MATH == 1:
         return libdevice.expm1(x)
     elif MATH == 2:
-        # Taylor to degree 9 on [-0.5, 0] (truncation < 2^-28 relative), exp - 1 below
-        p = 1.0 / 362880.0
-        p = p * x + 1.0 / 40320.0
+        # Taylor to degree 8 on [-0.5, 0] (truncation < 1.4e-8 relative), exp - 1 below
+        p = 1.0 / 40320.0
         p = p * x + 1.0 / 5040.0
         p = p * x + 1.0 / 720.0
         p = p * x + 1.0 / 120.0
@@ -190,59 +207,92 @@ def _decay(b_loga, MATH: tl.constexpr):
 
 
 # ----------------------------------------------------------------------------------------------
-# jit helpers: fp32-accurate products on fp16 tensor cores
+# jit helpers: exact products on bf16 tensor cores
 #
-# A value v is scaled by a power of two s so that max|v * s| lies in [2^14, 2^15) along the
-# reduction-free axis, then split into fp16 hi = fp16(v s) and lo = fp16(v s - hi): 22 significant
-# bits. bf16 and fp16 inputs are exact in one fp16 part after scaling. Products of fp16 parts are
-# exact in fp32 and accumulate in fp32; scaling back by 1/s is exact. See README.md, "Precision".
+# An fp32 value v is the exact sum of three bf16 parts: hi = bf16(v), mid = bf16(v - hi),
+# lo = bf16(v - hi - mid) (8 + 8 + 8 significant bits; bf16 has fp32's exponent range, so no
+# scaling). bf16 x is its own single part. A product sums the part products p_i q_k with
+# i + k <= ORDER (2: all terms down to 2^-16 relative of the leading one, fp32-accurate; 1: down
+# to 2^-8, accurate to ~2^-16, enough for results stored in bf16 or fp16), smallest first, each
+# exact in fp32 and accumulated in fp32. See README.md, "Precision".
 
 
 @triton.jit
-def _pow2_scale(m):
-    """Powers of two (s, 1/s) with m * s in [2^14, 2^15) for m >= 0, clamped to normal range."""
-    e = (m.to(tl.int32, bitcast=True) >> 23) & 0xFF
-    es = tl.minimum(tl.maximum(268 - e, 1), 253)
-    s = (es << 23).to(tl.float32, bitcast=True)
-    inv = ((254 - es) << 23).to(tl.float32, bitcast=True)
-    return s, inv
+def _split3(b_v):
+    """fp32 -> bf16 (hi, mid, lo) with hi + mid + lo == v exactly (truncating casts also qualify)."""
+    b_hi = b_v.to(tl.bfloat16)
+    b_r = b_v - b_hi.to(tl.float32)
+    b_mid = b_r.to(tl.bfloat16)
+    return b_hi, b_mid, (b_r - b_mid.to(tl.float32)).to(tl.bfloat16)
 
 
 @triton.jit
-def _split_rows(b_v, PARTS: tl.constexpr):
-    """[M, N] fp32 -> fp16 (hi, lo) with per-row scale, and the per-row inverse scale [M]."""
-    s, inv = _pow2_scale(tl.max(tl.abs(b_v), axis=1))
-    b_s = b_v * s[:, None]
-    b_hi = b_s.to(tl.float16)
-    if PARTS == 2:
-        b_lo = (b_s - b_hi.to(tl.float32)).to(tl.float16)
+def _parts_dot(a0, a1, a2, b0, b1, b2, acc, A_PARTS: tl.constexpr, B_PARTS: tl.constexpr,
+               ORDER: tl.constexpr, MATH: tl.constexpr):
+    """acc + sum of a_i @ b_k over i < A_PARTS, k < B_PARTS, i + k <= ORDER, smallest terms first."""
+    if MATH == 0:
+        # the interpreter multiplies bf16 matrices as raw integers: upcast (exact for bf16 parts)
+        a0, a1, a2 = a0.to(tl.float32), a1.to(tl.float32), a2.to(tl.float32)
+        b0, b1, b2 = b0.to(tl.float32), b1.to(tl.float32), b2.to(tl.float32)
+    if ORDER >= 2:
+        if B_PARTS > 2:
+            acc = tl.dot(a0, b2, acc)
+        if A_PARTS > 2:
+            acc = tl.dot(a2, b0, acc)
+        if A_PARTS > 1 and B_PARTS > 1:
+            acc = tl.dot(a1, b1, acc)
+    if B_PARTS > 1:
+        acc = tl.dot(a0, b1, acc)
+    if A_PARTS > 1:
+        acc = tl.dot(a1, b0, acc)
+    return tl.dot(a0, b0, acc)
+
+
+@triton.jit
+def _x_parts(b_x, X_PARTS: tl.constexpr):
+    """bf16 parts of an input tile: bf16 is one part; fp16 (11 bits) two; fp32 three."""
+    if X_PARTS == 1:
+        b_x0 = b_x.to(tl.bfloat16)
+        return b_x0, b_x0, b_x0
     else:
-        b_lo = b_hi
-    return b_hi, b_lo, inv
+        return _split3(b_x.to(tl.float32))
 
 
 @triton.jit
-def _split_cols(b_v, PARTS: tl.constexpr):
-    """[M, N] fp32 -> fp16 (hi, lo) with per-column scale, and the per-column inverse scale [N]."""
-    s, inv = _pow2_scale(tl.max(tl.abs(b_v), axis=0))
-    b_s = b_v * s[None, :]
-    b_hi = b_s.to(tl.float16)
-    if PARTS == 2:
-        b_lo = (b_s - b_hi.to(tl.float32)).to(tl.float16)
-    else:
-        b_lo = b_hi
-    return b_hi, b_lo, inv
+def _w_parts(p_w, HPP):
+    """The three bf16 parts of one gate's weight slab at p_w (parts HPP elements apart)."""
+    return tl.load(p_w), tl.load(p_w + HPP), tl.load(p_w + 2 * HPP)
 
 
 @triton.jit
-def _gate_dot(b_xh, b_xl, b_xinv, b_whi, b_wlo, b_winv, X_PARTS: tl.constexpr):
-    """x @ w for x split along rows ([M, R] parts, inverse scales [M]) and w split with inverse
-    scale b_winv (a scalar or a [1, N] row): [M, N] fp32."""
-    b_z = tl.dot(b_xh, b_wlo)
-    if X_PARTS == 2:
-        b_z = tl.dot(b_xl, b_whi, b_z)
-    b_z = tl.dot(b_xh, b_whi, b_z)
-    return b_z * b_xinv[:, None] * b_winv
+def _second(a1, b1, a2, b2):
+    return a2, b2
+
+
+@triton.jit
+def _gate_dot(b_x0, b_x1, b_x2, b_w0, b_w1, b_w2, X_PARTS: tl.constexpr, WC: tl.constexpr, K: tl.constexpr,
+              BJ: tl.constexpr, MATH: tl.constexpr):
+    """Pre-activation of one gate, x [WC K, NP] @ w [NP, BJ] to fp32 accuracy, as [BJ, WC, K]."""
+    b_z = tl.zeros([WC * K, BJ], dtype=tl.float32)
+    b_z = _parts_dot(b_x0, b_x1, b_x2, b_w0, b_w1, b_w2, b_z, X_PARTS, 3, 2, MATH)
+    return tl.reshape(tl.trans(b_z), [BJ, WC, K])
+
+
+@triton.jit
+def _to_scan_layout(b_v, MATH: tl.constexpr):
+    """b_v [BJ, WC, K] through a scan that returns its input: the compiler moves it to the scans'
+    layout (one channel per lane, tokens inside threads) here, once, and keeps every later
+    per-element step there (left alone it computes in the product's layout and moves several
+    tiles back and forth around the scans). Nothing to do in the interpreter."""
+    if MATH != 0:
+        _, b_v = tl.associative_scan((b_v, b_v), 2, _second)
+    return b_v
+
+
+@triton.jit
+def _rows(b_v, WC: tl.constexpr, K: tl.constexpr, BJ: tl.constexpr):
+    """[BJ, WC, K] -> [WC K, BJ]: token rows, the operand shape of the products over tokens or channels."""
+    return tl.trans(tl.reshape(b_v, [BJ, WC * K]))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -256,26 +306,65 @@ def _affine(a1, b1, a2, b2):
 
 
 @triton.jit
-def _last_row(b_v, K: tl.constexpr):
-    """Row K - 1 of [K, N]: [N]."""
+def _token(b_v, k, K: tl.constexpr):
+    """Token k of every chunk of [BJ, WC, K]: [BJ, WC] (a masked sum: exact, and inside each thread)."""
     o_k = tl.arange(0, K)
-    return tl.sum(tl.where(o_k[:, None] == K - 1, b_v, 0.0), axis=0)
+    return tl.sum(tl.where(o_k[None, None, :] == k, b_v, 0.0), axis=2)
 
 
 @triton.jit
-def _fold_prefix(b_h, sums, o_rows, m_rows, o_d, m_j, n_rows_stride, SB, NGP: tl.constexpr):
-    """Compose the summaries (A, B) at rows o_rows (in order) after state b_h; identity where masked.
+def _walk2(x1, x2, combine, K: tl.constexpr):
+    """Interpreter stand-in for tl.associative_scan((x1, x2), 2, combine) on [BJ, WC, K] tiles.
 
-    Returns the state after the last unmasked row, [BN].
+    The interpreter's scan calls the combine once per element in Python; this walks the tokens in
+    the same order as the GPU's in-thread scan (same rounding), combining whole [BJ, WC, 1] columns
+    (builtins only: the interpreter re-patches the language on every device-function call).
     """
-    m = m_rows[:, None] & m_j[None, :]
-    p_s = sums + o_rows[:, None].to(tl.int64) * n_rows_stride + o_d[None, :]
-    b_A = tl.load(p_s, mask=m, other=1.0)
-    b_B = tl.load(p_s + SB, mask=m, other=0.0)
-    o_g = tl.arange(0, NGP)
-    b_B = tl.where(o_g[:, None] == 0, b_B + b_A * b_h[None, :], b_B)
-    _, b_Hs = tl.associative_scan((b_A, b_B), 0, _affine)
-    return _last_row(b_Hs, NGP)
+    o_k = tl.arange(0, K)[None, None, :]
+    S: tl.constexpr = [x1.shape[0], x1.shape[1], 1]
+    c1, c2 = tl.gather(x1, tl.full(S, 0, tl.int32), 2), tl.gather(x2, tl.full(S, 0, tl.int32), 2)
+    for k in tl.static_range(1, K):
+        o_c = tl.full(S, k, tl.int32)
+        c1, c2 = combine(c1, c2, tl.gather(x1, o_c, 2), tl.gather(x2, o_c, 2))
+        x1 = tl.where(o_k == k, c1, x1)
+        x2 = tl.where(o_k == k, c2, x2)
+    return x1, x2
+
+
+@triton.jit
+def _walk3(x1, x2, x3, combine, K: tl.constexpr):
+    """_walk2 for three-component combines."""
+    o_k = tl.arange(0, K)[None, None, :]
+    S: tl.constexpr = [x1.shape[0], x1.shape[1], 1]
+    o_c = tl.full(S, 0, tl.int32)
+    c1, c2, c3 = tl.gather(x1, o_c, 2), tl.gather(x2, o_c, 2), tl.gather(x3, o_c, 2)
+    for k in tl.static_range(1, K):
+        o_c = tl.full(S, k, tl.int32)
+        c1, c2, c3 = combine(c1, c2, c3, tl.gather(x1, o_c, 2), tl.gather(x2, o_c, 2), tl.gather(x3, o_c, 2))
+        x1 = tl.where(o_k == k, c1, x1)
+        x2 = tl.where(o_k == k, c2, x2)
+        x3 = tl.where(o_k == k, c3, x3)
+    return x1, x2, x3
+
+
+@triton.jit
+def _scan_affine(b_a, b_b, K: tl.constexpr, MATH: tl.constexpr):
+    """Inclusive scan of (a, b) under _affine along the tokens (axis 2) of [BJ, WC, K] tiles."""
+    if MATH == 0:
+        return _walk2(b_a, b_b, _affine, K)
+    else:
+        return tl.associative_scan((b_a, b_b), 2, _affine)
+
+
+@triton.jit
+def _flip_tokens(b_v, K: tl.constexpr, MATH: tl.constexpr):
+    """[BJ, WC, K] with each chunk's tokens reversed: free on the GPU (inside threads); the
+    interpreter's tl.flip runs a Python loop per element, so it gathers there."""
+    if MATH == 0:
+        o_k = tl.arange(0, K)
+        return tl.gather(b_v, tl.broadcast_to((K - 1 - o_k)[None, None, :], b_v.shape), 2)
+    else:
+        return tl.flip(b_v, 2)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -285,189 +374,243 @@ def _fold_prefix(b_h, sums, o_rows, m_rows, o_d, m_j, n_rows_stride, SB, NGP: tl
 @triton.jit
 def _rglru_split_weights_kernel(
     w_a, w_x,            # [H, n, n] fp32
-    w16,                 # [2, 2, H, BN, BN] fp16: (gate, hi/lo) parts of w * s, zero-padded
-    w_inv,               # [2, H] fp32: 1 / s, one power of two per (gate, head)
-    n, H,
-    BN: tl.constexpr,
+    w3,                  # [2, 3, H, NP, NP] bf16: (gate, part) of w, zero-padded to NP x NP
+    n, HPP,
+    NP: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """One scale per head keeps w^T's parts the transposes of w's (the backward reuses the tiles)."""
-    i_h, i_gate = tl.program_id(0), tl.program_id(1)
-    o_i = tl.arange(0, BN)
-    m = (o_i < n)[:, None] & (o_i < n)[None, :]
-    o_src = i_h.to(tl.int64) * n * n + o_i[:, None] * n + o_i[None, :]
-    if i_gate == 0:
-        b_w = tl.load(w_a + o_src, mask=m, other=0.0)      # [BN(i), BN(j)]
-    else:
-        b_w = tl.load(w_x + o_src, mask=m, other=0.0)
-    s, inv = _pow2_scale(tl.max(tl.max(tl.abs(b_w), axis=1), axis=0))
-    b_s = b_w * s
-    b_hi = b_s.to(tl.float16)
-    b_lo = (b_s - b_hi.to(tl.float32)).to(tl.float16)
-    HBB = H * BN * BN
-    o_dst = (2 * i_gate * H + i_h).to(tl.int64) * BN * BN + o_i[:, None] * BN + o_i[None, :]
-    tl.store(w16 + o_dst, b_hi)
-    tl.store(w16 + HBB + o_dst, b_lo)
-    tl.store(w_inv + i_gate * H + i_h, inv)
+    """Elementwise over the padded weights: w = hi + mid + lo exactly."""
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = o < 2 * HPP
+    i_g = o // HPP
+    o_w = o % HPP
+    i_h = o_w // (NP * NP)
+    i_r = (o_w // NP) % NP
+    i_c = o_w % NP
+    m_src = m & (i_r < n) & (i_c < n)
+    o_src = (i_h * n + i_r) * n + i_c
+    b_w = tl.where(i_g == 0, tl.load(w_a + o_src, mask=m_src & (i_g == 0), other=0.0),
+                   tl.load(w_x + o_src, mask=m_src & (i_g == 1), other=0.0))
+    b_hi, b_mid, b_lo = _split3(b_w)
+    o_dst = i_g * 3 * HPP + o_w
+    tl.store(w3 + o_dst, b_hi, mask=m)
+    tl.store(w3 + o_dst + HPP, b_mid, mask=m)
+    tl.store(w3 + o_dst + 2 * HPP, b_lo, mask=m)
 
 
 @triton.jit
-def _gates_fwd(b_x, b_wah, b_wal, b_wainv, b_wxh, b_wxl, b_wxinv, b_ba, b_bx, b_csp,
-               X_PARTS: tl.constexpr, MATH: tl.constexpr):
-    """Transition a_t and scan input multiplier_t * gate_x_t * x_t for x [K, BN] fp32."""
-    b_xh, b_xl, b_xinv = _split_rows(b_x, X_PARTS)
-    b_ga = _sigmoid(_gate_dot(b_xh, b_xl, b_xinv, b_wah, b_wal, b_wainv, X_PARTS) + b_ba[None, :], MATH)
-    b_gx = _sigmoid(_gate_dot(b_xh, b_xl, b_xinv, b_wxh, b_wxl, b_wxinv, X_PARTS) + b_bx[None, :], MATH)
-    b_a, b_u = _decay(b_csp[None, :] * b_ga, MATH)
-    return b_a, _sqrt(b_u, MATH) * b_gx * b_x
+def _chunk_gates(b_xr, b_xj, b_wa0, b_wa1, b_wa2, b_wx0, b_wx1, b_wx2, b_ba, b_bx, b_csp, m_t,
+                 X_PARTS: tl.constexpr, WC: tl.constexpr, K: tl.constexpr, BJ: tl.constexpr, MATH: tl.constexpr):
+    """Transition a_t and scan input multiplier_t * gate_x_t * x_t, [BJ, WC, K] fp32, from the head's
+    input rows b_xr [WC K, NP] and this tile's inputs b_xj [BJ, WC, K] fp32; tokens past L (m_t
+    false) are identities a = 1, b = 0."""
+    b_x0, b_x1, b_x2 = _x_parts(b_xr, X_PARTS)
+    b_za = _gate_dot(b_x0, b_x1, b_x2, b_wa0, b_wa1, b_wa2, X_PARTS, WC, K, BJ, MATH)
+    b_zx = _gate_dot(b_x0, b_x1, b_x2, b_wx0, b_wx1, b_wx2, X_PARTS, WC, K, BJ, MATH)
+    b_ga = _sigmoid(b_za + b_ba[:, None, None], MATH)
+    b_gx = _sigmoid(b_zx + b_bx[:, None, None], MATH)
+    b_a, b_u = _decay(b_csp[:, None, None] * b_ga, MATH)
+    b_a = tl.where(m_t[None, :, :], b_a, 1.0)
+    return b_a, tl.where(m_t[None, :, :], _sqrt(b_u, MATH) * b_gx * b_xj, 0.0)
 
 
-@triton.jit(do_not_specialize=["L", "NC", "G", "NG"])
-def _rglru_fwd_kernel(
+@triton.jit(do_not_specialize=["L", "NC", "G", "one"])
+def _rglru_chunk_kernel(
     x,                   # [B, L, D] bf16 / fp16 / fp32
-    w16, w_inv,          # split gate weights (see _rglru_split_weights_kernel)
+    w3,                  # [2, 3, H, NP, NP] bf16 weight parts (see _rglru_split_weights_kernel)
     b_a, b_x, a_param,   # [D] fp32
-    h0,                  # [B, D] fp32 (read when HAS_H0)
-    sums,                # [2, B, NG, D] fp32 group summaries (A = prod a, B = end state from 0)
-    y,                   # [B, L, D] x.dtype
-    states,              # [B, ceil(L/S), D] fp32: state entering every S tokens (when SAVE_STATES)
-    h_last,              # [B, D] fp32 final state
-    L, D, n, H, NC, G, NG, c,
-    K: tl.constexpr, BN: tl.constexpr, NGP: tl.constexpr, X_PARTS: tl.constexpr, S: tl.constexpr,
-    HAS_H0: tl.constexpr, SUMMARY: tl.constexpr, SAVE_STATES: tl.constexpr, MATH: tl.constexpr,
+    sums,                # [2, B, NC, D] fp32 chunk summaries: A = prod a, B = end state entered with 0 (SUMMARY)
+    states,              # [B, NC, D] fp32: the state entering every chunk (replay)
+    y,                   # [B, L, D] x.dtype (replay)
+    L, NC, G, c,
+    one,                 # 1, as a runtime value (see below)
+    D: tl.constexpr, n: tl.constexpr, H: tl.constexpr,
+    K: tl.constexpr, WC: tl.constexpr, NP: tl.constexpr, BJ: tl.constexpr, X_PARTS: tl.constexpr,
+    SUMMARY: tl.constexpr, MATH: tl.constexpr,
 ):
-    """One (group of G chunks, head, batch row). SUMMARY: write the group's affine summary.
-
-    Otherwise: enter with the state composed from h0 and the summaries of earlier groups, write y,
-    the chunk-entering states and (last group) the final state.
-    """
-    i_g, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """One (range of G steps of WC chunks, head x channel tile, batch row). SUMMARY: write each
+    chunk's affine summary. Otherwise: replay each chunk from the state entering it, write y."""
+    i_g, i_hj, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    NJ: tl.constexpr = (n + BJ - 1) // BJ
+    i_h = i_hj // NJ
     i_b64 = i_b.to(tl.int64)
-    o_j = tl.arange(0, BN)
+    o_i = tl.arange(0, NP)
+    o_j = (i_hj % NJ) * BJ + tl.arange(0, BJ)
+    o_c = tl.arange(0, WC)
     o_k = tl.arange(0, K)
+    o_t = tl.arange(0, WC * K)
+    m_i = o_i < n
     m_j = o_j < n
     o_d = i_h * n + o_j
     b_ba = tl.load(b_a + o_d, mask=m_j, other=0.0)
     b_bx = tl.load(b_x + o_d, mask=m_j, other=0.0)
     b_csp = -c * _softplus(tl.load(a_param + o_d, mask=m_j, other=0.0), MATH)
 
-    HBB = H * BN * BN
-    o_w = i_h.to(tl.int64) * BN * BN + o_j[:, None] * BN + o_j[None, :]
-    b_wah = tl.load(w16 + o_w)
-    b_wal = tl.load(w16 + HBB + o_w)
-    b_wxh = tl.load(w16 + 2 * HBB + o_w)
-    b_wxl = tl.load(w16 + 3 * HBB + o_w)
-    b_wainv = tl.load(w_inv + i_h)
-    b_wxinv = tl.load(w_inv + H + i_h)
+    HPP: tl.constexpr = H * NP * NP
+    p_wa = w3 + i_h.to(tl.int64) * NP * NP + o_i[:, None] * NP + o_j[None, :]
+    b_wa0, b_wa1, b_wa2 = _w_parts(p_wa, HPP)
+    b_wx0, b_wx1, b_wx2 = _w_parts(p_wa + 3 * HPP, HPP)
 
-    b_h = tl.zeros([BN], dtype=tl.float32)
-    b_p = tl.full([BN], 1.0, dtype=tl.float32)
-    if not SUMMARY:
-        if HAS_H0:
-            b_h = tl.load(h0 + i_b64 * D + o_d, mask=m_j, other=0.0)
-        if NGP > 1:
-            o_g = tl.arange(0, NGP)
-            SB = tl.num_programs(2).to(tl.int64) * NG * D
-            b_h = _fold_prefix(b_h, sums + i_b64 * NG * D, o_g, o_g < i_g, o_d, m_j, D, SB, NGP)
-
-    c_lo = i_g * G
-    c_hi = tl.minimum(c_lo + G, NC)
-    # 64-bit bases, 32-bit offsets inside a [K, BN] tile
-    o_tile = o_k[:, None] * D + o_j[None, :]
-    o_base = (i_b64 * L + c_lo.to(tl.int64) * K) * D + i_h * n
+    # 64-bit bases, 32-bit offsets inside a step; the channel stride `one` is hidden from the
+    # compiler so it lays channel tiles out one channel per lane (token scans stay in-thread)
+    o_row = o_t[:, None] * D + o_i[None, :]                                          # [WC K, NP]
+    o_ch = (o_c[None, :, None] * K + o_k[None, None, :]) * D + (o_j * one)[:, None, None]  # [BJ, WC, K]
+    s_lo = i_g * G
+    s_hi = tl.minimum(s_lo + G, tl.cdiv(NC, WC))
+    o_base = (i_b64 * L + s_lo.to(tl.int64) * (WC * K)) * D + i_h * n
     p_x = x + o_base
     p_y = y + o_base
-    NS = tl.cdiv(L, S)
-    for i_c in range(c_lo, c_hi):
-        m_t = i_c * K + o_k < L
-        m_x = m_t[:, None] & m_j[None, :]
-        b_xt = tl.load(p_x + o_tile, mask=m_x, other=0.0).to(tl.float32)       # [K, BN]
-        if SAVE_STATES:
-            if (i_c * K) % S == 0:
-                tl.store(states + (i_b64 * NS + (i_c * K) // S) * D + o_d, b_h, mask=m_j)
-        b_at, b_bt = _gates_fwd(b_xt, b_wah, b_wal, b_wainv, b_wxh, b_wxl, b_wxinv,
-                                b_ba, b_bx, b_csp, X_PARTS, MATH)
-        # tokens past L are identities: the state passes through to the chunk end unchanged
-        b_at = tl.where(m_t[:, None], b_at, 1.0)
-        b_bt = tl.where(m_t[:, None], b_bt, 0.0)
-        b_bt = tl.where(o_k[:, None] == 0, b_bt + b_at * b_h[None, :], b_bt)
-        b_A, b_H = tl.associative_scan((b_at, b_bt), 0, _affine)            # [K, BN]
+    for i_s in range(s_lo, s_hi):
+        t0 = i_s * (WC * K)
+        m_t = t0 + o_c[:, None] * K + o_k[None, :] < L                                 # [WC, K]
+        m_x = m_j[:, None, None] & m_t[None, :, :]
+        b_xr = tl.load(p_x + o_row, mask=(t0 + o_t < L)[:, None] & m_i[None, :], other=0.0)
+        b_xj = tl.load(p_x + o_ch, mask=m_x, other=0.0).to(tl.float32)
+        b_at, b_bt = _chunk_gates(b_xr, b_xj, b_wa0, b_wa1, b_wa2, b_wx0, b_wx1, b_wx2, b_ba, b_bx, b_csp,
+                                  m_t, X_PARTS, WC, K, BJ, MATH)
+        o_s = (i_b64 * NC + i_s * WC + o_c)[None, :] * D + o_d[:, None]                # [BJ, WC]
+        m_s = m_j[:, None] & (i_s * WC + o_c < NC)[None, :]
         if SUMMARY:
-            b_p = b_p * _last_row(b_A, K)
+            # a scan (not a reduce) keeps the order of this non-commutative combine in any layout
+            b_A, b_B = _scan_affine(b_at, b_bt, K, MATH)
+            tl.store(sums + o_s, _token(b_A, K - 1, K), mask=m_s)
+            tl.store(sums + tl.num_programs(2).to(tl.int64) * NC * D + o_s, _token(b_B, K - 1, K), mask=m_s)
         else:
-            tl.store(p_y + o_tile, _to_store(b_H, y.dtype.element_ty, MATH), mask=m_x)
-            if SAVE_STATES:
-                if S < K:
-                    # the state entering each later S-token piece of the chunk is a row of b_H
-                    o_next = i_c * K + o_k + 1
-                    m_s = (o_next % S == 0) & (o_k < K - 1) & (o_next < L)
-                    p_s = states + (i_b64 * NS + o_next // S)[:, None] * D + o_d[None, :]
-                    tl.store(p_s, b_H, mask=m_s[:, None] & m_j[None, :])
-        b_h = _last_row(b_H, K)
-        p_x += K * D
-        p_y += K * D
-    if SUMMARY:
-        p_s = sums + (i_b64 * NG + i_g) * D + o_d
-        tl.store(p_s, b_p, mask=m_j)
-        tl.store(p_s + tl.num_programs(2).to(tl.int64) * NG * D, b_h, mask=m_j)
+            b_h = tl.load(states + o_s, mask=m_s, other=0.0)
+            b_bt = tl.where(o_k[None, None, :] == 0, b_bt + b_at * b_h[:, :, None], b_bt)
+            _, b_H = _scan_affine(b_at, b_bt, K, MATH)
+            tl.store(p_y + o_ch, _to_store(b_H, y.dtype.element_ty, MATH), mask=m_x)
+        p_x += WC * K * D
+        p_y += WC * K * D
+
+
+@triton.jit(do_not_specialize=["NC", "one"])
+def _rglru_prefix_kernel(
+    sums,                # [2, B, NC, D] fp32 chunk summaries (A, B) of h -> A h + B
+    h0,                  # [B, D] fp32 entering value (read when HAS_H0)
+    states,              # [B, NC, D] fp32: the value entering every chunk (written)
+    h_end,               # [B, D] fp32: the value after the last chunk walked (written)
+    NC, D, one,
+    CB: tl.constexpr, BD: tl.constexpr, REVERSE: tl.constexpr, HAS_H0: tl.constexpr, MATH: tl.constexpr,
+):
+    """The serial composition of chunk summaries, CB chunks per step, per (channel block, batch row).
+
+    Forward: states[c] = the state entering chunk c, h_end = the final state. REVERSE (the adjoint,
+    chunks last to first): states[c] = eps entering chunk c from the right, h_end = eps leaving
+    chunk 0, i.e. d(initial_state). The value entering chunk c is the composition through the
+    chunk before it, so each step stores its inclusive scan one chunk over. Tiles are
+    [BD, 1, CB], one channel per lane and the step's chunks inside the thread (the hidden unit
+    stride `one`, as in the chunk kernel); the next step's summaries load before this step's scan.
+    """
+    i_d, i_b = tl.program_id(0), tl.program_id(1)
+    i_b64 = i_b.to(tl.int64)
+    o_d = i_d * BD + tl.arange(0, BD)
+    o_r = tl.arange(0, CB)
+    m_d = o_d < D
+    b_h = tl.zeros([BD, 1], dtype=tl.float32)
+    if HAS_H0:
+        b_h = tl.load(h0 + i_b64 * D + o_d, mask=m_d, other=0.0)[:, None]
+    SB = tl.num_programs(1).to(tl.int64) * NC * D
+    p_row = i_b64 * NC * D + (o_d * one)[:, None, None]
+    if REVERSE:
+        tl.store(states + p_row + (NC - 1) * D, b_h[:, :, None], mask=m_d[:, None, None])
     else:
-        if i_g == NG - 1:
-            tl.store(h_last + i_b64 * D + o_d, b_h, mask=m_j)
+        tl.store(states + p_row, b_h[:, :, None], mask=m_d[:, None, None])
+    # chunk of step s at row r: s CB + r in walk order
+    o_c = o_r
+    if REVERSE:
+        o_c = NC - 1 - o_r
+    m_c = m_d[:, None, None] & (o_r < NC)[None, None, :]
+    p_s = sums + p_row + o_c[None, None, :] * D                                      # [BD, 1, CB]
+    b_A = tl.load(p_s, mask=m_c, other=1.0)
+    b_B = tl.load(p_s + SB, mask=m_c, other=0.0)
+    for i_s in range(0, tl.cdiv(NC, CB)):
+        o_n = o_c + CB
+        if REVERSE:
+            o_n = o_c - CB
+        m_n = m_d[:, None, None] & ((i_s + 1) * CB + o_r < NC)[None, None, :]
+        p_n = sums + p_row + o_n[None, None, :] * D
+        b_An = tl.load(p_n, mask=m_n, other=1.0)
+        b_Bn = tl.load(p_n + SB, mask=m_n, other=0.0)
+        b_B = tl.where(o_r[None, None, :] == 0, b_B + b_A * b_h[:, :, None], b_B)
+        _, b_H = _scan_affine(b_A, b_B, CB, MATH)
+        o_next = o_c + 1
+        if REVERSE:
+            o_next = o_c - 1
+        m_next = m_c & ((o_next >= 0) & (o_next < NC))[None, None, :]
+        tl.store(states + p_row + o_next[None, None, :] * D, b_H, mask=m_next)
+        b_h = _token(b_H, CB - 1, CB)
+        o_c, m_c, b_A, b_B = o_n, m_n, b_An, b_Bn
+    tl.store(h_end + i_b64 * D + o_d, tl.sum(b_h, axis=1), mask=m_d)
 
 
 # ----------------------------------------------------------------------------------------------
 # host
 
 
-def split_weights(w_a: torch.Tensor, w_x: torch.Tensor):
-    """fp16 hi/lo parts of both gate weights, one power-of-two scale per (gate, head); one launch.
+def x_parts(dtype: torch.dtype) -> int:
+    """bf16 parts that hold one input value exactly: 1 for bf16, 2 for fp16, 3 for fp32."""
+    return {torch.bfloat16: 1, torch.float16: 2}.get(dtype, 3)
 
-    Returns w16 [2, 2, H, BN, BN] fp16 (gate, part) and w_inv [2, H] fp32 (the inverse scales).
+
+def split_weights(w_a: torch.Tensor, w_x: torch.Tensor) -> torch.Tensor:
+    """bf16 hi/mid/lo parts of both gate weights, zero-padded to [NP, NP] per head; one launch.
+
+    Returns w3 [2, 3, H, NP, NP] bf16 (gate, part) with w = hi + mid + lo exactly.
     """
     H, n, _ = w_a.shape
-    BN = head_block(n)
-    w16 = new_buffer((2, 2, H, BN, BN), torch.float16, w_a.device)
-    w_inv = new_buffer((2, H), torch.float32, w_a.device)
-    _rglru_split_weights_kernel[(H, 2)](w_a.contiguous(), w_x.contiguous(), w16, w_inv, n, H, BN=BN, num_warps=4)
-    return w16, w_inv
+    NP = head_block(n)
+    w3 = new_buffer((2, 3, H, NP, NP), torch.bfloat16, w_a.device)
+    HPP = H * NP * NP
+    BLOCK = 1024
+    _rglru_split_weights_kernel[(triton.cdiv(2 * HPP, BLOCK),)](w_a.contiguous(), w_x.contiguous(), w3, n, HPP,
+                                                                 NP=NP, BLOCK=BLOCK, num_warps=4)
+    return w3
 
 
-MAX_GROUPS = 64
+def prefix(sums: torch.Tensor, start, reverse: bool):
+    """Compose chunk summaries sums [2, B, NC, D] serially from ``start`` ([B, D] fp32 or None for 0).
+
+    Returns (the value entering every chunk [B, NC, D], the value leaving the walk [B, D]).
+    """
+    _, B, NC, D = sums.shape
+    states = new_buffer((B, NC, D), torch.float32, sums.device)
+    end = new_buffer((B, D), torch.float32, sums.device)
+    # CB only splits the serial walk (same results for any CB); short walks take fewer rows
+    BD, CB = 32, min(64, triton.next_power_of_2(NC))
+    _rglru_prefix_kernel[(triton.cdiv(D, BD), B)](sums, start if start is not None else end, states, end, NC, D, 1,
+                                                  CB=CB, BD=BD, REVERSE=reverse, HAS_H0=start is not None,
+                                                  MATH=math_mode(False), num_warps=1)
+    return states, end
 
 
-def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, G: int, save_states: bool,
-              state_every: int = 0, fast: bool = False, num_warps: int = 4, num_stages: int = 1):
+def chunk_launch(x, H: int, K: int, WC: int, G: int, **meta):
+    """Grid and shape constants shared by the chunk-parallel kernels (forward and backward)."""
+    B, L, D = x.shape
+    n = D // H
+    NP, BJ = head_block(n), channel_block(n)
+    grid = (triton.cdiv(triton.cdiv(triton.cdiv(L, K), WC), G), H * triton.cdiv(n, BJ), B)
+    return grid, dict(D=D, n=n, H=H, K=K, WC=WC, NP=NP, BJ=BJ, X_PARTS=x_parts(x.dtype), num_warps=WC, **meta)
+
+
+def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, G: int, fast: bool = False):
     """Chunked RG-LRU forward.
 
     x: [B, L, D] bf16/fp16/fp32 contiguous; w_a, w_x: [H, n, n] fp32; b_a, b_x, a_param: [D] fp32;
-    h0: [B, D] fp32 or None. K: chunk length (power of two >= 16); G: chunks per group (one
-    program walks a group; G >= ceil(L / K) is the single-sweep serial variant; at most
-    MAX_GROUPS groups). fast: hardware approximations of exp, reciprocal and sqrt (MATH = 2).
-    state_every: S, the spacing of the saved states (a power of two; 0 means K), the backward's
-    chunk length. Returns y [B, L, D] x.dtype, h_last [B, D] fp32, states [B, ceil(L/S), D] fp32
-    (the state entering every S tokens; an empty tensor unless ``save_states``).
+    h0: [B, D] fp32 or None. K: chunk length (a power of two >= 16 when WC = 1, else >= 1 with
+    WC * K >= 16); WC: chunks per program step, one per warp; G: steps per program. fast: hardware
+    approximations of exp, reciprocal and sqrt (MATH = 2).
+    Returns y [B, L, D] x.dtype, h_last [B, D] fp32, states [B, ceil(L/K), D] fp32 (the state
+    entering every chunk; the backward replays from it).
     """
     B, L, D = x.shape
-    H, n = w_a.shape[0], w_a.shape[1]
-    BN = head_block(n)
     NC = triton.cdiv(L, K)
-    NG = triton.cdiv(NC, G)
-    assert NG <= MAX_GROUPS, f"{NG} groups of {G} chunks; at most {MAX_GROUPS}"
-    # one compiled prefix width for every grouped launch
-    NGP = MAX_GROUPS if NG > 1 else 1
     dev = x.device
-    w16, w_inv = split_weights(w_a, w_x)
+    w3 = split_weights(w_a, w_x)
+    sums = new_buffer((2, B, NC, D), torch.float32, dev)
     y = new_buffer((B, L, D), x.dtype, dev)
-    h_last = new_buffer((B, D), torch.float32, dev)
-    S = state_every or K
-    states = new_buffer((B, triton.cdiv(L, S), D), torch.float32, dev) if save_states else torch.empty(0, device=dev)
-    sums = new_buffer((2, B, NG, D), torch.float32, dev) if NG > 1 else h_last
-    has_h0 = h0 is not None
-    args = (x, w16, w_inv, b_a, b_x, a_param, h0.contiguous() if has_h0 else h_last, sums, y,
-            states if save_states else h_last, h_last, L, D, n, H, NC, G, NG, float(c))
-    meta = dict(K=K, BN=BN, NGP=NGP, X_PARTS=2 if x.dtype == torch.float32 else 1, S=S, HAS_H0=has_h0,
-                MATH=math_mode(fast), num_warps=num_warps, num_stages=num_stages)
-    grid = (NG, H, B)
-    if NG > 1:
-        _rglru_fwd_kernel[grid](*args, SUMMARY=True, SAVE_STATES=False, **meta)
-    _rglru_fwd_kernel[grid](*args, SUMMARY=False, SAVE_STATES=save_states, **meta)
+    grid, meta = chunk_launch(x, w_a.shape[0], K, WC, G, MATH=math_mode(fast))
+    args = (x, w3, b_a, b_x, a_param, sums)
+    _rglru_chunk_kernel[grid](*args, sums, sums, L, NC, G, float(c), 1, SUMMARY=True, **meta)
+    states, h_last = prefix(sums, h0, reverse=False)
+    _rglru_chunk_kernel[grid](*args, states, y, L, NC, G, float(c), 1, SUMMARY=False, **meta)
     return y, h_last, states
