@@ -27,7 +27,7 @@ from samu.ops.rglru import triton_bwd, triton_fwd  # noqa: E402
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 IO = ("x", "y", "dy", "dx")
-INTS = ("L", "D", "NC", "G", "one", "n_rows", "M", "HNN")
+INTS = ("L", "D", "NC", "G", "NG", "one", "n_rows", "M", "HNN")
 
 
 def signature(fn, io: str):
@@ -48,13 +48,13 @@ def signature(fn, io: str):
     return sig
 
 
-def compile_sm90(fn, io: str, constexprs: dict, warps: int, div16=("D",)):
+def compile_sm90(fn, io: str, constexprs: dict, warps: int, div16=("D",), stages: int = 3):
     """cubin SASS and ptxas -v output of one specialisation."""
     sig = signature(fn, io)
     attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params)
              if not p.is_constexpr and (sig[p.name].startswith("*") or p.name in div16)}
     compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
     with tempfile.TemporaryDirectory() as tmp:
         ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         with open(ptx, "w") as f:
@@ -90,12 +90,13 @@ def kernels(n: int, args):
     shape = dict(D=H * n, n=n, H=H, K=K, WC=WC, NP=NP, BJ=BJ, X_PARTS=XP, MATH=2)
     per_thread = K * WC * BJ / (32 * WC)
     NJ = triton.cdiv(n, BJ)
+    grouped = dict(shape, NGP=triton_fwd.MAX_GROUPS, HAS_H0=True)
     return [
-        ("fwd summary", triton_fwd._rglru_chunk_kernel, dict(shape, SUMMARY=True), WC, per_thread),
-        ("fwd replay", triton_fwd._rglru_chunk_kernel, dict(shape, SUMMARY=False), WC, per_thread),
-        ("prefix", triton_fwd._rglru_prefix_kernel, dict(CB=64, BD=32, REVERSE=False, HAS_H0=True, MATH=1), 1, 64),
+        ("fwd summary", triton_fwd._rglru_chunk_kernel, dict(grouped, SUMMARY=True), WC, per_thread),
+        ("fwd replay", triton_fwd._rglru_chunk_kernel, dict(grouped, SUMMARY=False), WC, per_thread),
         ("bwd summary", triton_bwd._rglru_bwd_summary_kernel, shape, WC, per_thread),
-        ("bwd dW", triton_bwd._rglru_bwd_dw_kernel, dict(shape, M=2 * H * n * n + 3 * H * n), WC, per_thread),
+        ("bwd dW", triton_bwd._rglru_bwd_dw_kernel, dict(grouped, M=2 * H * n * n + 3 * H * n, HAS_DH=True), WC,
+         per_thread),
         # the dx kernel's main loop runs every channel tile of the head in turn
         ("bwd dx", triton_bwd._rglru_bwd_dx_kernel, dict(shape, DX_ORDER=2 if args.dtype == "fp32" else 1), WC,
          per_thread * NJ),
@@ -108,13 +109,14 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     ap.add_argument("--K", type=int, default=16, help="chunk length (tokens per thread)")
     ap.add_argument("--WC", type=int, default=4, help="chunks per step = warps")
+    ap.add_argument("--stages", type=int, default=3, help="software-pipelining stages (Triton's num_stages)")
     ap.add_argument("--ops", action="store_true", help="print the opcode mix of each kernel's main loop")
     args = ap.parse_args()
     print(f"{'kernel':12s} {'n':>4s} {'regs':>4s} {'spill':>6s} {'smem':>7s} {'mma':>4s}  loop bodies (instructions)"
           f"  -> per element of the outer token loop")
     for n in (int(v) for v in args.n.split(",")):
         for name, fn, consts, warps, elems in kernels(n, args):
-            sass, info, smem = compile_sm90(fn, args.dtype, consts, warps)
+            sass, info, smem = compile_sm90(fn, args.dtype, consts, warps, stages=args.stages)
             regs = re.search(r"Used (\d+) registers", info)
             spill = re.search(r"(\d+) bytes spill stores", info)
             spans, texts = loop_bodies(sass)

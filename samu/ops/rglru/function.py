@@ -19,7 +19,7 @@ import triton
 
 from samu.ops import dispatch
 from samu.ops.rglru.triton_bwd import rglru_bwd
-from samu.ops.rglru.triton_fwd import channel_block, head_block, rglru_fwd
+from samu.ops.rglru.triton_fwd import MAX_GROUPS, channel_block, head_block, rglru_fwd
 
 Tensor = torch.Tensor
 
@@ -122,10 +122,13 @@ class Config:
     target_programs: int = 528
     fast: bool = True
 
-    def steps_per_program(self, B: int, L: int, tiles: int) -> int:
-        """Steps per program when ``tiles`` programs share each batch row's steps."""
+    def steps_per_program(self, B: int, L: int, tiles: int, grouped: bool = True) -> int:
+        """Steps per program when ``tiles`` programs share each batch row's steps; grouped programs
+        (those that carry compositions) are at most MAX_GROUPS per row and tile."""
         n_steps = triton.cdiv(triton.cdiv(L, self.K), self.WC)
         n_groups = max(1, min(n_steps, triton.cdiv(self.target_programs, B * tiles)))
+        if grouped:
+            n_groups = min(n_groups, MAX_GROUPS)
         return triton.cdiv(n_steps, n_groups)
 
 
@@ -137,7 +140,7 @@ def run(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, config: Config):
     params = [p.float().contiguous() for p in (w_a, b_a, w_x, b_x, a_param)]
     h0 = None if initial_state is None else initial_state.float().contiguous()
     G = config.steps_per_program(B, L, H * triton.cdiv(n, channel_block(n)))
-    G_dx = config.steps_per_program(B, L, H)
+    G_dx = config.steps_per_program(B, L, H, grouped=False)
     args = (x.contiguous(), *params, h0, float(c), config.K, config.WC, G, G_dx, config.fast)
     if torch.compiler.is_compiling():
         y, h, _ = rglru_fwd_op(*args)
@@ -155,13 +158,15 @@ def scratch(config: Config):
         n = D // H
         NP = head_block(n)
         NC = triton.cdiv(L, config.K)
-        n_dw = triton.cdiv(triton.cdiv(NC, config.WC), config.steps_per_program(B, L, H * triton.cdiv(n, channel_block(n))))
+        NG = triton.cdiv(triton.cdiv(NC, config.WC),
+                         config.steps_per_program(B, L, H * triton.cdiv(n, channel_block(n))))
         words = (2 * B * NC * D                    # states (forward) and adjoint states (backward)
-                 + 2 * B * NC * D                  # chunk summaries (one pass at a time)
-                 + B * n_dw * (2 * H * n * n + 3 * D)  # weight-gradient partials
+                 + 2 * B * NC * D                  # per-chunk maps from the group's start (one pass at a time)
+                 + 2 * B * NG * D                  # per-group maps
+                 + B * NG * (2 * H * n * n + 3 * D)  # weight-gradient partials
                  + 3 * H * NP * NP)                # bf16 weight parts (6 x 2 bytes per padded weight)
-        text = (f"8*B*D*ceil(L/{config.K}) + 8*B*D*ceil(L/{config.K}) + 4*B*P*(2*D^2/H + 3*D) + 12*H*NP^2"
-                f" with H={H}, NP={NP}, P={n_dw} weight-gradient programs per batch row")
+        text = (f"16*B*D*ceil(L/{config.K}) + 8*B*D*G + 4*B*G*(2*D^2/H + 3*D) + 12*H*NP^2"
+                f" with H={H}, NP={NP}, G={NG} groups per batch row")
         return text, 4 * words
     return formula
 
@@ -182,7 +187,7 @@ CHUNKED = Config()
 CHUNKED_PRECISE = Config(fast=False)
 
 _register("triton_chunked", CHUNKED, lambda B, L, D: 1.0 if _applies(D) else None,
-          "chunks of 16 tokens, 4 per step (one per warp): per-chunk summaries, a serial prefix over "
-          "chunks, replay; the backward mirrors it and splits weight and input gradients; fast math")
+          "chunks of 16 tokens, 4 per step (one per warp), up to 64 groups of steps: group maps, a fold "
+          "over groups, replay; the backward mirrors it and splits weight and input gradients; fast math")
 _register("triton_chunked_precise", CHUNKED_PRECISE, lambda B, L, D: 2.0 if _applies(D) else None,
           "as triton_chunked with libdevice exp/expm1 and correctly rounded division and square root")

@@ -1,8 +1,8 @@
 """RG-LRU backward in Triton: adjoint scan, input and parameter gradients (SPEC §4, §6).
 
-Read bottom-up: ``rglru_bwd`` (host) runs per-chunk reverse summaries of the adjoint, their prefix
-(the adjoint entering every chunk from the right, and d initial_state), the weight-gradient kernel
-(one tile of output channels per program), the input-gradient kernel (one whole head per program)
+Read bottom-up: ``rglru_bwd`` (host) runs the reverse maps of the adjoint per group of chunks, the
+weight-gradient kernel (one tile of output channels per program; it also fixes the adjoint
+entering every chunk and d initial_state), the input-gradient kernel (one whole head per program)
 and a fixed-order reduction of the parameter-gradient partials. Every chunk is independent given
 the state entering it (saved by the forward) and the adjoint entering it, so both main kernels take
 WC chunks per step, one per warp, and rebuild per chunk and channel tile the gates (from x), the
@@ -17,8 +17,10 @@ import triton
 import triton.language as tl
 
 from samu.ops.rglru.triton_fwd import (
+    _compose_chunks,
     _decay,
     _flip_tokens,
+    _fold_groups,
     _gate_dot,
     _parts_dot,
     _rows,
@@ -37,9 +39,9 @@ from samu.ops.rglru.triton_fwd import (
     _walk3,
     _x_parts,
     chunk_launch,
+    group_width,
     math_mode,
     new_buffer,
-    prefix,
     split_weights,
 )
 
@@ -88,7 +90,7 @@ def _scan_adjoint(b_af, b_dyf, K: tl.constexpr, MATH: tl.constexpr):
 
 @triton.jit
 def _chunk_cotangents(b_xr, b_xj, b_dy, b_wa0, b_wa1, b_wa2, b_wx0, b_wx1, b_wx2, b_ba, b_bx, b_csp,
-                      b_hin, b_e, m_t, m_x, X_PARTS: tl.constexpr, WC: tl.constexpr, K: tl.constexpr,
+                      b_hin, b_e, m_t, X_PARTS: tl.constexpr, WC: tl.constexpr, K: tl.constexpr,
                       BJ: tl.constexpr, MATH: tl.constexpr):
     """What WC chunks of one channel tile contribute, as [BJ, WC, K] tiles.
 
@@ -118,34 +120,37 @@ def _chunk_cotangents(b_xr, b_xj, b_dy, b_wa0, b_wa1, b_wa2, b_wx0, b_wx1, b_wx2
 
     # delta_t = dy_t + a_{t+1} delta_{t+1} over each chunk flipped (free: its tokens lie inside a thread)
     b_q, b_v = _scan_adjoint(_flip_tokens(b_at, K, MATH), _flip_tokens(b_dy, K, MATH), K, MATH)
-    b_delta = _flip_tokens(b_v + b_q * b_e[:, :, None], K, MATH)
+    # tokens past L carry the adjoint through but contribute nothing: every cotangent below is a
+    # multiple of delta (padded channels have delta = 0 already)
+    b_delta = tl.where(m_t[None, :, :], _flip_tokens(b_v + b_q * b_e[:, :, None], K, MATH), 0.0)
 
     # pointwise cotangents; b = multiplier * gate_x * x
     b_dm = b_delta * b_mult
-    b_direct = tl.where(m_x, b_dm * b_gx, 0.0)
-    b_dzx = tl.where(m_x, b_dm * b_xj * b_px, 0.0)
     # Griffin's bounded derivative of sqrt(u): 1 / sqrt(max(4u, 1e-6))
     b_du = b_delta * b_gx * b_xj * _rsqrt(tl.maximum(4.0 * b_u, 1e-6), MATH)
     # u = 1 - exp(2 log a): du/dlog a = -2 a^2
     b_dloga = b_delta * b_gt - 2.0 * b_at * b_at * b_du
-    b_dza = tl.where(m_x, b_dloga * b_csp[:, None, None] * b_pa, 0.0)
-    return b_dza, b_dzx, b_direct, tl.where(m_x, b_dloga * b_ga, 0.0)
+    return b_dloga * b_csp[:, None, None] * b_pa, b_dm * b_xj * b_px, b_dm * b_gx, b_dloga * b_ga
 
 
-@triton.jit(do_not_specialize=["L", "NC", "G", "one"])
+@triton.jit(do_not_specialize=["L", "NC", "G", "NG", "one"])
 def _rglru_bwd_summary_kernel(
     x, dy,               # [B, L, D]
     w3,                  # [2, 3, H, NP, NP] bf16 weight parts (gate a is used)
     b_a, a_param,        # [D] fp32
-    sums,                # [2, B, NC, D] fp32: per chunk (P = prod a, E = eps leaving it to the left entered with 0)
-    L, NC, G, c, one,
+    cums,                # [2, B, NC, D] fp32: per chunk, the map (P, E) of eps from its group's end to it
+    gsums,               # [2, B, NG, D] fp32: per group, the map through the whole group
+    L, NC, G, NG, c, one,
     D: tl.constexpr, n: tl.constexpr, H: tl.constexpr,
     K: tl.constexpr, WC: tl.constexpr, NP: tl.constexpr, BJ: tl.constexpr, X_PARTS: tl.constexpr,
     MATH: tl.constexpr,
 ):
-    """Reverse affine summary of eps_t = a_t (dy_t + eps_{t+1}) over every chunk.
+    """Reverse affine maps of eps_t = a_t (dy_t + eps_{t+1}), eps -> P eps + E, per group.
 
-    Each chunk is flipped (last token first), so the reverse recurrence is a forward scan of (a, a dy).
+    Walks the group's steps last to first, carrying the composition from the group's end: for every
+    chunk the map from eps entering the group from the right to eps entering the chunk from the
+    right (``cums``), and the group's whole map (``gsums``). Each chunk is flipped (last token
+    first), so the reverse recurrence is a forward scan of (a, a dy).
     """
     i_g, i_hj, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NJ: tl.constexpr = (n + BJ - 1) // BJ
@@ -164,14 +169,25 @@ def _rglru_bwd_summary_kernel(
     HPP: tl.constexpr = H * NP * NP
     b_wa0, b_wa1, b_wa2 = _w_parts(w3 + i_h.to(tl.int64) * NP * NP + o_i[:, None] * NP + o_j[None, :], HPP)
 
-    o_row = o_t[:, None] * D + o_i[None, :]                                          # [WC K, NP]
-    o_ch = (o_c[None, :, None] * K + o_k[None, None, :]) * D + (o_j * one)[:, None, None]  # [BJ, WC, K]
+    SC = tl.num_programs(2).to(tl.int64) * NC * D
+    SG = tl.num_programs(2).to(tl.int64) * NG * D
     s_lo = i_g * G
     s_hi = tl.minimum(s_lo + G, tl.cdiv(NC, WC))
-    o_base = (i_b64 * L + s_lo.to(tl.int64) * (WC * K)) * D + i_h * n
+    c_end = tl.minimum(s_hi * WC, NC)
+    # the group's last chunk is entered (from the right) by the identity map
+    b_rP = tl.full([BJ], 1.0, dtype=tl.float32)
+    b_rE = tl.zeros([BJ], dtype=tl.float32)
+    p_c = cums + (i_b64 * NC + c_end - 1) * D + o_d
+    tl.store(p_c, b_rP, mask=m_j)
+    tl.store(p_c + SC, b_rE, mask=m_j)
+
+    o_row = o_t[:, None] * D + o_i[None, :]                                          # [WC K, NP]
+    o_ch = (o_c[None, :, None] * K + o_k[None, None, :]) * D + (o_j * one)[:, None, None]  # [BJ, WC, K]
+    o_base = (i_b64 * L + (s_hi - 1).to(tl.int64) * (WC * K)) * D + i_h * n
     p_x = x + o_base
     p_dy = dy + o_base
-    for i_s in range(s_lo, s_hi):
+    for i in range(0, s_hi - s_lo):
+        i_s = s_hi - 1 - i
         t0 = i_s * (WC * K)
         m_t = t0 + o_c[:, None] * K + o_k[None, :] < L                                 # [WC, K]
         b_xr = tl.load(p_x + o_row, mask=(t0 + o_t < L)[:, None] & m_i[None, :], other=0.0)
@@ -182,29 +198,45 @@ def _rglru_bwd_summary_kernel(
         # tokens past L are identities; they come first once flipped
         b_at = _flip_tokens(tl.where(m_t[None, :, :], b_at, 1.0), K, MATH)
         b_A, b_E = _scan_affine(b_at, b_at * _flip_tokens(b_dy, K, MATH), K, MATH)
-        o_s = (i_b64 * NC + i_s * WC + o_c)[None, :] * D + o_d[:, None]                # [BJ, WC]
-        m_s = m_j[:, None] & (i_s * WC + o_c < NC)[None, :]
-        tl.store(sums + o_s, _token(b_A, K - 1, K), mask=m_s)
-        tl.store(sums + tl.num_programs(2).to(tl.int64) * NC * D + o_s, _token(b_E, K - 1, K), mask=m_s)
-        p_x += WC * K * D
-        p_dy += WC * K * D
+        b_P, b_E = _compose_chunks(_token(b_A, K - 1, K), _token(b_E, K - 1, K), b_rP, b_rE, BJ, WC, True, MATH)
+        # the map through chunk c is the one entering chunk c - 1 from the right: stored one chunk over
+        i_c = i_s * WC + o_c
+        o_s = (i_b64 * NC + i_c)[None, :] * D + o_d[:, None]                           # [BJ, WC]
+        m_p = m_j[:, None] & ((i_c - 1 >= s_lo * WC) & (i_c - 1 < NC))[None, :]
+        tl.store(cums + o_s - D, b_P, mask=m_p)
+        tl.store(cums + SC + o_s - D, b_E, mask=m_p)
+        b_rP = tl.sum(tl.where(o_c[None, :] == 0, b_P, 0.0), axis=1)
+        b_rE = tl.sum(tl.where(o_c[None, :] == 0, b_E, 0.0), axis=1)
+        p_x -= WC * K * D
+        p_dy -= WC * K * D
+    p_g = gsums + (i_b64 * NG + i_g) * D + o_d
+    tl.store(p_g, b_rP, mask=m_j)
+    tl.store(p_g + SG, b_rE, mask=m_j)
 
 
-@triton.jit(do_not_specialize=["L", "NC", "G", "one"])
+@triton.jit(do_not_specialize=["L", "NC", "G", "NG", "one"])
 def _rglru_bwd_dw_kernel(
     x, dy,               # [B, L, D]
     w3,                  # [2, 3, H, NP, NP] bf16 weight parts
     b_a, b_x, a_param,   # [D] fp32
     states,              # [B, NC, D] fp32: the state entering every chunk (from the forward)
-    estates,             # [B, NC, D] fp32: eps entering every chunk from the right
-    part,                # [B * grid0, M] fp32 parameter-gradient partials of each program
-    L, NC, G, c, one,
+    dh_last,             # [B, D] fp32 cotangent of the final state (when HAS_DH)
+    cums, gsums,         # reverse maps per chunk and per group (from _rglru_bwd_summary_kernel)
+    estates,             # [B, NC, D] fp32: eps entering every chunk from the right (written)
+    dh0,                 # [B, D] fp32 (written when HAS_H0)
+    part,                # [B * NG, M] fp32 parameter-gradient partials of each program
+    L, NC, G, NG, c, one,
     D: tl.constexpr, n: tl.constexpr, H: tl.constexpr, M: tl.constexpr,
-    K: tl.constexpr, WC: tl.constexpr, NP: tl.constexpr, BJ: tl.constexpr, X_PARTS: tl.constexpr,
-    MATH: tl.constexpr,
+    K: tl.constexpr, WC: tl.constexpr, NP: tl.constexpr, BJ: tl.constexpr, NGP: tl.constexpr,
+    X_PARTS: tl.constexpr, HAS_DH: tl.constexpr, HAS_H0: tl.constexpr, MATH: tl.constexpr,
 ):
-    """Weight, bias and decay gradients of one (range of G steps of WC chunks, head x channel tile,
-    batch row): dW[:, J] accumulates x^T dz over the WC K tokens of every step on tensor cores."""
+    """Weight, bias and decay gradients of one (group of G steps of WC chunks, head x channel tile,
+    batch row): dW[:, J] accumulates x^T dz over the WC K tokens of every step on tensor cores.
+
+    eps entering each chunk from the right is its reverse map applied to eps entering the group
+    (the maps of the groups after it applied to dh_last); it is saved for the dx kernel. The
+    first group also applies every group's map: eps leaving the sequence, d(initial_state).
+    """
     i_g, i_hj, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NJ: tl.constexpr = (n + BJ - 1) // BJ
     i_h = i_hj // NJ
@@ -232,6 +264,25 @@ def _rglru_bwd_dw_kernel(
     b_dbx = tl.zeros([BJ, WC], dtype=tl.float32)
     b_dsp = tl.zeros([BJ, WC], dtype=tl.float32)
 
+    # eps entering the group from the right
+    SC = tl.num_programs(2).to(tl.int64) * NC * D
+    SG = tl.num_programs(2).to(tl.int64) * NG * D
+    b_eg = tl.zeros([BJ], dtype=tl.float32)
+    if HAS_DH:
+        b_eg = tl.load(dh_last + i_b64 * D + o_d, mask=m_j, other=0.0)
+    if NGP > 1:
+        o_r = tl.arange(0, NGP)
+        p_g = gsums + i_b64 * NG * D
+        if HAS_H0:
+            if i_g == 0:
+                b_all = _fold_groups(b_eg, p_g, SG, NG - 1 - o_r, o_r < NG, o_d, m_j, D, BJ, NGP, MATH)
+                tl.store(dh0 + i_b64 * D + o_d, b_all, mask=m_j)
+        b_eg = _fold_groups(b_eg, p_g, SG, NG - 1 - o_r, o_r < NG - 1 - i_g, o_d, m_j, D, BJ, NGP, MATH)
+    elif HAS_H0:
+        p_g = gsums + i_b64 * NG * D + o_d
+        tl.store(dh0 + i_b64 * D + o_d, tl.load(p_g, mask=m_j, other=1.0) * b_eg
+                 + tl.load(p_g + SG, mask=m_j, other=0.0), mask=m_j)
+
     o_row = o_t[:, None] * D + o_i[None, :]                                          # [WC K, NP]
     o_ch = (o_c[None, :, None] * K + o_k[None, None, :]) * D + (o_j * one)[:, None, None]  # [BJ, WC, K]
     s_lo = i_g * G
@@ -249,10 +300,12 @@ def _rglru_bwd_dw_kernel(
         o_s = (i_b64 * NC + i_s * WC + o_c)[None, :] * D + o_d[:, None]                # [BJ, WC]
         m_s = m_j[:, None] & (i_s * WC + o_c < NC)[None, :]
         b_hin = tl.load(states + o_s, mask=m_s, other=0.0)
-        b_e = tl.load(estates + o_s, mask=m_s, other=0.0)
+        b_e = tl.load(cums + o_s, mask=m_s, other=1.0) * b_eg[:, None] + tl.load(cums + SC + o_s, mask=m_s,
+                                                                                 other=0.0)
+        tl.store(estates + o_s, b_e, mask=m_s)
         b_dza, b_dzx, _, b_dlga = _chunk_cotangents(
             b_xr, b_xj, b_dy, b_wa0, b_wa1, b_wa2, b_wx0, b_wx1, b_wx2, b_ba, b_bx, b_csp, b_hin, b_e,
-            m_t, m_x, X_PARTS, WC, K, BJ, MATH)
+            m_t, X_PARTS, WC, K, BJ, MATH)
         b_dba += tl.sum(b_dza, axis=2)
         b_dbx += tl.sum(b_dzx, axis=2)
         b_dsp += tl.sum(b_dlga, axis=2)
@@ -265,7 +318,7 @@ def _rglru_bwd_dw_kernel(
         p_x += WC * K * D
         p_dy += WC * K * D
 
-    p_p = part + (i_b64 * tl.num_programs(0) + i_g) * M
+    p_p = part + (i_b64 * NG + i_g) * M
     m_w = m_i[:, None] & m_j[None, :]
     o_nn = i_h * n * n + o_i[:, None] * n + o_j[None, :]
     tl.store(p_p + o_nn, b_dwa, mask=m_w)
@@ -337,7 +390,7 @@ def _rglru_bwd_dx_kernel(
             b_e = tl.load(estates + o_s, mask=m_s, other=0.0)
             b_dza, b_dzx, b_direct, _ = _chunk_cotangents(
                 b_xr, b_xj, b_dy, b_wa0, b_wa1, b_wa2, b_wx0, b_wx1, b_wx2, b_ba, b_bx, b_csp, b_hin, b_e,
-                m_t, m_x, X_PARTS, WC, K, BJ, MATH)
+                m_t, X_PARTS, WC, K, BJ, MATH)
             # dx += dz w^T over this tile's channels; ORDER 1 keeps ~2^-16, enough for bf16 / fp16 dx
             b_d0, b_d1, b_d2 = _split3(_rows(b_dza, WC, K, BJ))
             b_dx = _parts_dot(b_d0, b_d1, b_d2, tl.trans(b_wa0), tl.trans(b_wa1), tl.trans(b_wa2), b_dx,
@@ -389,7 +442,8 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
     dy: [B, L, D] (any float dtype); dh_last: [B, D] fp32 or None; x and the parameters as in the
     forward; has_h0: whether the forward had an initial state (its gradient is then returned);
     states: [B, ceil(L/K), D] fp32 from the forward with the same K. WC: chunks per step (one per
-    warp); G: steps per program of the summary and weight-gradient kernels; G_dx: of the dx kernel.
+    warp); G: steps per group of the reverse maps and the weight-gradient kernel; G_dx: steps per
+    program of the dx kernel.
     Returns dx [B, L, D] x.dtype, dw_a [H, n, n], db_a [D], dw_x [H, n, n], db_x [D], da [D]
     (all fp32) and dh0 [B, D] fp32 (None without an initial state).
     """
@@ -401,16 +455,21 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
     MATH = math_mode(fast)
     w3 = split_weights(w_a, w_x)
     dy = dy.contiguous()
-    rsums = new_buffer((2, B, NC, D), torch.float32, dev)
     grid, meta = chunk_launch(x, H, K, WC, G, MATH=MATH)
-    _rglru_bwd_summary_kernel[grid](x, dy, w3, b_a, a_param, rsums, L, NC, G, float(c), 1, **meta)
-    estates, dh0 = prefix(rsums, dh_last, reverse=True)
+    NG = grid[0]
+    cums = new_buffer((2, B, NC, D), torch.float32, dev)
+    gsums = new_buffer((2, B, NG, D), torch.float32, dev)
+    _rglru_bwd_summary_kernel[grid](x, dy, w3, b_a, a_param, cums, gsums, L, NC, G, NG, float(c), 1, **meta)
+    estates = new_buffer((B, NC, D), torch.float32, dev)
+    dh0 = new_buffer((B, D), torch.float32, dev) if has_h0 else None
     M = 2 * H * n * n + 3 * D
-    part = new_buffer((B * grid[0], M), torch.float32, dev)
-    _rglru_bwd_dw_kernel[grid](x, dy, w3, b_a, b_x, a_param, states, estates, part, L, NC, G, float(c), 1,
-                               M=M, **meta)
+    part = new_buffer((B * NG, M), torch.float32, dev)
+    _rglru_bwd_dw_kernel[grid](x, dy, w3, b_a, b_x, a_param, states, dh_last if dh_last is not None else part,
+                               cums, gsums, estates, dh0 if has_h0 else part, part, L, NC, G, NG, float(c), 1,
+                               M=M, NGP=group_width(NG), HAS_DH=dh_last is not None, HAS_H0=has_h0, **meta)
     dx = new_buffer((B, L, D), x.dtype, dev)
-    grid_dx, meta_dx = chunk_launch(x, H, K, WC, G_dx, MATH=MATH, DX_ORDER=2 if x.dtype == torch.float32 else 1)
+    grid_dx, meta_dx = chunk_launch(x, H, K, WC, G_dx, grouped=False, MATH=MATH,
+                                   DX_ORDER=2 if x.dtype == torch.float32 else 1)
     _rglru_bwd_dx_kernel[(grid_dx[0], H, B)](x, dy, w3, b_a, b_x, a_param, states, estates, dx, L, NC, G_dx,
                                              float(c), 1, **meta_dx)
     dw_a = new_buffer((H, n, n), torch.float32, dev)
@@ -419,6 +478,6 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
     db_x = new_buffer((D,), torch.float32, dev)
     da = new_buffer((D,), torch.float32, dev)
     BLOCK = 1024
-    _rglru_reduce_kernel[(triton.cdiv(M, BLOCK),)](part, dw_a, dw_x, db_a, db_x, da, a_param, B * grid[0], M,
+    _rglru_reduce_kernel[(triton.cdiv(M, BLOCK),)](part, dw_a, dw_x, db_a, db_x, da, a_param, B * NG, M,
                                                   H * n * n, D, BLOCK=BLOCK, MATH=MATH, num_warps=4)
-    return dx, dw_a, db_a, dw_x, db_x, da, (dh0 if has_h0 else None)
+    return dx, dw_a, db_a, dw_x, db_x, da, dh0

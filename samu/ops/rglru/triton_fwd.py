@@ -1,10 +1,10 @@
 """RG-LRU forward in Triton: block-diagonal gates on tensor cores fused with a chunked linear scan
 (SPEC §4, §6).
 
-Read bottom-up: ``rglru_fwd`` (host) runs three launches: per-chunk affine summaries
-(``_rglru_chunk_kernel``, SUMMARY), the prefix over chunks (``_rglru_prefix_kernel``: the state
-entering every chunk, which the backward reuses) and the replay writing y (``_rglru_chunk_kernel``
-again). The kernels are built from the jit helpers above them (elementary functions, exact gate
+Read bottom-up: ``rglru_fwd`` (host) runs ``_rglru_chunk_kernel`` twice: the summary pass (each
+program composes the affine maps of its group of chunks, keeping the map from the group's start
+to every chunk) and the replay (each program applies the maps of the groups before its own, enters
+every chunk with the state that gives, writes it for the backward and writes y). The kernels are built from the jit helpers above them (elementary functions, exact gate
 products on tensor cores, scan combines). The math, the precision argument, the layouts and the
 scratch formula are in README.md beside this file.
 
@@ -367,6 +367,46 @@ def _flip_tokens(b_v, K: tl.constexpr, MATH: tl.constexpr):
         return tl.flip(b_v, 2)
 
 
+@triton.jit
+def _compose_chunks(b_A, b_B, b_rA, b_rB, BJ: tl.constexpr, WC: tl.constexpr, REVERSE: tl.constexpr,
+                    MATH: tl.constexpr):
+    """The maps from the running map (rA, rB) [BJ] through each chunk of a step, [BJ, WC] each.
+
+    (A, B) [BJ, WC] are the chunks' own maps h -> A h + B (one chunk per warp). Forward: the
+    running map covers the chunks before the step and chunk c's result covers them through c.
+    REVERSE (the adjoint): the running map covers the chunks after the step and chunk c's result
+    covers c through them.
+    """
+    b_A = tl.reshape(b_A, [BJ, 1, WC])
+    b_B = tl.reshape(b_B, [BJ, 1, WC])
+    if REVERSE:
+        b_A = _flip_tokens(b_A, WC, MATH)
+        b_B = _flip_tokens(b_B, WC, MATH)
+    o_c = tl.arange(0, WC)[None, None, :]
+    b_B = tl.where(o_c == 0, b_B + b_A * b_rB[:, None, None], b_B)
+    b_A = tl.where(o_c == 0, b_A * b_rA[:, None, None], b_A)
+    b_A, b_B = _scan_affine(b_A, b_B, WC, MATH)
+    if REVERSE:
+        b_A = _flip_tokens(b_A, WC, MATH)
+        b_B = _flip_tokens(b_B, WC, MATH)
+    return tl.reshape(b_A, [BJ, WC]), tl.reshape(b_B, [BJ, WC])
+
+
+@triton.jit
+def _fold_groups(b_h, p_g, SB, o_rows, m_rows, o_d, m_j, D: tl.constexpr, BJ: tl.constexpr, NGP: tl.constexpr,
+                 MATH: tl.constexpr):
+    """Apply the group maps at rows o_rows [NGP] (A at p_g + row * D + d, B SB further), in order,
+    to b_h [BJ]; masked rows are identities. Returns the result, [BJ]."""
+    p_r = p_g + o_rows[None, None, :].to(tl.int64) * D + o_d[:, None, None]         # [BJ, 1, NGP]
+    m = m_j[:, None, None] & m_rows[None, None, :]
+    b_A = tl.load(p_r, mask=m, other=1.0)
+    b_B = tl.load(p_r + SB, mask=m, other=0.0)
+    o_g = tl.arange(0, NGP)[None, None, :]
+    b_B = tl.where(o_g == 0, b_B + b_A * b_h[:, None, None], b_B)
+    _, b_H = _scan_affine(b_A, b_B, NGP, MATH)
+    return tl.sum(_token(b_H, NGP - 1, NGP), axis=1)
+
+
 # ----------------------------------------------------------------------------------------------
 # kernels
 
@@ -413,22 +453,30 @@ def _chunk_gates(b_xr, b_xj, b_wa0, b_wa1, b_wa2, b_wx0, b_wx1, b_wx2, b_ba, b_b
     return b_a, tl.where(m_t[None, :, :], _sqrt(b_u, MATH) * b_gx * b_xj, 0.0)
 
 
-@triton.jit(do_not_specialize=["L", "NC", "G", "one"])
+@triton.jit(do_not_specialize=["L", "NC", "G", "NG", "one"])
 def _rglru_chunk_kernel(
     x,                   # [B, L, D] bf16 / fp16 / fp32
     w3,                  # [2, 3, H, NP, NP] bf16 weight parts (see _rglru_split_weights_kernel)
     b_a, b_x, a_param,   # [D] fp32
-    sums,                # [2, B, NC, D] fp32 chunk summaries: A = prod a, B = end state entered with 0 (SUMMARY)
-    states,              # [B, NC, D] fp32: the state entering every chunk (replay)
+    h0,                  # [B, D] fp32 initial state (replay, when HAS_H0)
+    cums,                # [2, B, NC, D] fp32: per chunk, the map (A, B) from its group's start to it
+    gsums,               # [2, B, NG, D] fp32: per group, the map through the whole group
+    states,              # [B, NC, D] fp32: the state entering every chunk (replay writes it)
     y,                   # [B, L, D] x.dtype (replay)
-    L, NC, G, c,
+    h_last,              # [B, D] fp32 final state (replay)
+    L, NC, G, NG, c,
     one,                 # 1, as a runtime value (see below)
     D: tl.constexpr, n: tl.constexpr, H: tl.constexpr,
-    K: tl.constexpr, WC: tl.constexpr, NP: tl.constexpr, BJ: tl.constexpr, X_PARTS: tl.constexpr,
-    SUMMARY: tl.constexpr, MATH: tl.constexpr,
+    K: tl.constexpr, WC: tl.constexpr, NP: tl.constexpr, BJ: tl.constexpr, NGP: tl.constexpr,
+    X_PARTS: tl.constexpr, HAS_H0: tl.constexpr, SUMMARY: tl.constexpr, MATH: tl.constexpr,
 ):
-    """One (range of G steps of WC chunks, head x channel tile, batch row). SUMMARY: write each
-    chunk's affine summary. Otherwise: replay each chunk from the state entering it, write y."""
+    """One (group: a range of G steps of WC chunks, head x channel tile, batch row).
+
+    SUMMARY: carry the composition of the group's chunk maps from the group's start; write, for
+    every chunk, the map from the group's start to the chunk (``cums``) and the group's whole map
+    (``gsums``). Replay: enter with h0 composed with the maps of the groups before, enter every
+    chunk with its ``cums`` map applied to that, write the states, y and (last chunk) h_last.
+    """
     i_g, i_hj, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NJ: tl.constexpr = (n + BJ - 1) // BJ
     i_h = i_hj // NJ
@@ -450,12 +498,29 @@ def _rglru_chunk_kernel(
     b_wa0, b_wa1, b_wa2 = _w_parts(p_wa, HPP)
     b_wx0, b_wx1, b_wx2 = _w_parts(p_wa + 3 * HPP, HPP)
 
+    SC = tl.num_programs(2).to(tl.int64) * NC * D
+    SG = tl.num_programs(2).to(tl.int64) * NG * D
+    s_lo = i_g * G
+    s_hi = tl.minimum(s_lo + G, tl.cdiv(NC, WC))
+    c_end = tl.minimum(s_hi * WC, NC)
+    b_rA = tl.full([BJ], 1.0, dtype=tl.float32)
+    b_rB = tl.zeros([BJ], dtype=tl.float32)
+    if SUMMARY:
+        # the group's first chunk is entered by the identity map
+        p_c = cums + (i_b64 * NC + s_lo * WC) * D + o_d
+        tl.store(p_c, b_rA, mask=m_j)
+        tl.store(p_c + SC, b_rB, mask=m_j)
+    else:
+        if HAS_H0:
+            b_rB = tl.load(h0 + i_b64 * D + o_d, mask=m_j, other=0.0)
+        if NGP > 1:
+            o_r = tl.arange(0, NGP)
+            b_rB = _fold_groups(b_rB, gsums + i_b64 * NG * D, SG, o_r, o_r < i_g, o_d, m_j, D, BJ, NGP, MATH)
+
     # 64-bit bases, 32-bit offsets inside a step; the channel stride `one` is hidden from the
     # compiler so it lays channel tiles out one channel per lane (token scans stay in-thread)
     o_row = o_t[:, None] * D + o_i[None, :]                                          # [WC K, NP]
     o_ch = (o_c[None, :, None] * K + o_k[None, None, :]) * D + (o_j * one)[:, None, None]  # [BJ, WC, K]
-    s_lo = i_g * G
-    s_hi = tl.minimum(s_lo + G, tl.cdiv(NC, WC))
     o_base = (i_b64 * L + s_lo.to(tl.int64) * (WC * K)) * D + i_h * n
     p_x = x + o_base
     p_y = y + o_base
@@ -467,80 +532,37 @@ def _rglru_chunk_kernel(
         b_xj = tl.load(p_x + o_ch, mask=m_x, other=0.0).to(tl.float32)
         b_at, b_bt = _chunk_gates(b_xr, b_xj, b_wa0, b_wa1, b_wa2, b_wx0, b_wx1, b_wx2, b_ba, b_bx, b_csp,
                                   m_t, X_PARTS, WC, K, BJ, MATH)
-        o_s = (i_b64 * NC + i_s * WC + o_c)[None, :] * D + o_d[:, None]                # [BJ, WC]
-        m_s = m_j[:, None] & (i_s * WC + o_c < NC)[None, :]
+        i_c = i_s * WC + o_c                                                            # [WC] chunk index
+        o_s = (i_b64 * NC + i_c)[None, :] * D + o_d[:, None]                           # [BJ, WC]
         if SUMMARY:
             # a scan (not a reduce) keeps the order of this non-commutative combine in any layout
             b_A, b_B = _scan_affine(b_at, b_bt, K, MATH)
-            tl.store(sums + o_s, _token(b_A, K - 1, K), mask=m_s)
-            tl.store(sums + tl.num_programs(2).to(tl.int64) * NC * D + o_s, _token(b_B, K - 1, K), mask=m_s)
+            b_A, b_B = _compose_chunks(_token(b_A, K - 1, K), _token(b_B, K - 1, K), b_rA, b_rB, BJ, WC, False,
+                                       MATH)
+            # the map entering chunk c + 1 runs through chunk c: stored one chunk over
+            m_n = m_j[:, None] & (i_c + 1 < c_end)[None, :]
+            tl.store(cums + o_s + D, b_A, mask=m_n)
+            tl.store(cums + SC + o_s + D, b_B, mask=m_n)
+            # chunks past NC (in the last step) are identities, so the step's last column carries on
+            b_rA = tl.sum(tl.where(o_c[None, :] == WC - 1, b_A, 0.0), axis=1)
+            b_rB = tl.sum(tl.where(o_c[None, :] == WC - 1, b_B, 0.0), axis=1)
         else:
-            b_h = tl.load(states + o_s, mask=m_s, other=0.0)
+            m_s = m_j[:, None] & (i_c < NC)[None, :]
+            b_h = tl.load(cums + o_s, mask=m_s, other=1.0) * b_rB[:, None] + tl.load(cums + SC + o_s, mask=m_s,
+                                                                                     other=0.0)
+            tl.store(states + o_s, b_h, mask=m_s)
             b_bt = tl.where(o_k[None, None, :] == 0, b_bt + b_at * b_h[:, :, None], b_bt)
             _, b_H = _scan_affine(b_at, b_bt, K, MATH)
             tl.store(p_y + o_ch, _to_store(b_H, y.dtype.element_ty, MATH), mask=m_x)
+            # the state after the last chunk (tokens past L are identities)
+            tl.store(h_last + i_b64 * D + o_d[:, None] + 0 * i_c[None, :], _token(b_H, K - 1, K),
+                     mask=m_j[:, None] & (i_c == NC - 1)[None, :])
         p_x += WC * K * D
         p_y += WC * K * D
-
-
-@triton.jit(do_not_specialize=["NC", "one"])
-def _rglru_prefix_kernel(
-    sums,                # [2, B, NC, D] fp32 chunk summaries (A, B) of h -> A h + B
-    h0,                  # [B, D] fp32 entering value (read when HAS_H0)
-    states,              # [B, NC, D] fp32: the value entering every chunk (written)
-    h_end,               # [B, D] fp32: the value after the last chunk walked (written)
-    NC, D, one,
-    CB: tl.constexpr, BD: tl.constexpr, REVERSE: tl.constexpr, HAS_H0: tl.constexpr, MATH: tl.constexpr,
-):
-    """The serial composition of chunk summaries, CB chunks per step, per (channel block, batch row).
-
-    Forward: states[c] = the state entering chunk c, h_end = the final state. REVERSE (the adjoint,
-    chunks last to first): states[c] = eps entering chunk c from the right, h_end = eps leaving
-    chunk 0, i.e. d(initial_state). The value entering chunk c is the composition through the
-    chunk before it, so each step stores its inclusive scan one chunk over. Tiles are
-    [BD, 1, CB], one channel per lane and the step's chunks inside the thread (the hidden unit
-    stride `one`, as in the chunk kernel); the next step's summaries load before this step's scan.
-    """
-    i_d, i_b = tl.program_id(0), tl.program_id(1)
-    i_b64 = i_b.to(tl.int64)
-    o_d = i_d * BD + tl.arange(0, BD)
-    o_r = tl.arange(0, CB)
-    m_d = o_d < D
-    b_h = tl.zeros([BD, 1], dtype=tl.float32)
-    if HAS_H0:
-        b_h = tl.load(h0 + i_b64 * D + o_d, mask=m_d, other=0.0)[:, None]
-    SB = tl.num_programs(1).to(tl.int64) * NC * D
-    p_row = i_b64 * NC * D + (o_d * one)[:, None, None]
-    if REVERSE:
-        tl.store(states + p_row + (NC - 1) * D, b_h[:, :, None], mask=m_d[:, None, None])
-    else:
-        tl.store(states + p_row, b_h[:, :, None], mask=m_d[:, None, None])
-    # chunk of step s at row r: s CB + r in walk order
-    o_c = o_r
-    if REVERSE:
-        o_c = NC - 1 - o_r
-    m_c = m_d[:, None, None] & (o_r < NC)[None, None, :]
-    p_s = sums + p_row + o_c[None, None, :] * D                                      # [BD, 1, CB]
-    b_A = tl.load(p_s, mask=m_c, other=1.0)
-    b_B = tl.load(p_s + SB, mask=m_c, other=0.0)
-    for i_s in range(0, tl.cdiv(NC, CB)):
-        o_n = o_c + CB
-        if REVERSE:
-            o_n = o_c - CB
-        m_n = m_d[:, None, None] & ((i_s + 1) * CB + o_r < NC)[None, None, :]
-        p_n = sums + p_row + o_n[None, None, :] * D
-        b_An = tl.load(p_n, mask=m_n, other=1.0)
-        b_Bn = tl.load(p_n + SB, mask=m_n, other=0.0)
-        b_B = tl.where(o_r[None, None, :] == 0, b_B + b_A * b_h[:, :, None], b_B)
-        _, b_H = _scan_affine(b_A, b_B, CB, MATH)
-        o_next = o_c + 1
-        if REVERSE:
-            o_next = o_c - 1
-        m_next = m_c & ((o_next >= 0) & (o_next < NC))[None, None, :]
-        tl.store(states + p_row + o_next[None, None, :] * D, b_H, mask=m_next)
-        b_h = _token(b_H, CB - 1, CB)
-        o_c, m_c, b_A, b_B = o_n, m_n, b_An, b_Bn
-    tl.store(h_end + i_b64 * D + o_d, tl.sum(b_h, axis=1), mask=m_d)
+    if SUMMARY:
+        p_g = gsums + (i_b64 * NG + i_g) * D + o_d
+        tl.store(p_g, b_rA, mask=m_j)
+        tl.store(p_g + SG, b_rB, mask=m_j)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -567,38 +589,36 @@ def split_weights(w_a: torch.Tensor, w_x: torch.Tensor) -> torch.Tensor:
     return w3
 
 
-def prefix(sums: torch.Tensor, start, reverse: bool):
-    """Compose chunk summaries sums [2, B, NC, D] serially from ``start`` ([B, D] fp32 or None for 0).
-
-    Returns (the value entering every chunk [B, NC, D], the value leaving the walk [B, D]).
-    """
-    _, B, NC, D = sums.shape
-    states = new_buffer((B, NC, D), torch.float32, sums.device)
-    end = new_buffer((B, D), torch.float32, sums.device)
-    # CB only splits the serial walk (same results for any CB); short walks take fewer rows
-    BD, CB = 32, min(64, triton.next_power_of_2(NC))
-    _rglru_prefix_kernel[(triton.cdiv(D, BD), B)](sums, start if start is not None else end, states, end, NC, D, 1,
-                                                  CB=CB, BD=BD, REVERSE=reverse, HAS_H0=start is not None,
-                                                  MATH=math_mode(False), num_warps=1)
-    return states, end
+MAX_GROUPS = 64
 
 
-def chunk_launch(x, H: int, K: int, WC: int, G: int, **meta):
-    """Grid and shape constants shared by the chunk-parallel kernels (forward and backward)."""
+def chunk_launch(x, H: int, K: int, WC: int, G: int, grouped: bool = True, **meta):
+    """Grid and shape constants shared by the chunk-parallel kernels (forward and backward);
+    grouped: the programs carry compositions over their steps (at most MAX_GROUPS per batch row)."""
     B, L, D = x.shape
     n = D // H
     NP, BJ = head_block(n), channel_block(n)
-    grid = (triton.cdiv(triton.cdiv(triton.cdiv(L, K), WC), G), H * triton.cdiv(n, BJ), B)
+    NG = triton.cdiv(triton.cdiv(triton.cdiv(L, K), WC), G)
+    assert NG <= MAX_GROUPS or not grouped, f"{NG} groups of {G} steps; at most {MAX_GROUPS}"
+    grid = (NG, H * triton.cdiv(n, BJ), B)
     return grid, dict(D=D, n=n, H=H, K=K, WC=WC, NP=NP, BJ=BJ, X_PARTS=x_parts(x.dtype), num_warps=WC, **meta)
+
+
+def group_width(NG: int) -> int:
+    """NGP, the compiled width of the fold over group maps: one width on the GPU (one compile for
+    every length), the smallest power of two in the interpreter (it walks every row)."""
+    if NG == 1:
+        return 1
+    return triton.next_power_of_2(NG) if math_mode(False) == 0 else MAX_GROUPS
 
 
 def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, G: int, fast: bool = False):
     """Chunked RG-LRU forward.
 
     x: [B, L, D] bf16/fp16/fp32 contiguous; w_a, w_x: [H, n, n] fp32; b_a, b_x, a_param: [D] fp32;
-    h0: [B, D] fp32 or None. K: chunk length (a power of two >= 16 when WC = 1, else >= 1 with
-    WC * K >= 16); WC: chunks per program step, one per warp; G: steps per program. fast: hardware
-    approximations of exp, reciprocal and sqrt (MATH = 2).
+    h0: [B, D] fp32 or None. K: chunk length (a power of two; WC * K >= 16); WC: chunks per
+    program step, one per warp; G: steps per group (one program each; at most MAX_GROUPS groups).
+    fast: hardware approximations of exp, reciprocal and sqrt (MATH = 2).
     Returns y [B, L, D] x.dtype, h_last [B, D] fp32, states [B, ceil(L/K), D] fp32 (the state
     entering every chunk; the backward replays from it).
     """
@@ -606,11 +626,16 @@ def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, 
     NC = triton.cdiv(L, K)
     dev = x.device
     w3 = split_weights(w_a, w_x)
-    sums = new_buffer((2, B, NC, D), torch.float32, dev)
-    y = new_buffer((B, L, D), x.dtype, dev)
     grid, meta = chunk_launch(x, w_a.shape[0], K, WC, G, MATH=math_mode(fast))
-    args = (x, w3, b_a, b_x, a_param, sums)
-    _rglru_chunk_kernel[grid](*args, sums, sums, L, NC, G, float(c), 1, SUMMARY=True, **meta)
-    states, h_last = prefix(sums, h0, reverse=False)
-    _rglru_chunk_kernel[grid](*args, states, y, L, NC, G, float(c), 1, SUMMARY=False, **meta)
+    NG = grid[0]
+    cums = new_buffer((2, B, NC, D), torch.float32, dev)
+    gsums = new_buffer((2, B, NG, D), torch.float32, dev)
+    states = new_buffer((B, NC, D), torch.float32, dev)
+    y = new_buffer((B, L, D), x.dtype, dev)
+    h_last = new_buffer((B, D), torch.float32, dev)
+    args = (x, w3, b_a, b_x, a_param, h0 if h0 is not None else h_last, cums, gsums, states, y, h_last,
+            L, NC, G, NG, float(c), 1)
+    meta.update(NGP=group_width(NG), HAS_H0=h0 is not None)
+    _rglru_chunk_kernel[grid](*args, SUMMARY=True, **meta)
+    _rglru_chunk_kernel[grid](*args, SUMMARY=False, **meta)
     return y, h_last, states
