@@ -254,9 +254,8 @@ def check_out_dir(out_dir) -> Path:
         # A nameless file, gone on close: os.access cannot tell (root passes it even on /proc).
         with tempfile.TemporaryFile(dir=existing):
             pass
-    except OSError as e:
-        raise ValueError(f"out_dir {str(out)!r} is not writable: cannot create files in {existing} "
-                         f"({e.strerror or type(e).__name__})") from None
+    except OSError:
+        raise ValueError(f"out_dir {str(out)!r} is not writable: cannot create files in {existing}") from None
     return out
 
 
