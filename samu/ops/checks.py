@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import os
 
 import torch
+
+from samu.validate import finite_number
 
 IO_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # float64 is accepted by the reference and torch backends (ground-truth evaluations), not by Triton.
@@ -89,11 +90,6 @@ def _check_state(initial_state, B, D, device, name):
     _device(name, initial_state, device)
 
 
-def _positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite positive number, got {value!r}")
-
-
 def check_samu_inputs(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound,
                       state_name="initial_state", x_name="x"):
     """Raise a ValueError/TypeError naming the argument for any bad input (SPEC §5); the step API
@@ -105,7 +101,7 @@ def check_samu_inputs(x, nu, theta_log, directions, amplitudes, initial_state, r
     _check_params([("nu", nu, (n,)), ("theta_log", theta_log, (n,)),
                    ("directions", directions, (2, D)), ("amplitudes", amplitudes, (2, 2))], x.device)
     _check_state(initial_state, B, D, x.device, state_name)
-    _positive("radial_bound", radial_bound)
+    finite_number("radial_bound", radial_bound, positive=True)
 
 
 def check_rglru_inputs(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, state_name="initial_state", x_name="x"):
@@ -117,4 +113,4 @@ def check_rglru_inputs(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, state_n
     _check_params([("w_a", w_a, (H, D // H, D // H)), ("w_x", w_x, (H, D // H, D // H)),
                    ("b_a", b_a, (D,)), ("b_x", b_x, (D,)), ("a_param", a_param, (D,))], x.device)
     _check_state(initial_state, B, D, x.device, state_name)
-    _positive("c", c)
+    finite_number("c", c, positive=True)

@@ -41,7 +41,7 @@ def test_samu_bad_inputs(mutate, error, match):
 @pytest.mark.parametrize("kw,error,match", [
     (dict(initial_state=torch.zeros(3, 6)), ValueError, r"initial_state must have shape \[2, 6\]"),
     (dict(initial_state=torch.zeros(2, 6, dtype=torch.int64)), TypeError, "initial_state has dtype int64"),
-    (dict(radial_bound=0.0), ValueError, "radial_bound must be a finite positive number"),
+    (dict(radial_bound=0.0), ValueError, "radial_bound must be a finite number > 0"),
     (dict(radial_bound=math.inf), ValueError, "radial_bound"),
     (dict(backend="cuda-fast"), ValueError, "backend must be one of"),
     (dict(backend=3), TypeError, "backend must be a string"),
@@ -67,7 +67,7 @@ def test_rglru_bad_inputs(mutate, error, match):
 
 
 def test_rglru_bad_c():
-    with pytest.raises(ValueError, match="c must be a finite positive number"):
+    with pytest.raises(ValueError, match="c must be a finite number > 0"):
         samu.rglru_mixer(*_rglru_args(), c=-1.0)
 
 
