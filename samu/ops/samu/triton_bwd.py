@@ -22,8 +22,7 @@ import triton
 import triton.language as tl
 
 from samu.ops.samu.triton_fwd import (CTL, _both, _cfma, _clamp, _controls, _entering, _gamma, _input_step,
-                                      _load_pair,
-                                      _mode_row, _store_pair, _transition, prefix)
+                                      _load_pair, _mode_row, _store_pair, _store_quad, _transition, prefix)
 from samu.ops.triton_utils import tanh
 
 
@@ -61,10 +60,7 @@ def _adjoint_summary_kernel(dy, ctl, nu, theta_log, rsum, L, D, N, n_chunks, K: 
         t -= 1
         p_g -= D
     off = (i_b.to(tl.int64) * n_chunks + i_c) * 2 * D + i_n
-    tl.store(rsum + off, b_qr, mask=mask_n)
-    tl.store(rsum + off + N, b_qi, mask=mask_n)
-    tl.store(rsum + off + D, b_fr, mask=mask_n)
-    tl.store(rsum + off + D + N, b_fi, mask=mask_n)
+    _store_quad(rsum, off, N, D, b_qr, b_qi, b_fr, b_fi, mask_n)
 
 
 @triton.jit
@@ -220,10 +216,7 @@ def _dx_kernel(x, dy, ctl, nu, theta_log, directions, rnorm, rck, right, dp, dx,
         p_x -= D
         p_dx -= D
     off = (i_b.to(tl.int64) * n_chunks + i_c) * 3 * D + D + i_n
-    tl.store(rows + off, b_a0r, mask=mask_n)
-    tl.store(rows + off + N, b_a0i, mask=mask_n)
-    tl.store(rows + off + D, b_a1r, mask=mask_n)
-    tl.store(rows + off + D + N, b_a1i, mask=mask_n)
+    _store_quad(rows, off, N, D, b_a0r, b_a0i, b_a1r, b_a1i, mask_n)
 
 
 @triton.jit

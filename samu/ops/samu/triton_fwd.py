@@ -107,6 +107,15 @@ def _store_pair(ptr, off, N, b_re, b_im, mask):
 
 
 @triton.jit
+def _store_quad(ptr, off, N, D, b_ar, b_ai, b_br, b_bi, mask):
+    """Two complex [BN] tiles in one [.., 2, D] row: (a, b) of an affine map, fused coordinates."""
+    tl.store(ptr + off, b_ar, mask=mask)
+    tl.store(ptr + off + N, b_ai, mask=mask)
+    tl.store(ptr + off + D, b_br, mask=mask)
+    tl.store(ptr + off + D + N, b_bi, mask=mask)
+
+
+@triton.jit
 def _input_step(p_x, p_m, t, L, N, mask_n, valid, b_rate, b_ch, b_cl, b_sh, b_sl):
     """Transition and input of token t, [BN] each, from a pointer to its x row and the row's m plane;
     identity (lambda = 1, input 0) where not valid (past L)."""
@@ -183,10 +192,7 @@ def _summary_kernel(x, ctl, nu, theta_log, csum, L, D, N, n_chunks, K: tl.conste
         t += 1
         p_x += D
     off = (i_b.to(tl.int64) * n_chunks + i_c) * 2 * D + i_n
-    tl.store(csum + off, b_pr, mask=mask_n)
-    tl.store(csum + off + N, b_pi, mask=mask_n)
-    tl.store(csum + off + D, b_er, mask=mask_n)
-    tl.store(csum + off + D + N, b_ei, mask=mask_n)
+    _store_quad(csum, off, N, D, b_pr, b_pi, b_er, b_ei, mask_n)
 
 
 @triton.jit
@@ -215,10 +221,7 @@ def _compose_kernel(summ, init, enter, total, n_items, span, D, N,
         i = last - 1 - i_s if REVERSE else first + i_s
         if MAPS:
             off = (i_b.to(tl.int64) * n_items + i) * 2 * D + i_n
-            tl.store(enter + off, b_pr, mask=mask_n)
-            tl.store(enter + off + N, b_pi, mask=mask_n)
-            tl.store(enter + off + D, b_er, mask=mask_n)
-            tl.store(enter + off + D + N, b_ei, mask=mask_n)
+            _store_quad(enter, off, N, D, b_pr, b_pi, b_er, b_ei, mask_n)
         else:
             off = (i_b.to(tl.int64) * n_items + i) * D + i_n
             tl.store(enter + off, b_er, mask=mask_n)
@@ -230,10 +233,7 @@ def _compose_kernel(summ, init, enter, total, n_items, span, D, N,
         b_pr, b_pi = _cmul(b_ar, b_ai, b_pr, b_pi)
     if MAPS:
         off = (i_b.to(tl.int64) * tl.num_programs(0) + i_g) * 2 * D + i_n
-        tl.store(total + off, b_pr, mask=mask_n)
-        tl.store(total + off + N, b_pi, mask=mask_n)
-        tl.store(total + off + D, b_er, mask=mask_n)
-        tl.store(total + off + D + N, b_ei, mask=mask_n)
+        _store_quad(total, off, N, D, b_pr, b_pi, b_er, b_ei, mask_n)
 
 
 def prefix(summ, init, *, G, BN, reverse=False, empty=torch.empty):
