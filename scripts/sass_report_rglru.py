@@ -84,16 +84,18 @@ def opcode_mix(texts):
 def kernels(n: int, args):
     """(name, kernel, constexprs, warps, elements one thread handles per pass of the main loop)."""
     H = 16
-    NP, BJ = triton_fwd.head_block(n), triton_fwd.channel_block(n)
+    (NPA, NPB), BJ = triton_fwd.head_pieces(n), triton_fwd.channel_block(n)
     XP = {"bf16": 1, "fp16": 2, "fp32": 3}[args.dtype]
     K, WC = args.K, args.WC
-    shape = dict(D=H * n, n=n, H=H, K=K, WC=WC, NP=NP, BJ=BJ, X_PARTS=XP, MATH=2)
+    shape = dict(D=H * n, n=n, H=H, K=K, WC=WC, NPA=NPA, NPB=NPB, NPW=triton_fwd.weight_width(n), BJ=BJ,
+                 X_PARTS=XP, MATH=2)
     per_thread = K * WC * BJ / (32 * WC)
     NJ = triton.cdiv(n, BJ)
     grouped = dict(shape, NGP=triton_fwd.MAX_GROUPS, HAS_H0=True)
+    y_order = 2 if args.dtype == "fp32" else 1
     return [
-        ("fwd summary", triton_fwd._rglru_chunk_kernel, dict(grouped, SUMMARY=True), WC, per_thread),
-        ("fwd replay", triton_fwd._rglru_chunk_kernel, dict(grouped, SUMMARY=False), WC, per_thread),
+        ("fwd summary", triton_fwd._rglru_chunk_kernel, dict(grouped, Y_ORDER=y_order, SUMMARY=True), WC, per_thread),
+        ("fwd replay", triton_fwd._rglru_chunk_kernel, dict(grouped, Y_ORDER=y_order, SUMMARY=False), WC, per_thread),
         ("bwd summary", triton_bwd._rglru_bwd_summary_kernel, shape, WC, per_thread),
         ("bwd dW", triton_bwd._rglru_bwd_dw_kernel, dict(grouped, M=2 * H * n * n + 3 * H * n, HAS_DH=True), WC,
          per_thread),

@@ -19,7 +19,7 @@ import triton
 
 from samu.ops import dispatch
 from samu.ops.rglru.triton_bwd import rglru_bwd
-from samu.ops.rglru.triton_fwd import MAX_GROUPS, channel_block, head_block, rglru_fwd
+from samu.ops.rglru.triton_fwd import MAX_GROUPS, channel_block, rglru_fwd, weight_width
 
 Tensor = torch.Tensor
 
@@ -156,7 +156,7 @@ def scratch(config: Config):
     """
     def formula(B: int, L: int, D: int, H: int = 16):
         n = D // H
-        NP = head_block(n)
+        NPW = weight_width(n)
         NC = triton.cdiv(L, config.K)
         NG = triton.cdiv(triton.cdiv(NC, config.WC),
                          config.steps_per_program(B, L, H * triton.cdiv(n, channel_block(n))))
@@ -164,9 +164,9 @@ def scratch(config: Config):
                  + 2 * B * NC * D                  # per-chunk maps from the group's start (one pass at a time)
                  + 2 * B * NG * D                  # per-group maps
                  + B * NG * (2 * H * n * n + 3 * D)  # weight-gradient partials
-                 + 3 * H * NP * NP)                # bf16 weight parts (6 x 2 bytes per padded weight)
-        text = (f"16*B*D*ceil(L/{config.K}) + 8*B*D*G + 4*B*G*(2*D^2/H + 3*D) + 12*H*NP^2"
-                f" with H={H}, NP={NP}, G={NG} groups per batch row")
+                 + 3 * H * NPW * NPW)              # bf16 weight parts (6 x 2 bytes per padded weight)
+        text = (f"16*B*D*ceil(L/{config.K}) + 8*B*D*G + 4*B*G*(2*D^2/H + 3*D) + 12*H*NPW^2"
+                f" with H={H}, NPW={NPW}, G={NG} groups per batch row")
         return text, 4 * words
     return formula
 

@@ -17,6 +17,10 @@ import triton
 import triton.language as tl
 
 from samu.ops.rglru.triton_fwd import (
+    _head_pieces,
+    _head_rows,
+    _trans3,
+    _weight_slabs,
     _compose_chunks,
     _decay,
     _flip_tokens,
@@ -35,13 +39,12 @@ from samu.ops.rglru.triton_fwd import (
     _to_scan_layout,
     _to_store,
     _token,
-    _w_parts,
     _walk3,
-    _x_parts,
     chunk_launch,
     group_width,
     math_mode,
     new_buffer,
+    out_order,
     split_weights,
 )
 
@@ -89,19 +92,20 @@ def _scan_adjoint(b_af, b_dyf, K: tl.constexpr, MATH: tl.constexpr):
 
 
 @triton.jit
-def _chunk_cotangents(b_xr, b_xj, b_dy, b_wa0, b_wa1, b_wa2, b_wx0, b_wx1, b_wx2, b_ba, b_bx, b_csp,
-                      b_hin, b_e, m_t, X_PARTS: tl.constexpr, WC: tl.constexpr, K: tl.constexpr,
-                      BJ: tl.constexpr, MATH: tl.constexpr):
+def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e, m_t, X_PARTS: tl.constexpr,
+                      ORDER: tl.constexpr, NPB: tl.constexpr, WC: tl.constexpr, K: tl.constexpr, BJ: tl.constexpr,
+                      MATH: tl.constexpr):
     """What WC chunks of one channel tile contribute, as [BJ, WC, K] tiles.
 
-    b_xr [WC K, NP]: the head's input rows; b_xj, b_dy [BJ, WC, K] fp32: this tile's inputs and
+    xa, xb: parts of the head's input rows (two column pieces); wa, wb: the (gate a, gate x) weight
+    slabs of the pieces; b_xj, b_dy [BJ, WC, K] fp32: this tile's inputs and
     output cotangents; b_hin [BJ, WC]: the state entering each chunk; b_e [BJ, WC]: eps = a delta
-    entering each chunk from the right. Returns dza, dzx (gate pre-activation cotangents), the
-    direct input cotangent delta * multiplier * gate_x, and dlog a * gate_a (for d softplus).
+    entering each chunk from the right; ORDER: of the gate products (2 for fp32 results, 1 for dx
+    in bf16 or fp16). Returns dza, dzx (gate pre-activation cotangents), the direct input
+    cotangent delta * multiplier * gate_x, and dlog a * gate_a (for d softplus).
     """
-    b_x0, b_x1, b_x2 = _x_parts(b_xr, X_PARTS)
-    b_za = _to_scan_layout(_gate_dot(b_x0, b_x1, b_x2, b_wa0, b_wa1, b_wa2, X_PARTS, WC, K, BJ, MATH), MATH)
-    b_zx = _to_scan_layout(_gate_dot(b_x0, b_x1, b_x2, b_wx0, b_wx1, b_wx2, X_PARTS, WC, K, BJ, MATH), MATH)
+    b_za = _to_scan_layout(_gate_dot(xa, xb, wa[0], wb[0], X_PARTS, ORDER, NPB, WC, K, BJ, MATH), MATH)
+    b_zx = _to_scan_layout(_gate_dot(xa, xb, wa[1], wb[1], X_PARTS, ORDER, NPB, WC, K, BJ, MATH), MATH)
     b_za += b_ba[:, None, None]
     b_zx += b_bx[:, None, None]
     b_ga, b_gac = _sigmoid_pair(b_za, MATH)
@@ -136,13 +140,14 @@ def _chunk_cotangents(b_xr, b_xj, b_dy, b_wa0, b_wa1, b_wa2, b_wx0, b_wx1, b_wx2
 @triton.jit(do_not_specialize=["L", "NC", "G", "NG", "one"])
 def _rglru_bwd_summary_kernel(
     x, dy,               # [B, L, D]
-    w3,                  # [2, 3, H, NP, NP] bf16 weight parts (gate a is used)
+    w3,                  # [2, 3, H, NPW, NPW] bf16 weight parts (gate a is used)
     b_a, a_param,        # [D] fp32
     cums,                # [2, B, NC, D] fp32: per chunk, the map (P, E) of eps from its group's end to it
     gsums,               # [2, B, NG, D] fp32: per group, the map through the whole group
     L, NC, G, NG, c, one,
     D: tl.constexpr, n: tl.constexpr, H: tl.constexpr,
-    K: tl.constexpr, WC: tl.constexpr, NP: tl.constexpr, BJ: tl.constexpr, X_PARTS: tl.constexpr,
+    K: tl.constexpr, WC: tl.constexpr, NPA: tl.constexpr, NPB: tl.constexpr, NPW: tl.constexpr,
+    BJ: tl.constexpr, X_PARTS: tl.constexpr,
     MATH: tl.constexpr,
 ):
     """Reverse affine maps of eps_t = a_t (dy_t + eps_{t+1}), eps -> P eps + E, per group.
@@ -156,18 +161,16 @@ def _rglru_bwd_summary_kernel(
     NJ: tl.constexpr = (n + BJ - 1) // BJ
     i_h = i_hj // NJ
     i_b64 = i_b.to(tl.int64)
-    o_i = tl.arange(0, NP)
+    o_ia, m_ia, o_ib, m_ib = _head_pieces(n, NPA, NPB)
     o_j = (i_hj % NJ) * BJ + tl.arange(0, BJ)
     o_c = tl.arange(0, WC)
     o_k = tl.arange(0, K)
     o_t = tl.arange(0, WC * K)
-    m_i = o_i < n
     m_j = o_j < n
     o_d = i_h * n + o_j
     b_ba = tl.load(b_a + o_d, mask=m_j, other=0.0)
     b_csp = -c * _softplus(tl.load(a_param + o_d, mask=m_j, other=0.0), MATH)
-    HPP: tl.constexpr = H * NP * NP
-    b_wa0, b_wa1, b_wa2 = _w_parts(w3 + i_h.to(tl.int64) * NP * NP + o_i[:, None] * NP + o_j[None, :], HPP)
+    wa, wb = _weight_slabs(w3, i_h, o_ia, o_ib, o_j, NPB, NPW, H * NPW * NPW)
 
     SC = tl.num_programs(2).to(tl.int64) * NC * D
     SG = tl.num_programs(2).to(tl.int64) * NG * D
@@ -181,7 +184,6 @@ def _rglru_bwd_summary_kernel(
     tl.store(p_c, b_rP, mask=m_j)
     tl.store(p_c + SC, b_rE, mask=m_j)
 
-    o_row = o_t[:, None] * D + o_i[None, :]                                          # [WC K, NP]
     o_ch = (o_c[None, :, None] * K + o_k[None, None, :]) * D + (o_j * one)[:, None, None]  # [BJ, WC, K]
     o_base = (i_b64 * L + (s_hi - 1).to(tl.int64) * (WC * K)) * D + i_h * n
     p_x = x + o_base
@@ -190,10 +192,9 @@ def _rglru_bwd_summary_kernel(
         i_s = s_hi - 1 - i
         t0 = i_s * (WC * K)
         m_t = t0 + o_c[:, None] * K + o_k[None, :] < L                                 # [WC, K]
-        b_xr = tl.load(p_x + o_row, mask=(t0 + o_t < L)[:, None] & m_i[None, :], other=0.0)
+        xa, xb = _head_rows(p_x, o_t, t0 + o_t < L, o_ia, m_ia, o_ib, m_ib, D, NPB, X_PARTS)
         b_dy = tl.load(p_dy + o_ch, mask=m_j[:, None, None] & m_t[None, :, :], other=0.0).to(tl.float32)
-        b_x0, b_x1, b_x2 = _x_parts(b_xr, X_PARTS)
-        b_za = _gate_dot(b_x0, b_x1, b_x2, b_wa0, b_wa1, b_wa2, X_PARTS, WC, K, BJ, MATH) + b_ba[:, None, None]
+        b_za = _gate_dot(xa, xb, wa[0], wb[0], X_PARTS, 2, NPB, WC, K, BJ, MATH) + b_ba[:, None, None]
         b_at, _ = _decay(b_csp[:, None, None] * _sigmoid(b_za, MATH), MATH)
         # tokens past L are identities; they come first once flipped
         b_at = _flip_tokens(tl.where(m_t[None, :, :], b_at, 1.0), K, MATH)
@@ -217,7 +218,7 @@ def _rglru_bwd_summary_kernel(
 @triton.jit(do_not_specialize=["L", "NC", "G", "NG", "one"])
 def _rglru_bwd_dw_kernel(
     x, dy,               # [B, L, D]
-    w3,                  # [2, 3, H, NP, NP] bf16 weight parts
+    w3,                  # [2, 3, H, NPW, NPW] bf16 weight parts
     b_a, b_x, a_param,   # [D] fp32
     states,              # [B, NC, D] fp32: the state entering every chunk (from the forward)
     dh_last,             # [B, D] fp32 cotangent of the final state (when HAS_DH)
@@ -227,7 +228,8 @@ def _rglru_bwd_dw_kernel(
     part,                # [B * NG, M] fp32 parameter-gradient partials of each program
     L, NC, G, NG, c, one,
     D: tl.constexpr, n: tl.constexpr, H: tl.constexpr, M: tl.constexpr,
-    K: tl.constexpr, WC: tl.constexpr, NP: tl.constexpr, BJ: tl.constexpr, NGP: tl.constexpr,
+    K: tl.constexpr, WC: tl.constexpr, NPA: tl.constexpr, NPB: tl.constexpr, NPW: tl.constexpr,
+    BJ: tl.constexpr, NGP: tl.constexpr,
     X_PARTS: tl.constexpr, HAS_DH: tl.constexpr, HAS_H0: tl.constexpr, MATH: tl.constexpr,
 ):
     """Weight, bias and decay gradients of one (group of G steps of WC chunks, head x channel tile,
@@ -241,24 +243,24 @@ def _rglru_bwd_dw_kernel(
     NJ: tl.constexpr = (n + BJ - 1) // BJ
     i_h = i_hj // NJ
     i_b64 = i_b.to(tl.int64)
-    o_i = tl.arange(0, NP)
+    o_ia, m_ia, o_ib, m_ib = _head_pieces(n, NPA, NPB)
     o_j = (i_hj % NJ) * BJ + tl.arange(0, BJ)
     o_c = tl.arange(0, WC)
     o_k = tl.arange(0, K)
     o_t = tl.arange(0, WC * K)
-    m_i = o_i < n
     m_j = o_j < n
     o_d = i_h * n + o_j
     b_ba = tl.load(b_a + o_d, mask=m_j, other=0.0)
     b_bx = tl.load(b_x + o_d, mask=m_j, other=0.0)
     b_csp = -c * _softplus(tl.load(a_param + o_d, mask=m_j, other=0.0), MATH)
-    HPP: tl.constexpr = H * NP * NP
-    p_wa = w3 + i_h.to(tl.int64) * NP * NP + o_i[:, None] * NP + o_j[None, :]
-    b_wa0, b_wa1, b_wa2 = _w_parts(p_wa, HPP)
-    b_wx0, b_wx1, b_wx2 = _w_parts(p_wa + 3 * HPP, HPP)
+    wa, wb = _weight_slabs(w3, i_h, o_ia, o_ib, o_j, NPB, NPW, H * NPW * NPW)
 
-    b_dwa = tl.zeros([NP, BJ], dtype=tl.float32)
-    b_dwx = tl.zeros([NP, BJ], dtype=tl.float32)
+    # dW[:, J] per gate and head piece
+    b_dwa = tl.zeros([NPA, BJ], dtype=tl.float32)
+    b_dwx = tl.zeros([NPA, BJ], dtype=tl.float32)
+    if NPB > 0:
+        b_dwa_b = tl.zeros([NPB, BJ], dtype=tl.float32)
+        b_dwx_b = tl.zeros([NPB, BJ], dtype=tl.float32)
     # per (channel, chunk of the step): the sum over chunks crosses warps, so it waits for the end
     b_dba = tl.zeros([BJ, WC], dtype=tl.float32)
     b_dbx = tl.zeros([BJ, WC], dtype=tl.float32)
@@ -283,7 +285,6 @@ def _rglru_bwd_dw_kernel(
         tl.store(dh0 + i_b64 * D + o_d, tl.load(p_g, mask=m_j, other=1.0) * b_eg
                  + tl.load(p_g + SG, mask=m_j, other=0.0), mask=m_j)
 
-    o_row = o_t[:, None] * D + o_i[None, :]                                          # [WC K, NP]
     o_ch = (o_c[None, :, None] * K + o_k[None, None, :]) * D + (o_j * one)[:, None, None]  # [BJ, WC, K]
     s_lo = i_g * G
     s_hi = tl.minimum(s_lo + G, tl.cdiv(NC, WC))
@@ -294,7 +295,7 @@ def _rglru_bwd_dw_kernel(
         t0 = i_s * (WC * K)
         m_t = t0 + o_c[:, None] * K + o_k[None, :] < L                                 # [WC, K]
         m_x = m_j[:, None, None] & m_t[None, :, :]
-        b_xr = tl.load(p_x + o_row, mask=(t0 + o_t < L)[:, None] & m_i[None, :], other=0.0)
+        xa, xb = _head_rows(p_x, o_t, t0 + o_t < L, o_ia, m_ia, o_ib, m_ib, D, NPB, X_PARTS)
         b_xj = tl.load(p_x + o_ch, mask=m_x, other=0.0).to(tl.float32)
         b_dy = tl.load(p_dy + o_ch, mask=m_x, other=0.0).to(tl.float32)
         o_s = (i_b64 * NC + i_s * WC + o_c)[None, :] * D + o_d[:, None]                # [BJ, WC]
@@ -303,46 +304,64 @@ def _rglru_bwd_dw_kernel(
         b_e = tl.load(cums + o_s, mask=m_s, other=1.0) * b_eg[:, None] + tl.load(cums + SC + o_s, mask=m_s,
                                                                                  other=0.0)
         tl.store(estates + o_s, b_e, mask=m_s)
-        b_dza, b_dzx, _, b_dlga = _chunk_cotangents(
-            b_xr, b_xj, b_dy, b_wa0, b_wa1, b_wa2, b_wx0, b_wx1, b_wx2, b_ba, b_bx, b_csp, b_hin, b_e,
-            m_t, X_PARTS, WC, K, BJ, MATH)
+        b_dza, b_dzx, _, b_dlga = _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
+                                                    m_t, X_PARTS, 2, NPB, WC, K, BJ, MATH)
         b_dba += tl.sum(b_dza, axis=2)
         b_dbx += tl.sum(b_dzx, axis=2)
         b_dsp += tl.sum(b_dlga, axis=2)
         # dW[:, J] += x^T dz over the step's tokens: x in its exact parts, dz in three bf16 parts
-        b_xt0, b_xt1, b_xt2 = _x_parts(tl.trans(b_xr), X_PARTS)
-        b_d0, b_d1, b_d2 = _split3(_rows(b_dza, WC, K, BJ))
-        b_dwa = _parts_dot(b_xt0, b_xt1, b_xt2, b_d0, b_d1, b_d2, b_dwa, X_PARTS, 3, 2, MATH)
-        b_d0, b_d1, b_d2 = _split3(_rows(b_dzx, WC, K, BJ))
-        b_dwx = _parts_dot(b_xt0, b_xt1, b_xt2, b_d0, b_d1, b_d2, b_dwx, X_PARTS, 3, 2, MATH)
+        dza = _split3(_rows(b_dza, WC, K, BJ))
+        dzx = _split3(_rows(b_dzx, WC, K, BJ))
+        xat = _trans3(xa)
+        b_dwa = _parts_dot(xat, dza, b_dwa, X_PARTS, 3, 2, MATH)
+        b_dwx = _parts_dot(xat, dzx, b_dwx, X_PARTS, 3, 2, MATH)
+        if NPB > 0:
+            xbt = _trans3(xb)
+            b_dwa_b = _parts_dot(xbt, dza, b_dwa_b, X_PARTS, 3, 2, MATH)
+            b_dwx_b = _parts_dot(xbt, dzx, b_dwx_b, X_PARTS, 3, 2, MATH)
         p_x += WC * K * D
         p_dy += WC * K * D
 
     p_p = part + (i_b64 * NG + i_g) * M
-    m_w = m_i[:, None] & m_j[None, :]
-    o_nn = i_h * n * n + o_i[:, None] * n + o_j[None, :]
-    tl.store(p_p + o_nn, b_dwa, mask=m_w)
-    tl.store(p_p + H * n * n + o_nn, b_dwx, mask=m_w)
+    o_nn = i_h * n * n + o_ia[:, None] * n + o_j[None, :]
+    tl.store(p_p + o_nn, b_dwa, mask=m_ia[:, None] & m_j[None, :])
+    tl.store(p_p + H * n * n + o_nn, b_dwx, mask=m_ia[:, None] & m_j[None, :])
+    if NPB > 0:
+        o_nn = i_h * n * n + o_ib[:, None] * n + o_j[None, :]
+        tl.store(p_p + o_nn, b_dwa_b, mask=m_ib[:, None] & m_j[None, :])
+        tl.store(p_p + H * n * n + o_nn, b_dwx_b, mask=m_ib[:, None] & m_j[None, :])
     tl.store(p_p + 2 * H * n * n + o_d, tl.sum(b_dba, axis=1), mask=m_j)
     tl.store(p_p + 2 * H * n * n + D + o_d, tl.sum(b_dbx, axis=1), mask=m_j)
     tl.store(p_p + 2 * H * n * n + 2 * D + o_d, -c * tl.sum(b_dsp, axis=1), mask=m_j)
 
 
+@triton.jit
+def _input_grad(dza, dzx, ddi, w, o_i, o_j, acc, ORDER: tl.constexpr, MATH: tl.constexpr):
+    """acc [WC K, len(o_i)] + dza @ w_a^T + dzx @ w_x^T + direct @ E over one channel tile, for the
+    head columns o_i (w: the piece's (gate a, gate x) slabs; the cotangents in three parts each)."""
+    acc = _parts_dot(dza, _trans3(w[0]), acc, 3, 3, ORDER, MATH)
+    acc = _parts_dot(dzx, _trans3(w[1]), acc, 3, 3, ORDER, MATH)
+    b_eye = tl.where(o_i[None, :] == o_j[:, None], 1.0, 0.0).to(tl.bfloat16)
+    return _parts_dot(ddi, (b_eye, b_eye, b_eye), acc, 3, 1, ORDER, MATH)
+
+
 @triton.jit(do_not_specialize=["L", "NC", "G", "one"])
 def _rglru_bwd_dx_kernel(
     x, dy,               # [B, L, D]
-    w3,                  # [2, 3, H, NP, NP] bf16 weight parts (their transposes serve dx)
+    w3,                  # [2, 3, H, NPW, NPW] bf16 weight parts (their transposes serve dx)
     b_a, b_x, a_param,   # [D] fp32
     states,              # [B, NC, D] fp32: the state entering every chunk (from the forward)
     estates,             # [B, NC, D] fp32: eps entering every chunk from the right
     dx,                  # [B, L, D] x.dtype
     L, NC, G, c, one,
     D: tl.constexpr, n: tl.constexpr, H: tl.constexpr,
-    K: tl.constexpr, WC: tl.constexpr, NP: tl.constexpr, BJ: tl.constexpr, X_PARTS: tl.constexpr,
+    K: tl.constexpr, WC: tl.constexpr, NPA: tl.constexpr, NPB: tl.constexpr, NPW: tl.constexpr,
+    BJ: tl.constexpr, X_PARTS: tl.constexpr,
     DX_ORDER: tl.constexpr, MATH: tl.constexpr,
 ):
     """dx of one (range of G steps of WC chunks, head, batch row): per step, the cotangents of each
-    channel tile in turn, folded into the head's [WC K, NP] input-gradient tile on tensor cores.
+    channel tile in turn, folded into the head's input-gradient tile ([WC K, NPA] and [WC K, NPB]
+    for the two column pieces) on tensor cores.
 
     dx = direct + dza w_a^T + dzx w_x^T; the direct term (a channel to itself) enters through a
     product with an identity slab, so every term accumulates in the same tile.
@@ -350,14 +369,11 @@ def _rglru_bwd_dx_kernel(
     i_g, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NJ: tl.constexpr = (n + BJ - 1) // BJ
     i_b64 = i_b.to(tl.int64)
-    o_i = tl.arange(0, NP)
+    o_ia, m_ia, o_ib, m_ib = _head_pieces(n, NPA, NPB)
     o_jt = tl.arange(0, BJ)
     o_c = tl.arange(0, WC)
     o_k = tl.arange(0, K)
     o_t = tl.arange(0, WC * K)
-    m_i = o_i < n
-    HPP: tl.constexpr = H * NP * NP
-    o_row = o_t[:, None] * D + o_i[None, :]                                          # [WC K, NP]
     s_lo = i_g * G
     s_hi = tl.minimum(s_lo + G, tl.cdiv(NC, WC))
     o_base = (i_b64 * L + s_lo.to(tl.int64) * (WC * K)) * D + i_h * n
@@ -367,9 +383,11 @@ def _rglru_bwd_dx_kernel(
     for i_s in range(s_lo, s_hi):
         t0 = i_s * (WC * K)
         m_t = t0 + o_c[:, None] * K + o_k[None, :] < L                                 # [WC, K]
-        m_r = (t0 + o_t < L)[:, None] & m_i[None, :]
-        b_xr = tl.load(p_x + o_row, mask=m_r, other=0.0)
-        b_dx = tl.zeros([WC * K, NP], dtype=tl.float32)
+        m_r = t0 + o_t < L
+        xa, xb = _head_rows(p_x, o_t, m_r, o_ia, m_ia, o_ib, m_ib, D, NPB, X_PARTS)
+        b_dx = tl.zeros([WC * K, NPA], dtype=tl.float32)
+        if NPB > 0:
+            b_dx_b = tl.zeros([WC * K, NPB], dtype=tl.float32)
         for i_j in range(0, NJ):
             o_j = i_j * BJ + o_jt
             m_j = o_j < n
@@ -379,30 +397,28 @@ def _rglru_bwd_dx_kernel(
             b_ba = tl.load(b_a + o_d, mask=m_j, other=0.0)
             b_bx = tl.load(b_x + o_d, mask=m_j, other=0.0)
             b_csp = -c * _softplus(tl.load(a_param + o_d, mask=m_j, other=0.0), MATH)
-            p_wa = w3 + i_h.to(tl.int64) * NP * NP + o_i[:, None] * NP + o_j[None, :]
-            b_wa0, b_wa1, b_wa2 = _w_parts(p_wa, HPP)
-            b_wx0, b_wx1, b_wx2 = _w_parts(p_wa + 3 * HPP, HPP)
+            wa, wb = _weight_slabs(w3, i_h, o_ia, o_ib, o_j, NPB, NPW, H * NPW * NPW)
             b_xj = tl.load(p_x + o_ch, mask=m_x, other=0.0).to(tl.float32)
             b_dy = tl.load(p_dy + o_ch, mask=m_x, other=0.0).to(tl.float32)
             o_s = (i_b64 * NC + i_s * WC + o_c)[None, :] * D + o_d[:, None]            # [BJ, WC]
             m_s = m_j[:, None] & (i_s * WC + o_c < NC)[None, :]
             b_hin = tl.load(states + o_s, mask=m_s, other=0.0)
             b_e = tl.load(estates + o_s, mask=m_s, other=0.0)
-            b_dza, b_dzx, b_direct, _ = _chunk_cotangents(
-                b_xr, b_xj, b_dy, b_wa0, b_wa1, b_wa2, b_wx0, b_wx1, b_wx2, b_ba, b_bx, b_csp, b_hin, b_e,
-                m_t, X_PARTS, WC, K, BJ, MATH)
-            # dx += dz w^T over this tile's channels; ORDER 1 keeps ~2^-16, enough for bf16 / fp16 dx
-            b_d0, b_d1, b_d2 = _split3(_rows(b_dza, WC, K, BJ))
-            b_dx = _parts_dot(b_d0, b_d1, b_d2, tl.trans(b_wa0), tl.trans(b_wa1), tl.trans(b_wa2), b_dx,
-                              3, 3, DX_ORDER, MATH)
-            b_d0, b_d1, b_d2 = _split3(_rows(b_dzx, WC, K, BJ))
-            b_dx = _parts_dot(b_d0, b_d1, b_d2, tl.trans(b_wx0), tl.trans(b_wx1), tl.trans(b_wx2), b_dx,
-                              3, 3, DX_ORDER, MATH)
-            # the direct term through the identity slab E[j, i] = (i == channel j): exact, E is one part
-            b_eye = tl.where(o_i[None, :] == o_j[:, None], 1.0, 0.0).to(tl.bfloat16)
-            b_d0, b_d1, b_d2 = _split3(_rows(b_direct, WC, K, BJ))
-            b_dx = _parts_dot(b_d0, b_d1, b_d2, b_eye, b_eye, b_eye, b_dx, 3, 1, DX_ORDER, MATH)
-        tl.store(p_dx + o_row, _to_store(b_dx, dx.dtype.element_ty, MATH), mask=m_r)
+            b_dza, b_dzx, b_direct, _ = _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin,
+                                                          b_e, m_t, X_PARTS, DX_ORDER, NPB, WC, K, BJ, MATH)
+            # dx += dz w^T over this tile's channels (ORDER 1 keeps ~2^-16, enough for bf16 / fp16 dx);
+            # the direct term enters through the identity slab E[j, i] = [i == channel j] (exact: one part)
+            dza = _split3(_rows(b_dza, WC, K, BJ))
+            dzx = _split3(_rows(b_dzx, WC, K, BJ))
+            ddi = _split3(_rows(b_direct, WC, K, BJ))
+            b_dx = _input_grad(dza, dzx, ddi, wa, o_ia, o_j, b_dx, DX_ORDER, MATH)
+            if NPB > 0:
+                b_dx_b = _input_grad(dza, dzx, ddi, wb, o_ib, o_j, b_dx_b, DX_ORDER, MATH)
+        p_r = p_dx + o_t[:, None] * D
+        tl.store(p_r + o_ia[None, :], _to_store(b_dx, dx.dtype.element_ty, MATH), mask=m_r[:, None] & m_ia[None, :])
+        if NPB > 0:
+            tl.store(p_r + o_ib[None, :], _to_store(b_dx_b, dx.dtype.element_ty, MATH),
+                     mask=m_r[:, None] & m_ib[None, :])
         p_x += WC * K * D
         p_dy += WC * K * D
         p_dx += WC * K * D
@@ -468,8 +484,7 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
                                cums, gsums, estates, dh0 if has_h0 else part, part, L, NC, G, NG, float(c), 1,
                                M=M, NGP=group_width(NG), HAS_DH=dh_last is not None, HAS_H0=has_h0, **meta)
     dx = new_buffer((B, L, D), x.dtype, dev)
-    grid_dx, meta_dx = chunk_launch(x, H, K, WC, G_dx, grouped=False, MATH=MATH,
-                                   DX_ORDER=2 if x.dtype == torch.float32 else 1)
+    grid_dx, meta_dx = chunk_launch(x, H, K, WC, G_dx, grouped=False, MATH=MATH, DX_ORDER=out_order(x.dtype))
     _rglru_bwd_dx_kernel[(grid_dx[0], H, B)](x, dy, w3, b_a, b_x, a_param, states, estates, dx, L, NC, G_dx,
                                              float(c), 1, **meta_dx)
     dw_a = new_buffer((H, n, n), torch.float32, dev)

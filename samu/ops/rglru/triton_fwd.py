@@ -62,14 +62,23 @@ def math_mode(fast: bool) -> int:
     return 2 if fast else 1
 
 
-def head_block(n: int) -> int:
-    """Padded head width NP: a power of two >= 16 (tl.dot's minimum), the reduction length of the gate products."""
-    return max(16, triton.next_power_of_2(n))
+def head_pieces(n: int) -> tuple[int, int]:
+    """The head's columns as two power-of-two pieces (tl.dot needs powers of two >= 16), NPA the
+    largest that fits and NPB the rest padded (0 when none): 160 = 128 + 32, 96 = 64 + 32, 64 = 64 + 0.
+    Products over the head run piece by piece, so only the second piece carries padding."""
+    NPA = max(16, 1 << (n.bit_length() - 1))
+    rest = n - NPA
+    return NPA, (max(16, triton.next_power_of_2(rest)) if rest > 0 else 0)
 
 
 def channel_block(n: int) -> int:
-    """Output channels per program BJ: one per lane of a warp, at most the padded head width."""
-    return min(head_block(n), 32)
+    """Output channels per program BJ: one per lane of a warp, at most the first head piece."""
+    return min(head_pieces(n)[0], 32)
+
+
+def weight_width(n: int) -> int:
+    """NPW, the padded side of each head's weight parts: covers both pieces and whole channel tiles."""
+    return max(sum(head_pieces(n)), triton.cdiv(n, channel_block(n)) * channel_block(n))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -227,9 +236,11 @@ def _split3(b_v):
 
 
 @triton.jit
-def _parts_dot(a0, a1, a2, b0, b1, b2, acc, A_PARTS: tl.constexpr, B_PARTS: tl.constexpr,
-               ORDER: tl.constexpr, MATH: tl.constexpr):
-    """acc + sum of a_i @ b_k over i < A_PARTS, k < B_PARTS, i + k <= ORDER, smallest terms first."""
+def _parts_dot(a, b, acc, A_PARTS: tl.constexpr, B_PARTS: tl.constexpr, ORDER: tl.constexpr, MATH: tl.constexpr):
+    """acc + sum of a[i] @ b[k] over i < A_PARTS, k < B_PARTS, i + k <= ORDER, smallest terms first
+    (a, b: tuples of three bf16 parts)."""
+    a0, a1, a2 = a
+    b0, b1, b2 = b
     if MATH == 0:
         # the interpreter multiplies bf16 matrices as raw integers: upcast (exact for bf16 parts)
         a0, a1, a2 = a0.to(tl.float32), a1.to(tl.float32), a2.to(tl.float32)
@@ -249,6 +260,11 @@ def _parts_dot(a0, a1, a2, b0, b1, b2, acc, A_PARTS: tl.constexpr, B_PARTS: tl.c
 
 
 @triton.jit
+def _trans3(t):
+    return tl.trans(t[0]), tl.trans(t[1]), tl.trans(t[2])
+
+
+@triton.jit
 def _x_parts(b_x, X_PARTS: tl.constexpr):
     """bf16 parts of an input tile: bf16 is one part; fp16 (11 bits) two; fp32 three."""
     if X_PARTS == 1:
@@ -259,8 +275,16 @@ def _x_parts(b_x, X_PARTS: tl.constexpr):
 
 
 @triton.jit
-def _w_parts(p_w, HPP):
-    """The three bf16 parts of one gate's weight slab at p_w (parts HPP elements apart)."""
+def _x_rows(p_x, o_t, m_rows, o_i, m_i, D: tl.constexpr, X_PARTS: tl.constexpr):
+    """Parts of the head's input rows of one step (tokens o_t), columns o_i: [WC K, len(o_i)] each."""
+    return _x_parts(tl.load(p_x + o_t[:, None] * D + o_i[None, :], mask=m_rows[:, None] & m_i[None, :], other=0.0),
+                    X_PARTS)
+
+
+@triton.jit
+def _w_slab(w3, gate, i_h, o_i, o_j, NPW: tl.constexpr, HPP: tl.constexpr):
+    """The three bf16 parts of a gate's weight rows o_i, columns o_j of head i_h: [len(o_i), BJ] each."""
+    p_w = w3 + gate * 3 * HPP + i_h.to(tl.int64) * NPW * NPW + o_i[:, None] * NPW + o_j[None, :]
     return tl.load(p_w), tl.load(p_w + HPP), tl.load(p_w + 2 * HPP)
 
 
@@ -270,11 +294,15 @@ def _second(a1, b1, a2, b2):
 
 
 @triton.jit
-def _gate_dot(b_x0, b_x1, b_x2, b_w0, b_w1, b_w2, X_PARTS: tl.constexpr, WC: tl.constexpr, K: tl.constexpr,
-              BJ: tl.constexpr, MATH: tl.constexpr):
-    """Pre-activation of one gate, x [WC K, NP] @ w [NP, BJ] to fp32 accuracy, as [BJ, WC, K]."""
+def _gate_dot(xa, xb, wa, wb, X_PARTS: tl.constexpr, ORDER: tl.constexpr, NPB: tl.constexpr, WC: tl.constexpr,
+              K: tl.constexpr, BJ: tl.constexpr, MATH: tl.constexpr):
+    """Pre-activation of one gate, x [WC K, n] @ w [n, BJ], as [BJ, WC, K]: the head's columns in
+    two pieces (xa @ wa over the first NPA, xb @ wb over the next NPB when NPB > 0); ORDER 2
+    fp32-accurate, ORDER 1 to ~2^-16 (for results only stored in bf16 or fp16)."""
     b_z = tl.zeros([WC * K, BJ], dtype=tl.float32)
-    b_z = _parts_dot(b_x0, b_x1, b_x2, b_w0, b_w1, b_w2, b_z, X_PARTS, 3, 2, MATH)
+    b_z = _parts_dot(xa, wa, b_z, X_PARTS, 3, ORDER, MATH)
+    if NPB > 0:
+        b_z = _parts_dot(xb, wb, b_z, X_PARTS, 3, ORDER, MATH)
     return tl.reshape(tl.trans(b_z), [BJ, WC, K])
 
 
@@ -414,18 +442,18 @@ def _fold_groups(b_h, p_g, SB, o_rows, m_rows, o_d, m_j, D: tl.constexpr, BJ: tl
 @triton.jit
 def _rglru_split_weights_kernel(
     w_a, w_x,            # [H, n, n] fp32
-    w3,                  # [2, 3, H, NP, NP] bf16: (gate, part) of w, zero-padded to NP x NP
+    w3,                  # [2, 3, H, NPW, NPW] bf16: (gate, part) of w, zero-padded to NPW x NPW
     n, HPP,
-    NP: tl.constexpr, BLOCK: tl.constexpr,
+    NPW: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Elementwise over the padded weights: w = hi + mid + lo exactly."""
     o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = o < 2 * HPP
     i_g = o // HPP
     o_w = o % HPP
-    i_h = o_w // (NP * NP)
-    i_r = (o_w // NP) % NP
-    i_c = o_w % NP
+    i_h = o_w // (NPW * NPW)
+    i_r = (o_w // NPW) % NPW
+    i_c = o_w % NPW
     m_src = m & (i_r < n) & (i_c < n)
     o_src = (i_h * n + i_r) * n + i_c
     b_w = tl.where(i_g == 0, tl.load(w_a + o_src, mask=m_src & (i_g == 0), other=0.0),
@@ -438,14 +466,14 @@ def _rglru_split_weights_kernel(
 
 
 @triton.jit
-def _chunk_gates(b_xr, b_xj, b_wa0, b_wa1, b_wa2, b_wx0, b_wx1, b_wx2, b_ba, b_bx, b_csp, m_t,
-                 X_PARTS: tl.constexpr, WC: tl.constexpr, K: tl.constexpr, BJ: tl.constexpr, MATH: tl.constexpr):
-    """Transition a_t and scan input multiplier_t * gate_x_t * x_t, [BJ, WC, K] fp32, from the head's
-    input rows b_xr [WC K, NP] and this tile's inputs b_xj [BJ, WC, K] fp32; tokens past L (m_t
-    false) are identities a = 1, b = 0."""
-    b_x0, b_x1, b_x2 = _x_parts(b_xr, X_PARTS)
-    b_za = _gate_dot(b_x0, b_x1, b_x2, b_wa0, b_wa1, b_wa2, X_PARTS, WC, K, BJ, MATH)
-    b_zx = _gate_dot(b_x0, b_x1, b_x2, b_wx0, b_wx1, b_wx2, X_PARTS, WC, K, BJ, MATH)
+def _chunk_gates(xa, xb, b_xj, wa, wb, b_ba, b_bx, b_csp, m_t, X_PARTS: tl.constexpr, ORDER: tl.constexpr,
+                 NPB: tl.constexpr, WC: tl.constexpr, K: tl.constexpr, BJ: tl.constexpr, MATH: tl.constexpr):
+    """Transition a_t and scan input multiplier_t * gate_x_t * x_t, [BJ, WC, K] fp32, from the parts
+    of the head's input rows (xa, xb: the two column pieces), this tile's inputs b_xj [BJ, WC, K]
+    fp32 and the weight slabs (wa, wb: (gate a, gate x) per piece); tokens past L (m_t false) are
+    identities a = 1, b = 0."""
+    b_za = _gate_dot(xa, xb, wa[0], wb[0], X_PARTS, ORDER, NPB, WC, K, BJ, MATH)
+    b_zx = _gate_dot(xa, xb, wa[1], wb[1], X_PARTS, ORDER, NPB, WC, K, BJ, MATH)
     b_ga = _sigmoid(b_za + b_ba[:, None, None], MATH)
     b_gx = _sigmoid(b_zx + b_bx[:, None, None], MATH)
     b_a, b_u = _decay(b_csp[:, None, None] * b_ga, MATH)
@@ -453,10 +481,43 @@ def _chunk_gates(b_xr, b_xj, b_wa0, b_wa1, b_wa2, b_wx0, b_wx1, b_wx2, b_ba, b_b
     return b_a, tl.where(m_t[None, :, :], _sqrt(b_u, MATH) * b_gx * b_xj, 0.0)
 
 
+@triton.jit
+def _head_pieces(n: tl.constexpr, NPA: tl.constexpr, NPB: tl.constexpr):
+    """Column indices and masks of the head's two pieces (the second a copy of the first when NPB = 0)."""
+    o_ia = tl.arange(0, NPA)
+    if NPB > 0:
+        o_ib = NPA + tl.arange(0, NPB)
+    else:
+        o_ib = o_ia
+    return o_ia, o_ia < n, o_ib, o_ib < n
+
+
+@triton.jit
+def _head_rows(p_x, o_t, m_rows, o_ia, m_ia, o_ib, m_ib, D: tl.constexpr, NPB: tl.constexpr, X_PARTS: tl.constexpr):
+    """Parts of the head's input rows of one step, per piece (the second a copy when NPB = 0)."""
+    xa = _x_rows(p_x, o_t, m_rows, o_ia, m_ia, D, X_PARTS)
+    if NPB > 0:
+        xb = _x_rows(p_x, o_t, m_rows, o_ib, m_ib, D, X_PARTS)
+    else:
+        xb = xa
+    return xa, xb
+
+
+@triton.jit
+def _weight_slabs(w3, i_h, o_ia, o_ib, o_j, NPB: tl.constexpr, NPW: tl.constexpr, HPP: tl.constexpr):
+    """((gate a, gate x) slabs of piece a, the same of piece b): each the three parts [len(o_i), BJ]."""
+    wa = (_w_slab(w3, 0, i_h, o_ia, o_j, NPW, HPP), _w_slab(w3, 1, i_h, o_ia, o_j, NPW, HPP))
+    if NPB > 0:
+        wb = (_w_slab(w3, 0, i_h, o_ib, o_j, NPW, HPP), _w_slab(w3, 1, i_h, o_ib, o_j, NPW, HPP))
+    else:
+        wb = wa
+    return wa, wb
+
+
 @triton.jit(do_not_specialize=["L", "NC", "G", "NG", "one"])
 def _rglru_chunk_kernel(
     x,                   # [B, L, D] bf16 / fp16 / fp32
-    w3,                  # [2, 3, H, NP, NP] bf16 weight parts (see _rglru_split_weights_kernel)
+    w3,                  # [2, 3, H, NPW, NPW] bf16 weight parts (see _rglru_split_weights_kernel)
     b_a, b_x, a_param,   # [D] fp32
     h0,                  # [B, D] fp32 initial state (replay, when HAS_H0)
     cums,                # [2, B, NC, D] fp32: per chunk, the map (A, B) from its group's start to it
@@ -467,36 +528,35 @@ def _rglru_chunk_kernel(
     L, NC, G, NG, c,
     one,                 # 1, as a runtime value (see below)
     D: tl.constexpr, n: tl.constexpr, H: tl.constexpr,
-    K: tl.constexpr, WC: tl.constexpr, NP: tl.constexpr, BJ: tl.constexpr, NGP: tl.constexpr,
-    X_PARTS: tl.constexpr, HAS_H0: tl.constexpr, SUMMARY: tl.constexpr, MATH: tl.constexpr,
+    K: tl.constexpr, WC: tl.constexpr, NPA: tl.constexpr, NPB: tl.constexpr, NPW: tl.constexpr,
+    BJ: tl.constexpr, NGP: tl.constexpr,
+    X_PARTS: tl.constexpr, Y_ORDER: tl.constexpr, HAS_H0: tl.constexpr, SUMMARY: tl.constexpr, MATH: tl.constexpr,
 ):
     """One (group: a range of G steps of WC chunks, head x channel tile, batch row).
 
     SUMMARY: carry the composition of the group's chunk maps from the group's start; write, for
     every chunk, the map from the group's start to the chunk (``cums``) and the group's whole map
     (``gsums``). Replay: enter with h0 composed with the maps of the groups before, enter every
-    chunk with its ``cums`` map applied to that, write the states, y and (last chunk) h_last.
+    chunk with its ``cums`` map applied to that, write the states and y; the last group also
+    applies its own map: h_last. Only y depends on the replay's gates, so they carry Y_ORDER (1
+    when y is stored in bf16 or fp16); every fp32 result comes from the summary pass's.
     """
     i_g, i_hj, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NJ: tl.constexpr = (n + BJ - 1) // BJ
     i_h = i_hj // NJ
     i_b64 = i_b.to(tl.int64)
-    o_i = tl.arange(0, NP)
+    o_ia, m_ia, o_ib, m_ib = _head_pieces(n, NPA, NPB)
     o_j = (i_hj % NJ) * BJ + tl.arange(0, BJ)
     o_c = tl.arange(0, WC)
     o_k = tl.arange(0, K)
     o_t = tl.arange(0, WC * K)
-    m_i = o_i < n
     m_j = o_j < n
     o_d = i_h * n + o_j
     b_ba = tl.load(b_a + o_d, mask=m_j, other=0.0)
     b_bx = tl.load(b_x + o_d, mask=m_j, other=0.0)
     b_csp = -c * _softplus(tl.load(a_param + o_d, mask=m_j, other=0.0), MATH)
 
-    HPP: tl.constexpr = H * NP * NP
-    p_wa = w3 + i_h.to(tl.int64) * NP * NP + o_i[:, None] * NP + o_j[None, :]
-    b_wa0, b_wa1, b_wa2 = _w_parts(p_wa, HPP)
-    b_wx0, b_wx1, b_wx2 = _w_parts(p_wa + 3 * HPP, HPP)
+    wa, wb = _weight_slabs(w3, i_h, o_ia, o_ib, o_j, NPB, NPW, H * NPW * NPW)
 
     SC = tl.num_programs(2).to(tl.int64) * NC * D
     SG = tl.num_programs(2).to(tl.int64) * NG * D
@@ -513,13 +573,16 @@ def _rglru_chunk_kernel(
     else:
         if HAS_H0:
             b_rB = tl.load(h0 + i_b64 * D + o_d, mask=m_j, other=0.0)
+        o_r = tl.arange(0, NGP)
+        p_g = gsums + i_b64 * NG * D
+        if i_g == NG - 1:
+            b_end = _fold_groups(b_rB, p_g, SG, o_r, o_r < NG, o_d, m_j, D, BJ, NGP, MATH)
+            tl.store(h_last + i_b64 * D + o_d, b_end, mask=m_j)
         if NGP > 1:
-            o_r = tl.arange(0, NGP)
-            b_rB = _fold_groups(b_rB, gsums + i_b64 * NG * D, SG, o_r, o_r < i_g, o_d, m_j, D, BJ, NGP, MATH)
+            b_rB = _fold_groups(b_rB, p_g, SG, o_r, o_r < i_g, o_d, m_j, D, BJ, NGP, MATH)
 
     # 64-bit bases, 32-bit offsets inside a step; the channel stride `one` is hidden from the
     # compiler so it lays channel tiles out one channel per lane (token scans stay in-thread)
-    o_row = o_t[:, None] * D + o_i[None, :]                                          # [WC K, NP]
     o_ch = (o_c[None, :, None] * K + o_k[None, None, :]) * D + (o_j * one)[:, None, None]  # [BJ, WC, K]
     o_base = (i_b64 * L + s_lo.to(tl.int64) * (WC * K)) * D + i_h * n
     p_x = x + o_base
@@ -528,10 +591,11 @@ def _rglru_chunk_kernel(
         t0 = i_s * (WC * K)
         m_t = t0 + o_c[:, None] * K + o_k[None, :] < L                                 # [WC, K]
         m_x = m_j[:, None, None] & m_t[None, :, :]
-        b_xr = tl.load(p_x + o_row, mask=(t0 + o_t < L)[:, None] & m_i[None, :], other=0.0)
+        m_r = t0 + o_t < L
+        xa, xb = _head_rows(p_x, o_t, m_r, o_ia, m_ia, o_ib, m_ib, D, NPB, X_PARTS)
         b_xj = tl.load(p_x + o_ch, mask=m_x, other=0.0).to(tl.float32)
-        b_at, b_bt = _chunk_gates(b_xr, b_xj, b_wa0, b_wa1, b_wa2, b_wx0, b_wx1, b_wx2, b_ba, b_bx, b_csp,
-                                  m_t, X_PARTS, WC, K, BJ, MATH)
+        b_at, b_bt = _chunk_gates(xa, xb, b_xj, wa, wb, b_ba, b_bx, b_csp, m_t, X_PARTS,
+                                  2 if SUMMARY else Y_ORDER, NPB, WC, K, BJ, MATH)
         i_c = i_s * WC + o_c                                                            # [WC] chunk index
         o_s = (i_b64 * NC + i_c)[None, :] * D + o_d[:, None]                           # [BJ, WC]
         if SUMMARY:
@@ -554,9 +618,6 @@ def _rglru_chunk_kernel(
             b_bt = tl.where(o_k[None, None, :] == 0, b_bt + b_at * b_h[:, :, None], b_bt)
             _, b_H = _scan_affine(b_at, b_bt, K, MATH)
             tl.store(p_y + o_ch, _to_store(b_H, y.dtype.element_ty, MATH), mask=m_x)
-            # the state after the last chunk (tokens past L are identities)
-            tl.store(h_last + i_b64 * D + o_d[:, None] + 0 * i_c[None, :], _token(b_H, K - 1, K),
-                     mask=m_j[:, None] & (i_c == NC - 1)[None, :])
         p_x += WC * K * D
         p_y += WC * K * D
     if SUMMARY:
@@ -574,18 +635,24 @@ def x_parts(dtype: torch.dtype) -> int:
     return {torch.bfloat16: 1, torch.float16: 2}.get(dtype, 3)
 
 
-def split_weights(w_a: torch.Tensor, w_x: torch.Tensor) -> torch.Tensor:
-    """bf16 hi/mid/lo parts of both gate weights, zero-padded to [NP, NP] per head; one launch.
+def out_order(dtype: torch.dtype) -> int:
+    """ORDER of the products behind results stored in ``dtype``: 2 (fp32-accurate) for fp32, 1
+    (~2^-16, far below the rounding) for bf16 and fp16."""
+    return 2 if dtype == torch.float32 else 1
 
-    Returns w3 [2, 3, H, NP, NP] bf16 (gate, part) with w = hi + mid + lo exactly.
+
+def split_weights(w_a: torch.Tensor, w_x: torch.Tensor) -> torch.Tensor:
+    """bf16 hi/mid/lo parts of both gate weights, zero-padded to [NPW, NPW] per head; one launch.
+
+    Returns w3 [2, 3, H, NPW, NPW] bf16 (gate, part) with w = hi + mid + lo exactly.
     """
     H, n, _ = w_a.shape
-    NP = head_block(n)
-    w3 = new_buffer((2, 3, H, NP, NP), torch.bfloat16, w_a.device)
-    HPP = H * NP * NP
+    NPW = weight_width(n)
+    w3 = new_buffer((2, 3, H, NPW, NPW), torch.bfloat16, w_a.device)
+    HPP = H * NPW * NPW
     BLOCK = 1024
     _rglru_split_weights_kernel[(triton.cdiv(2 * HPP, BLOCK),)](w_a.contiguous(), w_x.contiguous(), w3, n, HPP,
-                                                                 NP=NP, BLOCK=BLOCK, num_warps=4)
+                                                                 NPW=NPW, BLOCK=BLOCK, num_warps=4)
     return w3
 
 
@@ -597,11 +664,12 @@ def chunk_launch(x, H: int, K: int, WC: int, G: int, grouped: bool = True, **met
     grouped: the programs carry compositions over their steps (at most MAX_GROUPS per batch row)."""
     B, L, D = x.shape
     n = D // H
-    NP, BJ = head_block(n), channel_block(n)
+    (NPA, NPB), BJ = head_pieces(n), channel_block(n)
     NG = triton.cdiv(triton.cdiv(triton.cdiv(L, K), WC), G)
     assert NG <= MAX_GROUPS or not grouped, f"{NG} groups of {G} steps; at most {MAX_GROUPS}"
     grid = (NG, H * triton.cdiv(n, BJ), B)
-    return grid, dict(D=D, n=n, H=H, K=K, WC=WC, NP=NP, BJ=BJ, X_PARTS=x_parts(x.dtype), num_warps=WC, **meta)
+    return grid, dict(D=D, n=n, H=H, K=K, WC=WC, NPA=NPA, NPB=NPB, NPW=weight_width(n), BJ=BJ,
+                      X_PARTS=x_parts(x.dtype), num_warps=WC, **meta)
 
 
 def group_width(NG: int) -> int:
@@ -635,7 +703,7 @@ def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, 
     h_last = new_buffer((B, D), torch.float32, dev)
     args = (x, w3, b_a, b_x, a_param, h0 if h0 is not None else h_last, cums, gsums, states, y, h_last,
             L, NC, G, NG, float(c), 1)
-    meta.update(NGP=group_width(NG), HAS_H0=h0 is not None)
+    meta.update(NGP=group_width(NG), HAS_H0=h0 is not None, Y_ORDER=out_order(x.dtype))
     _rglru_chunk_kernel[grid](*args, SUMMARY=True, **meta)
     _rglru_chunk_kernel[grid](*args, SUMMARY=False, **meta)
     return y, h_last, states
