@@ -165,8 +165,8 @@ def scratch(config: Config):
                  + 2 * B * NG * D                  # per-group maps
                  + B * NG * (2 * H * n * n + 3 * D)  # weight-gradient partials
                  + 3 * H * NPW * NPW)              # bf16 weight parts (6 x 2 bytes per padded weight)
-        text = (f"16*B*D*ceil(L/{config.K}) + 8*B*D*G + 4*B*G*(2*D^2/H + 3*D) + 12*H*NPW^2"
-                f" with H={H}, NPW={NPW}, G={NG} groups per batch row")
+        text = (f"16*B*D*ceil(L/{config.K}) + 8*B*D*NG + 4*B*NG*(2*D^2/H + 3*D) + 12*H*NPW^2"
+                f" with H={H}, NPW={NPW}, NG={NG} groups per batch row")
         return text, 4 * words
     return formula
 
