@@ -82,7 +82,8 @@ def opcode_mix(texts):
 
 
 def kernels(n: int, args):
-    """(name, kernel, constexprs, warps, elements one thread handles per pass of the main loop)."""
+    """(name, kernel, constexprs, warps, elements one thread handles per pass of the main loop, times
+    the innermost loop runs per pass of the main loop)."""
     H = 16
     (NPA, NPB), BJ = triton_fwd.head_pieces(n), triton_fwd.channel_block(n)
     XP = {"bf16": 1, "fp16": 2, "fp32": 3}[args.dtype]
@@ -94,14 +95,15 @@ def kernels(n: int, args):
     grouped = dict(shape, NGP=triton_fwd.MAX_GROUPS, HAS_H0=True)
     y_order = 2 if args.dtype == "fp32" else 1
     return [
-        ("fwd summary", triton_fwd._rglru_chunk_kernel, dict(grouped, Y_ORDER=y_order, SUMMARY=True), WC, per_thread),
-        ("fwd replay", triton_fwd._rglru_chunk_kernel, dict(grouped, Y_ORDER=y_order, SUMMARY=False), WC, per_thread),
-        ("bwd summary", triton_bwd._rglru_bwd_summary_kernel, shape, WC, per_thread),
+        ("fwd summary", triton_fwd._rglru_chunk_kernel, dict(grouped, Y_ORDER=y_order, SUMMARY=True), WC,
+         per_thread, 1),
+        ("fwd replay", triton_fwd._rglru_chunk_kernel, dict(grouped, Y_ORDER=y_order, SUMMARY=False), WC,
+         per_thread, 1),
+        ("bwd summary", triton_bwd._rglru_bwd_summary_kernel, shape, WC, per_thread, 1),
         ("bwd dW", triton_bwd._rglru_bwd_dw_kernel, dict(grouped, M=2 * H * n * n + 3 * H * n, HAS_DH=True), WC,
-         per_thread),
-        # the dx kernel's main loop runs every channel tile of the head in turn
-        ("bwd dx", triton_bwd._rglru_bwd_dx_kernel, dict(shape, DX_ORDER=2 if args.dtype == "fp32" else 1), WC,
-         per_thread * NJ),
+         per_thread, 1),
+        # the dx kernel's main loop runs an inner loop over the head's NJ channel tiles
+        ("bwd dx", triton_bwd._rglru_bwd_dx_kernel, dict(shape, DX_ORDER=y_order), WC, per_thread * NJ, NJ),
     ]
 
 
@@ -115,18 +117,20 @@ def main():
     ap.add_argument("--ops", action="store_true", help="print the opcode mix of each kernel's main loop")
     args = ap.parse_args()
     print(f"{'kernel':12s} {'n':>4s} {'regs':>4s} {'spill':>6s} {'smem':>7s} {'mma':>4s}  loop bodies (instructions)"
-          f"  -> per element of the outer token loop")
+          f"  -> instructions per element")
     for n in (int(v) for v in args.n.split(",")):
-        for name, fn, consts, warps, elems in kernels(n, args):
+        for name, fn, consts, warps, elems, inner_runs in kernels(n, args):
             sass, info, smem = compile_sm90(fn, args.dtype, consts, warps, stages=args.stages)
             regs = re.search(r"Used (\d+) registers", info)
             spill = re.search(r"(\d+) bytes spill stores", info)
             spans, texts = loop_bodies(sass)
             sizes = [b - a + 1 for a, b in spans]
             mma = len(re.findall(r"\bH[G]?MMA\b", sass))
-            # the outermost loop walks the steps; its body covers `elems` elements per thread
+            # the outermost loop walks the steps; its body covers `elems` elements per thread and
+            # contains the innermost loop's body once, which runs `inner_runs` times
             outer = max(sizes) if sizes else 0
-            per = outer / elems
+            inner = min(sizes) if len(sizes) > 1 else 0
+            per = (outer + (inner_runs - 1) * inner) / elems
             print(f"{name:12s} {n:4d} {regs.group(1) if regs else '?':>4s} {spill.group(1) if spill else '?':>6s} "
                   f"{smem:7d} {mma:4d}  {sizes}  -> {per:.0f}", flush=True)
             if args.ops and spans:
