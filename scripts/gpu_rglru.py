@@ -103,9 +103,9 @@ def _warm(item):
 
 
 def warm_items(timing, gates):
+    # a backward run compiles the forward too; the gates' runs differ (initial state, final-state cotangent)
     items = set()
     for name, (B, L, D) in timing:
-        items.add((name, D, "bfloat16", False, False))
         items.add((name, D, "bfloat16", True, False))
     for name, (B, L, D), dt in gates:
         items.add((name, D, dt, True, True))
@@ -202,6 +202,22 @@ def profile(name, shape):
             rows.append({"kernel": e.key[:90], "us_per_iter": us / 5, "calls_per_iter": e.count / 5})
     rows.sort(key=lambda r: -r["us_per_iter"])
     return rows[:14]
+
+
+def compiled_kernels():
+    """Registers, spills and shared memory of every RG-LRU kernel compiled in this process."""
+    import samu.ops.rglru.triton_bwd as bwd
+    import samu.ops.rglru.triton_fwd as fwd
+
+    out = []
+    for mod in (fwd, bwd):
+        for attr in dir(mod):
+            for cache in getattr(getattr(mod, attr), "device_caches", {}).values():
+                for compiled in cache[0].values():
+                    out.append({"kernel": attr, "regs": getattr(compiled, "n_regs", None),
+                                "spills": getattr(compiled, "n_spills", None), "warps": compiled.metadata.num_warps,
+                                "smem": compiled.metadata.shared})
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -305,6 +321,8 @@ def main():
             except Exception:  # noqa: BLE001
                 rec["profile"][str(shape)] = traceback.format_exc()[-1500:]
             save()
+        rec["compiled"] = compiled_kernels()
+        save()
 
     save()
     print("\n== profile (us per fwd+bwd) ==")
@@ -315,6 +333,8 @@ def main():
             continue
         for r in rows:
             print(f"  {r['us_per_iter']:9.1f}  x{r['calls_per_iter']:.0f}  {r['kernel']}")
+    for k in rec.get("compiled", []):
+        print(f"  {k['kernel']:32s} regs {k['regs']} spills {k['spills']} warps {k['warps']} smem {k['smem']}")
     print("\n== gates ==")
     for g in rec["gate"]:
         status = "ERROR" if "error" in g else ("PASS" if g["pass"] else "FAIL " + ", ".join(
