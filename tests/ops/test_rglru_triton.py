@@ -137,6 +137,23 @@ def test_split_weights_reconstruct():
     assert (w3[:, :, :, n:, :] == 0).all() and (w3[:, :, :, :, n:] == 0).all()
 
 
+def test_head_pieces_cover_every_head_dim():
+    """Two power-of-two pieces (tl.dot's shapes) cover the head, the first the largest that fits,
+    so only the second carries padding: none at 64, 96, 128 or 160."""
+    import triton
+
+    from samu.ops.rglru.triton_fwd import channel_block, head_pieces, weight_width
+
+    assert [head_pieces(n) for n in (8, 12, 64, 80, 96, 128, 160)] == [
+        (16, 0), (16, 0), (64, 0), (64, 16), (64, 32), (128, 0), (128, 32)]
+    for n in range(1, 300):
+        NPA, NPB = head_pieces(n)
+        assert NPA >= 16 and NPA & (NPA - 1) == 0 and (NPA <= n or n < 16)
+        assert NPB == 0 or (NPB >= 16 and NPB & (NPB - 1) == 0)
+        assert n <= NPA + NPB <= weight_width(n)
+        assert triton.cdiv(n, channel_block(n)) * channel_block(n) <= weight_width(n)
+
+
 def test_custom_ops_opcheck():
     from samu.ops.rglru.function import rglru_bwd_op, rglru_fwd_op
 

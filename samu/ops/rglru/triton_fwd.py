@@ -3,10 +3,11 @@
 
 Read bottom-up: ``rglru_fwd`` (host) runs ``_rglru_chunk_kernel`` twice: the summary pass (each
 program composes the affine maps of its group of chunks, keeping the map from the group's start
-to every chunk) and the replay (each program applies the maps of the groups before its own, enters
-every chunk with the state that gives, writes it for the backward and writes y). The kernels are built from the jit helpers above them (elementary functions, exact gate
-products on tensor cores, scan combines). The math, the precision argument, the layouts and the
-scratch formula are in README.md beside this file.
+to every chunk) and the replay (each program applies the maps of the groups before its own,
+enters every chunk with the state that gives, writes it for the backward and writes y). The
+kernels are built from the jit helpers above them (elementary functions, exact gate products on
+tensor cores, scan combines). The math, the precision argument, the layouts and the scratch
+formula are in README.md beside this file.
 
 Layout: x, y [B, L, D]; channel d = h * n + j for head h and in-head index j (n = D / H); gate
 weights [H, n, n] with x_{t,h} @ w[h]. Every chunk is independent once the states entering the
