@@ -43,6 +43,7 @@ def configs():
         "chunked": base,
         "chunked_precise": replace(base, fast=False),
         "c_wc8": replace(base, WC=8),
+        "c_dx8": replace(base, WC_dx=8),
         "c_t264": replace(base, target_programs=264),
         "c_t1056": replace(base, target_programs=1056),
         "c_k8wc8": replace(base, K=8, WC=8),

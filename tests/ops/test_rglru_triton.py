@@ -26,10 +26,10 @@ def poison_outputs():
     triton_fwd.poison_outputs(previous)
 
 
-def _config(K=4, WC=4, target=1):
+def _config(K=4, WC=4, WC_dx=0, target=1):
     from samu.ops.rglru.function import Config
 
-    return Config(K=K, WC=WC, target_programs=target)
+    return Config(K=K, WC=WC, WC_dx=WC_dx, target_programs=target)
 
 
 def _with_config(config):
@@ -42,11 +42,11 @@ def _with_config(config):
 
 
 # (B, L, D, H, config): L not a multiple of the chunk or the step, L = 1, one chunk per step and
-# several, several programs per batch row; head dims 8 and 16 (padded to the 16-wide minimum tile),
-# 12, and 80 (three channel tiles of 32, the last one partial)
+# several, several programs per batch row, dx steps longer than the others; head dims 8 and 16
+# (padded to the 16-wide minimum tile), 12, and 80 (three channel tiles of 32, the last one partial)
 CASES = [
     (2, 37, 32, 4, dict(K=16, WC=1)),
-    (2, 70, 48, 4, dict(target=32)),
+    (2, 70, 48, 4, dict(target=32, WC_dx=8)),
     (1, 1, 32, 4, dict(K=8, WC=2)),
     (1, 50, 80, 5, dict(target=20, K=8, WC=2)),
     (1, 23, 160, 2, dict(target=4)),
@@ -161,8 +161,8 @@ def test_custom_ops_opcheck():
     params = rglru_params(16, 1, 1, device=DEVICE)
     h0 = randn((1, 16), 2, device=DEVICE)
     checks = ("test_schema", "test_faketensor", "test_autograd_registration")
-    # c, K, WC, G, G_dx, fast
-    config = (8.0, 4, 4, 1, 1, True)
+    # c, K, WC, G, G_dx, WC_dx, fast
+    config = (8.0, 4, 4, 1, 1, 4, True)
     args = (x, *params, h0, *config)
     torch.library.opcheck(rglru_fwd_op, args, test_utils=checks)
     _, _, states = rglru_fwd_op(*args)

@@ -27,35 +27,36 @@ Tensor = torch.Tensor
 @torch.library.custom_op("samu::rglru_fwd", mutates_args=())
 def rglru_fwd_op(x: Tensor, w_a: Tensor, b_a: Tensor, w_x: Tensor, b_x: Tensor, a_param: Tensor,
                  initial_state: Optional[Tensor], c: float, K: int, WC: int, G: int, G_dx: int,
-                 fast: bool) -> tuple[Tensor, Tensor, Tensor]:
+                 WC_dx: int, fast: bool) -> tuple[Tensor, Tensor, Tensor]:
     """Forward with chunks of K tokens, WC chunks per step, G steps per program; returns the states too."""
     return rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K=K, WC=WC, G=G, fast=fast)
 
 
 @rglru_fwd_op.register_fake
-def _(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K, WC, G, G_dx, fast):
+def _(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K, WC, G, G_dx, WC_dx, fast):
     B, L, D = x.shape
     f32 = dict(dtype=torch.float32)
     return x.new_empty(B, L, D), x.new_empty(B, D, **f32), x.new_empty(B, triton.cdiv(L, K), D, **f32)
 
 
-def _bwd_positional(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, c, K, WC, G, G_dx, fast):
+def _bwd_positional(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, c, K, WC, G, G_dx, WC_dx,
+                    fast):
     return rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, c, K=K, WC=WC, G=G, G_dx=G_dx,
-                     fast=fast)
+                     WC_dx=WC_dx, fast=fast)
 
 
 @torch.library.custom_op("samu::rglru_bwd", mutates_args=())
 def rglru_bwd_op(dy: Tensor, dh_last: Optional[Tensor], x: Tensor, w_a: Tensor, b_a: Tensor, w_x: Tensor,
                  b_x: Tensor, a_param: Tensor, has_h0: bool, states: Tensor, c: float, K: int, WC: int, G: int,
-                 G_dx: int, fast: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                 G_dx: int, WC_dx: int, fast: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Backward with the forward's chunking (``states`` holds the state entering every chunk)."""
     dx, dw_a, db_a, dw_x, db_x, da, dh0 = _bwd_positional(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0,
-                                                          states, c, K, WC, G, G_dx, fast)
+                                                          states, c, K, WC, G, G_dx, WC_dx, fast)
     return dx, dw_a, db_a, dw_x, db_x, da, (dh0 if has_h0 else x.new_empty(0, dtype=torch.float32))
 
 
 @rglru_bwd_op.register_fake
-def _(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, c, K, WC, G, G_dx, fast):
+def _(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, c, K, WC, G, G_dx, WC_dx, fast):
     B, L, D = x.shape
     f32 = dict(dtype=torch.float32)
     return (x.new_empty(B, L, D), torch.empty_like(w_a), torch.empty_like(b_a), torch.empty_like(w_x),
@@ -80,13 +81,13 @@ def _gradients(ctx, dy, dh_last, backward):
 
 
 def _setup_context(ctx, inputs, output):
-    *tensors, c, K, WC, G, G_dx, fast = inputs
-    _save(ctx, *tensors, (c, K, WC, G, G_dx, fast), output[2])
+    *tensors, c, K, WC, G, G_dx, WC_dx, fast = inputs
+    _save(ctx, *tensors, (c, K, WC, G, G_dx, WC_dx, fast), output[2])
     ctx.mark_non_differentiable(output[2])
 
 
 def _backward(ctx, dy, dh_last, _dstates):
-    return _gradients(ctx, dy, dh_last, rglru_bwd_op) + (None,) * 6
+    return _gradients(ctx, dy, dh_last, rglru_bwd_op) + (None,) * 7
 
 
 rglru_fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -97,35 +98,38 @@ class _Eager(torch.autograd.Function):
     call); torch.compile traces the custom ops instead."""
 
     @staticmethod
-    def forward(ctx, x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K, WC, G, G_dx, fast):
+    def forward(ctx, x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K, WC, G, G_dx, WC_dx, fast):
         y, h, states = rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K=K, WC=WC, G=G, fast=fast)
-        _save(ctx, x, w_a, b_a, w_x, b_x, a_param, initial_state, (c, K, WC, G, G_dx, fast), states)
+        _save(ctx, x, w_a, b_a, w_x, b_x, a_param, initial_state, (c, K, WC, G, G_dx, WC_dx, fast), states)
         return y, h
 
     @staticmethod
     def backward(ctx, dy, dh_last):
-        return _gradients(ctx, dy, dh_last, _bwd_positional) + (None,) * 6
+        return _gradients(ctx, dy, dh_last, _bwd_positional) + (None,) * 7
 
 
 @dataclass(frozen=True)
 class Config:
-    """Launch settings of one variant; K and WC fix its numerics (the other fields only the work split).
+    """Launch settings of one variant; K, WC and the group count (from target_programs and the
+    shape) fix its numerics, WC_dx only the work split.
 
     K: chunk length (the tokens one thread walks; a power of two, WC * K >= 16); WC: chunks per
-    program step, one per warp. Programs take whole steps; the chunk-parallel kernels aim at
-    ``target_programs`` programs in all. fast: hardware approximations of exp, reciprocal and
-    square root (a few ulp) instead of libdevice.
+    program step, one per warp; WC_dx: the same for the dx kernel (0: WC). Programs take whole
+    steps; the chunk-parallel kernels aim at ``target_programs`` programs in all. fast: hardware
+    approximations of exp, reciprocal and square root (a few ulp) instead of libdevice.
     """
 
     K: int = 16
     WC: int = 4
+    WC_dx: int = 0
     target_programs: int = 528
     fast: bool = True
 
-    def steps_per_program(self, B: int, L: int, tiles: int, grouped: bool = True) -> int:
-        """Steps per program when ``tiles`` programs share each batch row's steps; grouped programs
-        (those that carry compositions) are at most MAX_GROUPS per row and tile."""
-        n_steps = triton.cdiv(triton.cdiv(L, self.K), self.WC)
+    def steps_per_program(self, B: int, L: int, tiles: int, grouped: bool = True, WC: int = 0) -> int:
+        """Steps of WC chunks (default self.WC) per program when ``tiles`` programs share each batch
+        row's steps; grouped programs (those that carry compositions) are at most MAX_GROUPS per row
+        and tile."""
+        n_steps = triton.cdiv(triton.cdiv(L, self.K), WC or self.WC)
         n_groups = max(1, min(n_steps, triton.cdiv(self.target_programs, B * tiles)))
         if grouped:
             n_groups = min(n_groups, MAX_GROUPS)
@@ -140,8 +144,9 @@ def run(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, config: Config):
     params = [p.float().contiguous() for p in (w_a, b_a, w_x, b_x, a_param)]
     h0 = None if initial_state is None else initial_state.float().contiguous()
     G = config.steps_per_program(B, L, H * triton.cdiv(n, channel_block(n)))
-    G_dx = config.steps_per_program(B, L, H, grouped=False)
-    args = (x.contiguous(), *params, h0, float(c), config.K, config.WC, G, G_dx, config.fast)
+    WC_dx = config.WC_dx or config.WC
+    G_dx = config.steps_per_program(B, L, H, grouped=False, WC=WC_dx)
+    args = (x.contiguous(), *params, h0, float(c), config.K, config.WC, G, G_dx, WC_dx, config.fast)
     if torch.compiler.is_compiling():
         y, h, _ = rglru_fwd_op(*args)
     else:

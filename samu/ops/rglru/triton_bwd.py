@@ -452,14 +452,14 @@ def _rglru_reduce_kernel(
 
 
 def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states, c: float, *, K: int, WC: int,
-              G: int, G_dx: int, fast: bool = False):
+              G: int, G_dx: int, WC_dx: int = 0, fast: bool = False):
     """Chunked RG-LRU backward.
 
     dy: [B, L, D] (any float dtype); dh_last: [B, D] fp32 or None; x and the parameters as in the
     forward; has_h0: whether the forward had an initial state (its gradient is then returned);
     states: [B, ceil(L/K), D] fp32 from the forward with the same K. WC: chunks per step (one per
     warp); G: steps per group of the reverse maps and the weight-gradient kernel; G_dx: steps per
-    program of the dx kernel.
+    program of the dx kernel, whose steps take WC_dx chunks (0: WC; it needs no groups).
     Returns dx [B, L, D] x.dtype, dw_a [H, n, n], db_a [D], dw_x [H, n, n], db_x [D], da [D]
     (all fp32) and dh0 [B, D] fp32 (None without an initial state).
     """
@@ -484,7 +484,8 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
                                cums, gsums, estates, dh0 if has_h0 else part, part, L, NC, G, NG, float(c), 1,
                                M=M, NGP=group_width(NG), HAS_DH=dh_last is not None, HAS_H0=has_h0, **meta)
     dx = new_buffer((B, L, D), x.dtype, dev)
-    grid_dx, meta_dx = chunk_launch(x, H, K, WC, G_dx, grouped=False, MATH=MATH, DX_ORDER=out_order(x.dtype))
+    grid_dx, meta_dx = chunk_launch(x, H, K, WC_dx or WC, G_dx, grouped=False, MATH=MATH,
+                                    DX_ORDER=out_order(x.dtype))
     _rglru_bwd_dx_kernel[(grid_dx[0], H, B)](x, dy, w3, b_a, b_x, a_param, states, estates, dx, L, NC, G_dx,
                                              float(c), 1, **meta_dx)
     dw_a = new_buffer((H, n, n), torch.float32, dev)
