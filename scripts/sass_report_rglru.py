@@ -48,7 +48,7 @@ def signature(fn, io: str):
     return sig
 
 
-def compile_sm90(fn, io: str, constexprs: dict, warps: int, div16=("D",), stages: int = 3):
+def compile_sm90(fn, io: str, constexprs: dict, warps: int, div16=("D",), stages: int = 2):
     """cubin SASS and ptxas -v output of one specialisation."""
     sig = signature(fn, io)
     attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params)
@@ -113,7 +113,7 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     ap.add_argument("--K", type=int, default=16, help="chunk length (tokens per thread)")
     ap.add_argument("--WC", type=int, default=4, help="chunks per step = warps")
-    ap.add_argument("--stages", type=int, default=3, help="software-pipelining stages (Triton's num_stages)")
+    ap.add_argument("--stages", type=int, default=2, help="software-pipelining stages (num_stages; the launches use 2)")
     ap.add_argument("--ops", action="store_true", help="print the opcode mix of each kernel's main loop")
     args = ap.parse_args()
     print(f"{'kernel':12s} {'n':>4s} {'regs':>4s} {'spill':>6s} {'smem':>7s} {'mma':>4s}  loop bodies (instructions)"

@@ -42,6 +42,7 @@ from samu.ops.rglru.triton_fwd import (
     _walk3,
     chunk_launch,
     group_width,
+    launch,
     math_mode,
     new_buffer,
     out_order,
@@ -475,19 +476,19 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
     NG = grid[0]
     cums = new_buffer((2, B, NC, D), torch.float32, dev)
     gsums = new_buffer((2, B, NG, D), torch.float32, dev)
-    _rglru_bwd_summary_kernel[grid](x, dy, w3, b_a, a_param, cums, gsums, L, NC, G, NG, float(c), 1, **meta)
+    launch(_rglru_bwd_summary_kernel, grid, x, dy, w3, b_a, a_param, cums, gsums, L, NC, G, NG, float(c), 1, **meta)
     estates = new_buffer((B, NC, D), torch.float32, dev)
     dh0 = new_buffer((B, D), torch.float32, dev) if has_h0 else None
     M = 2 * H * n * n + 3 * D
     part = new_buffer((B * NG, M), torch.float32, dev)
-    _rglru_bwd_dw_kernel[grid](x, dy, w3, b_a, b_x, a_param, states, dh_last if dh_last is not None else part,
-                               cums, gsums, estates, dh0 if has_h0 else part, part, L, NC, G, NG, float(c), 1,
-                               M=M, NGP=group_width(NG), HAS_DH=dh_last is not None, HAS_H0=has_h0, **meta)
+    launch(_rglru_bwd_dw_kernel, grid, x, dy, w3, b_a, b_x, a_param, states, dh_last if dh_last is not None else part,
+           cums, gsums, estates, dh0 if has_h0 else part, part, L, NC, G, NG, float(c), 1,
+           M=M, NGP=group_width(NG), HAS_DH=dh_last is not None, HAS_H0=has_h0, **meta)
     dx = new_buffer((B, L, D), x.dtype, dev)
     grid_dx, meta_dx = chunk_launch(x, H, K, WC_dx or WC, G_dx, grouped=False, MATH=MATH,
                                     DX_ORDER=out_order(x.dtype))
-    _rglru_bwd_dx_kernel[(grid_dx[0], H, B)](x, dy, w3, b_a, b_x, a_param, states, estates, dx, L, NC, G_dx,
-                                             float(c), 1, **meta_dx)
+    launch(_rglru_bwd_dx_kernel, (grid_dx[0], H, B), x, dy, w3, b_a, b_x, a_param, states, estates, dx, L, NC, G_dx,
+           float(c), 1, **meta_dx)
     dw_a = new_buffer((H, n, n), torch.float32, dev)
     dw_x = new_buffer((H, n, n), torch.float32, dev)
     db_a = new_buffer((D,), torch.float32, dev)

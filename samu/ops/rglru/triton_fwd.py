@@ -670,7 +670,16 @@ def chunk_launch(x, H: int, K: int, WC: int, G: int, grouped: bool = True, **met
     assert NG <= MAX_GROUPS or not grouped, f"{NG} groups of {G} steps; at most {MAX_GROUPS}"
     grid = (NG, H * triton.cdiv(n, BJ), B)
     return grid, dict(D=D, n=n, H=H, K=K, WC=WC, NPA=NPA, NPB=NPB, NPW=weight_width(n), BJ=BJ,
-                      X_PARTS=x_parts(x.dtype), num_warps=WC, **meta)
+                      X_PARTS=x_parts(x.dtype), num_warps=WC, num_stages=2, **meta)
+
+
+def launch(kernel, grid, *args, **meta):
+    """kernel[grid](*args, **meta), again without software pipelining if its buffers do not fit in
+    shared memory (wide heads with fp32 inputs); stages change timing only, never results."""
+    try:
+        kernel[grid](*args, **meta)
+    except triton.runtime.OutOfResources:
+        kernel[grid](*args, **dict(meta, num_stages=1))
 
 
 def group_width(NG: int) -> int:
@@ -705,6 +714,6 @@ def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, 
     args = (x, w3, b_a, b_x, a_param, h0 if h0 is not None else h_last, cums, gsums, states, y, h_last,
             L, NC, G, NG, float(c), 1)
     meta.update(NGP=group_width(NG), HAS_H0=h0 is not None, Y_ORDER=out_order(x.dtype))
-    _rglru_chunk_kernel[grid](*args, SUMMARY=True, **meta)
-    _rglru_chunk_kernel[grid](*args, SUMMARY=False, **meta)
+    launch(_rglru_chunk_kernel, grid, *args, SUMMARY=True, **meta)
+    launch(_rglru_chunk_kernel, grid, *args, SUMMARY=False, **meta)
     return y, h_last, states
