@@ -141,9 +141,13 @@ class _Dist:
 def parse_device(name: str) -> torch.device:
     """``torch.device(name)``, or a ValueError naming the device argument."""
     try:
-        return torch.device(name)
+        device = torch.device(name)
     except (RuntimeError, TypeError):
-        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}") from None
+        device = None
+    # samu runs on the CPU and on CUDA; other torch devices (mps, xpu, meta) are refused here
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}")
+    return device
 
 
 def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
@@ -243,6 +247,8 @@ def check_out_dir(out_dir) -> Path:
     It must not be an existing file, and its nearest existing ancestor must be a folder that takes files.
     """
     out = Path(out_dir)
+    if out.is_symlink() and not out.exists():
+        raise ValueError(f"out_dir {str(out)!r} is a link to nothing")
     if out.exists() and not out.is_dir():
         raise ValueError(f"out_dir {str(out)!r} exists and is not a folder")
     existing = out

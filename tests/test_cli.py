@@ -73,6 +73,8 @@ def test_train_on_a_token_file(tmp_path, capsys):
     (["train", "--device", "foo"], "train", "--device must be auto, cpu, cuda or cuda:N, got 'foo'"),
     (["demo", "--device", "foo"], "demo", "--device must be auto, cpu, cuda or cuda:N, got 'foo'"),
     (["generate", "/no/such.pt", "--device", "foo"], "generate", "--device must be auto, cpu, cuda"),
+    (["demo", "--device", "mps"], "demo", "--device must be auto, cpu, cuda or cuda:N, got 'mps'"),
+    (["train", "--device", "meta"], "train", "--device must be auto, cpu, cuda or cuda:N, got 'meta'"),
     (["generate", "/no/such.pt"], "generate", "checkpoint not found"),
 ])
 def test_user_errors_are_one_line_and_write_nothing(tmp_path, argv, command, message, capsys):
@@ -89,11 +91,13 @@ def test_a_bad_out_is_refused_before_any_work(tmp_path, corpus, command, monkeyp
     a_file = tmp_path / "a_file"
     a_file.write_text("not a folder")
     argv = [command, "--steps", "1", "--no-progress"] + (["--data", str(corpus), *TINY] if command == "train" else [])
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
     for out, message in [(a_file, "exists and is not a folder"), (a_file / "run", "cannot be created"),
-                         ("/proc/forbidden/run", "is not writable")]:
+                         ("/proc/forbidden/run", "is not writable"), (dangling, "is a link to nothing")]:
         assert main([*argv, "--out", str(out)]) == 1
         assert f"--out '{out}' {message}" in _one_line_error(capsys, command)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "text.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "dangling", "text.txt"]
     if os.geteuid() != 0:
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o500)

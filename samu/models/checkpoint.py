@@ -15,7 +15,8 @@ from samu.models.config import LMConfig
 from samu.models.model import LanguageModel
 
 FORMAT = "samu-lm"
-VERSION = 1
+# 2: embeddings without the sqrt(width) input scale (version-1 weights mean something else)
+VERSION = 2
 
 
 class CheckpointError(ValueError):
@@ -32,6 +33,14 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def _umask() -> int:
+    """The process umask, read without setting it where Linux allows (setting it is process-wide)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
     umask = os.umask(0)
     os.umask(umask)
     return umask

@@ -87,7 +87,7 @@ class SAMUMixer(_FP32Parameters):
     def step(self, x_t, state=None):
         check_token("x_t", x_t, self.width)
         check_samu_inputs(x_t.unsqueeze(1), *self._params(), state, self.radial_bound,
-                          state_name="state", x_name="x_t")
+                          state_name="state", x_name="x_t", finite=False)
         return _step(reference.samu_serial, x_t, self._params(), state, self.radial_bound)
 
     def extra_repr(self):
@@ -143,7 +143,7 @@ class RGLRUMixer(_FP32Parameters):
     def step(self, x_t, state=None):
         check_token("x_t", x_t, self.width)
         check_rglru_inputs(x_t.unsqueeze(1), *self._params(), state, self.c, state_name="state",
-                           x_name="x_t")
+                           x_name="x_t", finite=False)
         return _step(reference.rglru_serial, x_t, self._params(), state, self.c)
 
     def extra_repr(self):

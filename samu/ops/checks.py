@@ -62,15 +62,17 @@ def _check_input(x, name="x"):
     return B, L, D
 
 
-def _check_params(params, device):
+def _check_params(params, device, finite=True):
     for name, t, shape in params:
         _tensor(name, t)
         _float(name, t, (torch.float32, torch.float64))
         _shape(name, t, shape)
         _device(name, t, device)
-    if _check_finite and not _tracing_or_capturing(device):
+    if finite and _check_finite and not _tracing_or_capturing(device):
         # one reduction and one host synchronisation for all parameters; names only on failure
-        if not bool(torch.isfinite(torch.cat([t.reshape(-1) for _, t, _ in params])).all()):
+        with torch.no_grad():
+            ok = bool(torch.isfinite(torch.cat([t.reshape(-1) for _, t, _ in params])).all())
+        if not ok:
             bad = [name for name, t, _ in params if not bool(torch.isfinite(t).all())]
             raise ValueError(f"non-finite values (nan or inf) in parameter(s): {', '.join(bad)}")
 
@@ -91,26 +93,28 @@ def _check_state(initial_state, B, D, device, name):
 
 
 def check_samu_inputs(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound,
-                      state_name="initial_state", x_name="x"):
+                      state_name="initial_state", x_name="x", finite=True):
     """Raise a ValueError/TypeError naming the argument for any bad input (SPEC §5); the step API
-    passes its own argument names (x_t, state)."""
+    passes its own argument names (x_t, state) and skips the parameter finiteness check (a host
+    synchronisation per layer per token; decoding checks it once, in the prompt's forward)."""
     B, L, D = _check_input(x, x_name)
     if D % 2:
         raise ValueError(f"{x_name} has odd width D={D}; SAMU needs an even D (N = D/2 complex modes)")
     n = D // 2
     _check_params([("nu", nu, (n,)), ("theta_log", theta_log, (n,)),
-                   ("directions", directions, (2, D)), ("amplitudes", amplitudes, (2, 2))], x.device)
+                   ("directions", directions, (2, D)), ("amplitudes", amplitudes, (2, 2))], x.device, finite)
     _check_state(initial_state, B, D, x.device, state_name)
     finite_number("radial_bound", radial_bound, positive=True)
 
 
-def check_rglru_inputs(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, state_name="initial_state", x_name="x"):
+def check_rglru_inputs(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, state_name="initial_state", x_name="x",
+                       finite=True):
     B, L, D = _check_input(x, x_name)
     _tensor("w_a", w_a)
     if w_a.dim() != 3 or w_a.shape[1] != w_a.shape[2] or w_a.shape[0] * w_a.shape[1] != D:
         raise ValueError(f"w_a must have shape [H, D/H, D/H] with H * (D/H) = D = {D}, got {list(w_a.shape)}")
     H = w_a.shape[0]
     _check_params([("w_a", w_a, (H, D // H, D // H)), ("w_x", w_x, (H, D // H, D // H)),
-                   ("b_a", b_a, (D,)), ("b_x", b_x, (D,)), ("a_param", a_param, (D,))], x.device)
+                   ("b_a", b_a, (D,)), ("b_x", b_x, (D,)), ("a_param", a_param, (D,))], x.device, finite)
     _check_state(initial_state, B, D, x.device, state_name)
     finite_number("c", c, positive=True)
