@@ -1,16 +1,16 @@
 """SAMU backward in Triton (SPEC §3.1): adjoint summaries, reverse prefix, replay, reductions.
 
 Kernels, in launch order:
-  _adjoint_summary_kernel  adjoint chunk summaries of delta_t = conj(lambda_{t+1}) delta_{t+1} + g_t,
-                           composed right to left within a group (group-local reverse prefix)
-  _prefix_kernel           (from triton_fwd, REVERSE) the adjoint entering every group from the right
+  _adjoint_summary_kernel  per chunk: the map of delta_t = conj(lambda_{t+1}) delta_{t+1} + g_t over it
+  _compose_kernel x2       (triton_fwd.prefix, reverse) group-local and outer prefixes of those maps:
+                           the adjoint entering every chunk from its right
   _main_kernel             persistent; per (chunk, mode tile): delta walked right to left into a
                            per-program slot, then h_{t-1} walked left to right beside it; writes the
                            per-token controller partials and per-mode partial sums
   _controller_kernel       fixed-order sum of the controller partials over mode tiles -> dp, dA partials
   _dx_kernel               delta again; dx = gamma delta + dp . u_hat and the direction-gradient partials
   _reduce_kernel           fixed-order sums over all partial rows -> parameter gradients
-Extra layouts (fp32): rck [B, nC, 2, D], rgrp [B, nG, 2, D], right [B, nG, D] mirror ck, grp, start;
+Extra layouts (fp32): rsum, rck [B, nC, 2, D], right [B, nG, D] mirror csum, ck, start;
 slots [n_slots, K, D_tile]; part [B, 2, n_tiles, L]; dp [B, 2, L];
 rows [B * nC, 3 D] = (w dL/dw | dL/dpsi | du_0 | du_1) partials; dA_rows [*, 4].
 """

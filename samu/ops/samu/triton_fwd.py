@@ -8,8 +8,9 @@ Layouts (fp32 unless noted; complex quantities in fused coordinates, real parts 
   x, y      [B, L, D]       input dtype
   ctl       [B, 6, L]       p0, p1, m, phi, cos phi, sin phi per token (planar)
   rnorm     [2]             1 / ||u_j||
-  ck        [B, nC, 2, D]   per chunk: (prod lambda, state) of the group's chunks before it
-  grp       [B, nG, 2, D]   per group: (prod lambda, state) over the whole group
+  csum      [B, nC, 2, D]   per chunk: (prod lambda, state reached from zero)
+  ck        [B, nC, 2, D]   per chunk: the same composed over the group's chunks before it
+  groups    [B, nG, 2, D]   per group: the same over the whole group
   start     [B, nG, D]      state entering each group (outer prefix)
   bound     [B, nC, D]      state entering each chunk (saved for backward)
 See README.md beside this file for the derivation.
