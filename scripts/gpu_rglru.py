@@ -26,6 +26,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from samu.bench.timing import copy_bandwidth, peak_memory  # noqa: E402
+
 SHAPES = [(1, 8192, 1024), (4, 2048, 2048), (2, 4096, 2560), (1, 32768, 1024), (1, 32768, 2048)]
 # fwd+bwd ms of RG-LRU from torch gate ops + fla chunk_hgrn on an H200 (NOTES.md), for the 20x target
 PEER_FB_MS = {(1, 8192, 1024): 3.15, (4, 2048, 2048): 3.61, (2, 4096, 2560): 4.36, (1, 32768, 1024): 9.04,
@@ -134,15 +136,6 @@ def gate(name, shape, dtype):
 # time
 
 
-def copy_bandwidth():
-    import triton
-
-    a = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=50, rep=200, return_mode="median")
-    return 2 * a.numel() / (ms * 1e-3)
-
-
 def time_one(name, shape, bw):
     import triton
 
@@ -164,12 +157,7 @@ def time_one(name, shape, bw):
     fb_ms = triton.testing.do_bench(fb, warmup=20, rep=60, grad_to_none=[x, *ps], return_mode="median")
     for t in (x, *ps):
         t.grad = None
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fb()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
+    peak = peak_memory(fb, "cuda")["peak_alloc"]
     nbytes = x.numel() * x.element_size()
     floor_fb_ms = 5 * nbytes / bw * 1e3
     floor_f_ms = 2 * nbytes / bw * 1e3
@@ -271,7 +259,7 @@ def main():
         save()
     broken = {(w["item"][0], w["item"][1]) for w in rec["warm"] if w["error"] and not w["error"].startswith("timeout")}
 
-    rec["copy_bandwidth"] = bw = copy_bandwidth()
+    rec["copy_bandwidth"] = bw = copy_bandwidth("cuda")["bytes_per_s"]
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
 
     if "gate" in phases:

@@ -20,6 +20,7 @@ import triton
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import samu  # noqa: E402
+from samu.bench.timing import copy_bandwidth, peak_memory  # noqa: E402
 from samu.ops.samu.function import Config, grouped_config, run  # noqa: E402
 from tests.helpers import gate_check, randn, rel_err, samu_params  # noqa: E402
 
@@ -27,13 +28,6 @@ SHAPES = [(1, 8192, 1024), (4, 2048, 2048), (2, 4096, 2560), (1, 32768, 1024), (
 # G = 0: the grouped variant's group size for each shape (about sqrt(#chunks))
 CONFIGS = [Config(32, 64, 0, 1, 16), Config(32, 64, 0, 1, 32), Config(32, 32, 0, 1, 32), Config(16, 64, 0, 1, 16),
            Config(32, 128, 0, 2, 16), Config(64, 64, 0, 1, 16), Config(32, 64, 1, 1, 16)]
-
-
-def copy_bandwidth():
-    a = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median")
-    return 2 * a.numel() / (ms * 1e-3)
 
 
 def check(config):
@@ -69,13 +63,9 @@ def time_shape(config, shape, dtype=torch.bfloat16):
         y.backward(dy)
 
     fb_ms = triton.testing.do_bench(fb, warmup=25, rep=100, grad_to_none=[x, *params], return_mode="median")
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fb()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    return fwd_ms, fb_ms, peak
+    for t in (x, *params):
+        t.grad = None
+    return fwd_ms, fb_ms, peak_memory(fb, "cuda")["peak_alloc"]
 
 
 def main():
@@ -95,7 +85,7 @@ def main():
     if args.shapes:
         SHAPES = [tuple(int(v) for v in c.split(",")) for c in args.shapes.split(";")]
     t0 = time.time()
-    bw = copy_bandwidth()
+    bw = copy_bandwidth("cuda")["bytes_per_s"]
     record = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "copy_bandwidth_Bps": bw, "configs": [], "gates": []}
     print(f"{record['gpu']} torch {torch.__version__} triton {triton.__version__} copy {bw / 1e12:.2f} TB/s",

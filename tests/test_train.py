@@ -191,7 +191,8 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path):
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           "-m", "samu.cli", *common, "--out", str(tmp_path / "ddp")],
                          env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
+    # On failure show the start of stderr (where a rank's own error lands) and the end of stdout.
+    assert run.returncode == 0, f"stderr:\n{run.stderr[:3000]}\nstdout:\n{run.stdout[-2000:]}"
     from samu.cli import main
 
     assert main([*common, "--grad-accum", "2", "--out", str(tmp_path / "single")]) == 0
@@ -226,7 +227,8 @@ def test_ddp_two_gpus_equal_one_gpu_with_accumulation(tmp_path):
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           "-m", "samu.cli", *common, "--out", str(tmp_path / "ddp")],
                          capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
+    # On failure show the start of stderr (where a rank's own error lands) and the end of stdout.
+    assert run.returncode == 0, f"stderr:\n{run.stderr[:3000]}\nstdout:\n{run.stdout[-2000:]}"
     from samu.cli import main
 
     assert main([*common, "--grad-accum", "2", "--out", str(tmp_path / "single")]) == 0

@@ -109,6 +109,15 @@ def dumps(record: dict) -> str:
     return json.dumps(record, indent=1, sort_keys=True, allow_nan=False) + "\n"
 
 
+def end_unit(record: dict, out, device) -> None:
+    """After each (shape, dtype) unit: free cached device memory and, with ``out``, rewrite the
+    partial record, so a run stopped early keeps what it finished."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+    if out is not None:
+        write_record(record, out)
+
+
 def write_record(record: dict, out) -> Path:
     """Write ``record`` to the file ``out`` (``*.json``) or into the folder ``out`` under a dated name."""
     problems = validate(record)

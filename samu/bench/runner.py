@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from samu.bench import peers
 from samu.bench.scopes import PEER_IMPLS
-from samu.bench.records import environment, new_record, write_record
+from samu.bench.records import end_unit, environment, new_record, write_record
 from samu.bench.scopes import MIXER_SCOPES, OPS, SCOPES, memory_floor, mixer_candidates, module_candidate
 from samu.bench.shapes import shape_str
 from samu.bench.timing import Clock, copy_bandwidth, count_launches, peak_memory, time_side_by_side
@@ -140,10 +140,7 @@ def _run_bench(scopes, shapes, dtype, device, impls, with_peers, warmup, samples
                 "agreement": agreement.get(c.name), **(c.extra or {}),
             })
         del candidates, ready
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        if out is not None:
-            write_record(record, out)
+        end_unit(record, out, device)
     record["complete"] = True
     return record
 

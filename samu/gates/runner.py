@@ -16,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from samu import reference
-from samu.bench.records import environment, load_records, new_record, write_record
+from samu.bench.records import end_unit, environment, load_records, new_record, write_record
 from samu.gates import reload, status_path
 from samu.gates.inputs import PARAMS, RGLRU_C, derive_seed, make_inputs
 from samu.gates.rules import LOW_PRECISION, load_rules, rel_error
@@ -167,10 +167,7 @@ def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bo
             tqdm.write(f"{'PASS' if row['pass'] else 'FAIL'} {op} {name} {B}x{L}x{D} {dname}"
                        + (f" ({', '.join(failed)})" if failed else ""))
         del ref, inputs
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        if out is not None:
-            write_record(record, out)
+        end_unit(record, out, device)
     record["complete"] = True
     return record
 

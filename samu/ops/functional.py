@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from samu import reference
 from samu.ops import dispatch
 from samu.ops.checks import check_rglru_inputs, check_samu_inputs
@@ -40,8 +42,10 @@ def samu_mixer(x, nu, theta_log, directions, amplitudes, *, initial_state=None,
     B, L, D = x.shape
     choice = dispatch.choose("samu", B, L, D, x.dtype, x.device, backend)
     if choice.backend == "reference":
-        y, h = reference.samu_mixer(x, nu, theta_log, directions, amplitudes, initial_state=initial_state,
-                                    output_final_state=True, radial_bound=radial_bound)
+        # inputs are checked above; the unchecked body avoids a second finiteness sync
+        y = reference.samu_serial(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound,
+                                  torch.float64)
+        h = y[:, -1]
     elif choice.backend == "torch":
         y, h = samu_mixer_torch(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound)
     else:
@@ -71,8 +75,8 @@ def rglru_mixer(x, w_a, b_a, w_x, b_x, a_param, *, initial_state=None, output_fi
     B, L, D = x.shape
     choice = dispatch.choose("rglru", B, L, D, x.dtype, x.device, backend)
     if choice.backend == "reference":
-        y, h = reference.rglru_mixer(x, w_a, b_a, w_x, b_x, a_param, initial_state=initial_state,
-                                     output_final_state=True, c=c)
+        y = reference.rglru_serial(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, torch.float64)
+        h = y[:, -1]
     elif choice.backend == "torch":
         y, h = rglru_mixer_torch(x, w_a, b_a, w_x, b_x, a_param, initial_state, c)
     else:

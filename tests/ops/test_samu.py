@@ -1,12 +1,14 @@
 """SAMU: the chunked PyTorch path and the public API against the float64 reference."""
 
+import functools
+
 import pytest
 import torch
 
 import samu
 from samu import reference
 from samu.ops.scan import chunk_size
-from tests.helpers import assert_gate, gate_check, randn, rel_err, samu_params
+from tests.helpers import assert_float64_matches_reference, assert_gate, gate_check, randn, rel_err, samu_params
 
 
 def torch_backend(*args, **kw):
@@ -29,14 +31,7 @@ def test_torch_path_float64_is_exact():
     x = randn((B, L, D), 0, dtype=torch.float64)
     params = [p.detach().double().requires_grad_() for p in samu_params(D, 1)]
     h0 = randn((B, D), 2, dtype=torch.float64)
-    y, h = samu.samu_mixer(x, *params, initial_state=h0, output_final_state=True, backend="torch")
-    y_ref, h_ref = reference.samu_mixer(x, *params, initial_state=h0, output_final_state=True)
-    assert rel_err(y, y_ref) < 1e-13 and rel_err(h, h_ref) < 1e-13
-    gy, gh = torch.randn_like(y), torch.randn_like(h)
-    inputs = [x, h0, *params]
-    for a, b in zip(torch.autograd.grad((y * gy).sum() + (h * gh).sum(), inputs),
-                    torch.autograd.grad((y_ref * gy).sum() + (h_ref * gh).sum(), inputs)):
-        assert rel_err(a, b) < 1e-12
+    assert_float64_matches_reference(functools.partial(samu.samu_mixer, backend="torch"), reference.samu_mixer, x, params, h0)
 
 
 @pytest.mark.parametrize("backend", ["torch", "reference"])
