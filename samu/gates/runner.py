@@ -138,7 +138,7 @@ def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bo
                      "reason": f"reference failed: {type(err).__name__}: {err}"[:500]}
             record["skipped"].append(entry)
             tqdm.write(f"skip {op} {B}x{L}x{D} {dname}: {entry['reason']}")
-            del inputs
+            inputs = None  # freed before the cache is emptied
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             continue

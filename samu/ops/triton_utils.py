@@ -1,9 +1,21 @@
-"""Small @triton.jit helpers shared by the SAMU and RG-LRU kernels."""
+"""Small helpers shared by the SAMU and RG-LRU kernels: @triton.jit device functions, and two host
+integer helpers (``triton.cdiv`` and ``triton.next_power_of_2`` are constexpr functions that cost
+several microseconds a call on the host; a forward + backward calls them a dozen times)."""
 
 import os
 
 import triton
 import triton.language as tl
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for positive integers (host code)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n, for n >= 1 (host code)."""
+    return 1 << (n - 1).bit_length()
 
 
 @triton.jit

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import triton
 
 from samu.ops import dispatch
 from samu.ops.rglru.triton_bwd import rglru_bwd
 from samu.ops.rglru.triton_fwd import MAX_GROUPS, channel_block, rglru_fwd, weight_width
+from samu.ops.triton_utils import cdiv
 
 Tensor = torch.Tensor
 
@@ -36,7 +36,7 @@ def rglru_fwd_op(x: Tensor, w_a: Tensor, b_a: Tensor, w_x: Tensor, b_x: Tensor, 
 def _(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K, WC, G, G_dx, WC_dx, fast):
     B, L, D = x.shape
     f32 = dict(dtype=torch.float32)
-    return x.new_empty(B, L, D), x.new_empty(B, D, **f32), x.new_empty(B, triton.cdiv(L, K), D, **f32)
+    return x.new_empty(B, L, D), x.new_empty(B, D, **f32), x.new_empty(B, cdiv(L, K), D, **f32)
 
 
 def _bwd_positional(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, c, K, WC, G, G_dx, WC_dx,
@@ -129,11 +129,11 @@ class Config:
         """Steps of WC chunks (default self.WC) per program when ``tiles`` programs share each batch
         row's steps; grouped programs (those that carry compositions) are at most MAX_GROUPS per row
         and tile."""
-        n_steps = triton.cdiv(triton.cdiv(L, self.K), WC or self.WC)
-        n_groups = max(1, min(n_steps, triton.cdiv(self.target_programs, B * tiles)))
+        n_steps = cdiv(cdiv(L, self.K), WC or self.WC)
+        n_groups = max(1, min(n_steps, cdiv(self.target_programs, B * tiles)))
         if grouped:
             n_groups = min(n_groups, MAX_GROUPS)
-        return triton.cdiv(n_steps, n_groups)
+        return cdiv(n_steps, n_groups)
 
 
 def run(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, config: Config):
@@ -143,7 +143,7 @@ def run(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, config: Config):
     n = D // H
     params = [p.float().contiguous() for p in (w_a, b_a, w_x, b_x, a_param)]
     h0 = None if initial_state is None else initial_state.float().contiguous()
-    G = config.steps_per_program(B, L, H * triton.cdiv(n, channel_block(n)))
+    G = config.steps_per_program(B, L, H * cdiv(n, channel_block(n)))
     WC_dx = config.WC_dx or config.WC
     G_dx = config.steps_per_program(B, L, H, grouped=False, WC=WC_dx)
     args = (x.contiguous(), *params, h0, float(c), config.K, config.WC, G, G_dx, WC_dx, config.fast)
@@ -162,9 +162,9 @@ def scratch(config: Config):
     def formula(B: int, L: int, D: int, H: int = 16):
         n = D // H
         NPW = weight_width(n)
-        NC = triton.cdiv(L, config.K)
-        NG = triton.cdiv(triton.cdiv(NC, config.WC),
-                         config.steps_per_program(B, L, H * triton.cdiv(n, channel_block(n))))
+        NC = cdiv(L, config.K)
+        NG = cdiv(cdiv(NC, config.WC),
+                         config.steps_per_program(B, L, H * cdiv(n, channel_block(n))))
         words = (2 * B * NC * D                    # states (forward) and adjoint states (backward)
                  + 2 * B * NC * D                  # per-chunk maps from the group's start (one pass at a time)
                  + 2 * B * NG * D                  # per-group maps

@@ -48,6 +48,7 @@ from samu.ops.rglru.triton_fwd import (
     out_order,
     split_weights,
 )
+from samu.ops.triton_utils import cdiv
 
 
 @triton.jit
@@ -466,7 +467,7 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
     """
     B, L, D = x.shape
     H, n = w_a.shape[0], w_a.shape[1]
-    NC = triton.cdiv(L, K)
+    NC = cdiv(L, K)
     assert states.shape == (B, NC, D), "states must come from a forward with the same chunk length"
     dev = x.device
     MATH = math_mode(fast)
@@ -495,6 +496,6 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
     db_x = new_buffer((D,), torch.float32, dev)
     da = new_buffer((D,), torch.float32, dev)
     BLOCK = 1024
-    _rglru_reduce_kernel[(triton.cdiv(M, BLOCK),)](part, dw_a, dw_x, db_a, db_x, da, a_param, B * NG, M,
+    _rglru_reduce_kernel[(cdiv(M, BLOCK),)](part, dw_a, dw_x, db_a, db_x, da, a_param, B * NG, M,
                                                   H * n * n, D, BLOCK=BLOCK, MATH=MATH, num_warps=4)
     return dx, dw_a, db_a, dw_x, db_x, da, dh0

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from samu.ops.triton_utils import cdiv, next_power_of_2
 from samu.ops.triton_utils import expm1 as _expm1_interp
 
 try:
@@ -69,7 +70,7 @@ def head_pieces(n: int) -> tuple[int, int]:
     Products over the head run piece by piece, so only the second piece carries padding."""
     NPA = max(16, 1 << (n.bit_length() - 1))
     rest = n - NPA
-    return NPA, (max(16, triton.next_power_of_2(rest)) if rest > 0 else 0)
+    return NPA, (max(16, next_power_of_2(rest)) if rest > 0 else 0)
 
 
 def channel_block(n: int) -> int:
@@ -79,7 +80,7 @@ def channel_block(n: int) -> int:
 
 def weight_width(n: int) -> int:
     """NPW, the padded side of each head's weight parts: covers both pieces and whole channel tiles."""
-    return max(sum(head_pieces(n)), triton.cdiv(n, channel_block(n)) * channel_block(n))
+    return max(sum(head_pieces(n)), cdiv(n, channel_block(n)) * channel_block(n))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -652,7 +653,7 @@ def split_weights(w_a: torch.Tensor, w_x: torch.Tensor) -> torch.Tensor:
     w3 = new_buffer((2, 3, H, NPW, NPW), torch.bfloat16, w_a.device)
     HPP = H * NPW * NPW
     BLOCK = 1024
-    _rglru_split_weights_kernel[(triton.cdiv(2 * HPP, BLOCK),)](w_a.contiguous(), w_x.contiguous(), w3, n, HPP,
+    _rglru_split_weights_kernel[(cdiv(2 * HPP, BLOCK),)](w_a.contiguous(), w_x.contiguous(), w3, n, HPP,
                                                                  NPW=NPW, BLOCK=BLOCK, num_warps=4)
     return w3
 
@@ -666,9 +667,9 @@ def chunk_launch(x, H: int, K: int, WC: int, G: int, grouped: bool = True, **met
     B, L, D = x.shape
     n = D // H
     (NPA, NPB), BJ = head_pieces(n), channel_block(n)
-    NG = triton.cdiv(triton.cdiv(triton.cdiv(L, K), WC), G)
+    NG = cdiv(cdiv(cdiv(L, K), WC), G)
     assert NG <= MAX_GROUPS or not grouped, f"{NG} groups of {G} steps; at most {MAX_GROUPS}"
-    grid = (NG, H * triton.cdiv(n, BJ), B)
+    grid = (NG, H * cdiv(n, BJ), B)
     return grid, dict(D=D, n=n, H=H, K=K, WC=WC, NPA=NPA, NPB=NPB, NPW=weight_width(n), BJ=BJ,
                       X_PARTS=x_parts(x.dtype), num_warps=WC, num_stages=2, **meta)
 
@@ -687,7 +688,7 @@ def group_width(NG: int) -> int:
     every length), the smallest power of two in the interpreter (it walks every row)."""
     if NG == 1:
         return 1
-    return triton.next_power_of_2(NG) if math_mode(False) == 0 else MAX_GROUPS
+    return next_power_of_2(NG) if math_mode(False) == 0 else MAX_GROUPS
 
 
 def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, G: int, fast: bool = False):
@@ -701,7 +702,7 @@ def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, 
     entering every chunk; the backward replays from it).
     """
     B, L, D = x.shape
-    NC = triton.cdiv(L, K)
+    NC = cdiv(L, K)
     dev = x.device
     w3 = split_weights(w_a, w_x)
     grid, meta = chunk_launch(x, w_a.shape[0], K, WC, G, MATH=math_mode(fast))

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import triton
 
 from samu.ops import dispatch
 from samu.ops.samu.triton_bwd import bwd, slot_count
 from samu.ops.samu.triton_fwd import CTL, fwd
+from samu.ops.triton_utils import cdiv, next_power_of_2
 
 _empty = torch.empty
 
@@ -65,7 +65,7 @@ def _(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, con
     B, L, D = x.shape
     f32 = dict(device=x.device, dtype=torch.float32)
     return (x.new_empty(B, L, D), x.new_empty(B, D, **f32), x.new_empty(B, CTL.value, L, **f32),
-            x.new_empty(2, **f32), x.new_empty(B, triton.cdiv(L, config[0]), D, **f32))
+            x.new_empty(2, **f32), x.new_empty(B, cdiv(L, config[0]), D, **f32))
 
 
 @torch.library.custom_op("samu::samu_bwd", mutates_args=())
@@ -148,7 +148,7 @@ def run(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, c
 
 def _tile(D: int) -> tuple[int, int]:
     """Modes per program and warps: two modes per thread (the per-token scalar work is shared)."""
-    BN = min(64, triton.next_power_of_2(max(D // 2, 1)))
+    BN = min(64, next_power_of_2(max(D // 2, 1)))
     return BN, max(1, BN // 64)
 
 
@@ -159,17 +159,17 @@ def serial_config(B: int, L: int, D: int) -> Config:
 
 def grouped_config(B: int, L: int, D: int) -> Config:
     BN, warps = _tile(D)
-    n_chunks = triton.cdiv(L, 32)
+    n_chunks = cdiv(L, 32)
     # about sqrt(nC) chunks per group balances the group-local and outer serial walks
-    return Config(K=32, BN=BN, G=max(2, triton.next_power_of_2(int(n_chunks ** 0.5))), num_warps=warps)
+    return Config(K=32, BN=BN, G=max(2, next_power_of_2(int(n_chunks ** 0.5))), num_warps=warps)
 
 
 def _scratch(config_of):
     """Analytic fp32 scratch of one forward + backward (README.md, "What is saved, and scratch")."""
     def scratch(B, L, D):
         c = config_of(B, L, D)
-        n_chunks, n_tiles = triton.cdiv(L, c.K), triton.cdiv(D // 2, c.BN)
-        n_groups = triton.cdiv(n_chunks, c.G)
+        n_chunks, n_tiles = cdiv(L, c.K), cdiv(D // 2, c.BN)
+        n_groups = cdiv(n_chunks, c.G)
         sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
         n_slots = slot_count(B * n_chunks * n_tiles, sms, c.slots_per_sm)
         grouped = c.G > 1
@@ -188,7 +188,7 @@ def _variant(name, config_of, preference, description):
         preference=preference, scratch=_scratch(config_of), description=description))
 
 
-_variant("triton_serial", serial_config, lambda B, L, D: 0.0 if triton.cdiv(L, 32) <= 64 else 2.0,
+_variant("triton_serial", serial_config, lambda B, L, D: 0.0 if cdiv(L, 32) <= 64 else 2.0,
          "chunks of 32 tokens, serial prefix over all chunks")
 _variant("triton_grouped", grouped_config, lambda B, L, D: 1.0,
          "chunks of 32 tokens in groups of ~sqrt(#chunks): group-local prefix, outer prefix, correction in replay")

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from samu.ops.samu.triton_fwd import (CTL, _both, _cfma, _clamp, _controls, _entering, _gamma, _input_step,
                                       _load_pair, _mode_row, _store_pair, _store_quad, _transition, prefix)
-from samu.ops.triton_utils import tanh
+from samu.ops.triton_utils import cdiv, tanh
 
 
 @triton.jit
@@ -268,8 +268,8 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     """Backward pass. Returns dx (x.dtype), dnu, dtheta_log, ddirections, damplitudes, dh0 (or None)."""
     B, L, D = x.shape
     N = D // 2
-    n_chunks = triton.cdiv(L, K)
-    n_tiles = triton.cdiv(N, BN)
+    n_chunks = cdiv(L, K)
+    n_tiles = cdiv(N, BN)
     f32 = dict(device=x.device, dtype=torch.float32)
     rsum = empty(B, n_chunks, 2, D, **f32)
     _adjoint_summary_kernel[(n_chunks, n_tiles, B)](dy, ctl, nu, theta_log, rsum, L, D, N, n_chunks, K=K, BN=BN,
@@ -288,7 +288,7 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
                              dh0 if has_h0 else rows, L, D, N, n_chunks, n_groups, n_tiles, n_items,
                              K=K, BN=BN, G=G, HAS_H0=has_h0, num_warps=num_warps)
     BT = 128
-    n_tb = triton.cdiv(L, BT)
+    n_tb = cdiv(L, BT)
     dp = empty(B, 2, L, **f32)
     dA_rows = empty(B * n_tb, 4, **f32)
     _controller_kernel[(n_tb, B)](ctl, amplitudes, part, dp, dA_rows, L, n_tiles, float(radial_bound), BT=BT,
@@ -299,6 +299,6 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     out = empty(3 * D, **f32)
     dA = empty(4, **f32)
     BC = 128
-    _reduce_kernel[(triton.cdiv(3 * D, BC) + 1,)](rows, dA_rows, theta_log, rnorm, out, dA, B * n_chunks,
+    _reduce_kernel[(cdiv(3 * D, BC) + 1,)](rows, dA_rows, theta_log, rnorm, out, dA, B * n_chunks,
                                                   B * n_tb, D, N, BR=16, BC=BC, num_warps=4)
     return dx, out[:N], out[N:D], out[D:].view(2, D), dA.view(2, 2), dh0

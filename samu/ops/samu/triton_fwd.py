@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from samu.ops.triton_utils import cast_to, one_minus_exp_neg, tanh
+from samu.ops.triton_utils import cast_to, cdiv, next_power_of_2, one_minus_exp_neg, tanh
 
 CTL = tl.constexpr(6)  # planes of ctl: p0, p1, m, phi, cos phi, sin phi
 
@@ -243,11 +243,11 @@ def prefix(summ, init, *, G, BN, reverse=False, empty=torch.empty):
     state entering chunk c is ck[c] applied to start[c // G] (ck is None when G = 1)."""
     B, n_chunks, _, D = summ.shape
     N = D // 2
-    n_tiles = triton.cdiv(N, BN)
+    n_tiles = cdiv(N, BN)
     f32 = dict(device=summ.device, dtype=torch.float32)
     ck, groups = None, summ
     if G > 1:
-        n_groups = triton.cdiv(n_chunks, G)
+        n_groups = cdiv(n_chunks, G)
         ck = empty(B, n_chunks, 2, D, **f32)
         groups = empty(B, n_groups, 2, D, **f32)
         _compose_kernel[(n_groups, n_tiles, B)](summ, summ, ck, groups, n_chunks, G, D, N, BN=BN, HAS_INIT=False,
@@ -312,14 +312,14 @@ def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *
     """
     B, L, D = x.shape
     N = D // 2
-    n_chunks = triton.cdiv(L, K)
-    n_tiles = triton.cdiv(N, BN)
+    n_chunks = cdiv(L, K)
+    n_tiles = cdiv(N, BN)
     f32 = dict(device=x.device, dtype=torch.float32)
     ctl = empty(B, CTL.value, L, **f32)
     rnorm = empty(2, **f32)
     BT = 16
-    _controller_kernel[(triton.cdiv(L, BT), B)](x, directions, amplitudes, ctl, rnorm, L, D, float(radial_bound),
-                                                BT=BT, BD=min(256, triton.next_power_of_2(D)), num_warps=4)
+    _controller_kernel[(cdiv(L, BT), B)](x, directions, amplitudes, ctl, rnorm, L, D, float(radial_bound),
+                                                BT=BT, BD=min(256, next_power_of_2(D)), num_warps=4)
     csum = empty(B, n_chunks, 2, D, **f32)
     _summary_kernel[(n_chunks, n_tiles, B)](x, ctl, nu, theta_log, csum, L, D, N, n_chunks, K=K, BN=BN,
                                             num_warps=num_warps)
