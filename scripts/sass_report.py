@@ -1,7 +1,7 @@
 """Compile the SAMU kernels for sm_90 on this machine (no GPU needed) and report, per kernel:
 registers, spills, and the SASS instruction count of each loop body (innermost first).
 
-Usage: python scripts/sass_report.py [--K 32] [--BN 64] [--warps 2] [--dtype bf16]
+Usage: python scripts/sass_report.py [--K 32] [--BN 64] [--warps 2] [--dtype bf16] [--unroll 1]
 Needs triton's bundled ptxas/cuobjdump (the Linux x86-64 wheel has them).
 """
 
@@ -31,27 +31,27 @@ def kernels(io: str):
     ints = lambda *names: {n: "i32" for n in names}  # noqa: E731
     return [
         (triton_fwd._summary_kernel, {"x": io, "ctl": f32, "nu": f32, "theta_log": f32, "csum": f32,
-                                      **ints("L", "D", "N", "n_chunks"), "K": "constexpr", "BN": "constexpr"}, {}),
+                                      **ints("L", "D", "N", "n_chunks"), "K": "constexpr", "BN": "constexpr", "U": "constexpr"}, {}),
         (triton_fwd._compose_kernel, {"summ": f32, "init": f32, "enter": f32, "total": f32,
                                       **ints("n_items", "span", "D", "N"), "BN": "constexpr", "HAS_INIT": "constexpr",
                                       "MAPS": "constexpr", "REVERSE": "constexpr"},
          {"HAS_INIT": False, "MAPS": True, "REVERSE": False}),
         (triton_fwd._replay_kernel, {"x": io, "ctl": f32, "nu": f32, "theta_log": f32, "ck": f32, "start": f32,
                                      "y": io, "bound": f32, "final": f32, **ints("L", "D", "N", "n_chunks", "n_groups"),
-                                     "K": "constexpr", "BN": "constexpr", "G": "i32", "HAS_FINAL": "constexpr"},
+                                     "K": "constexpr", "BN": "constexpr", "U": "constexpr", "G": "i32", "HAS_FINAL": "constexpr"},
          {"HAS_FINAL": False}),
         (triton_bwd._adjoint_summary_kernel, {"dy": io, "ctl": f32, "nu": f32, "theta_log": f32, "rsum": f32,
                                               **ints("L", "D", "N", "n_chunks"), "K": "constexpr",
-                                              "BN": "constexpr"}, {}),
+                                              "BN": "constexpr", "U": "constexpr"}, {}),
         (triton_bwd._main_kernel, {"x": io, "dy": io, "ctl": f32, "nu": f32, "theta_log": f32, "bound": f32,
                                    "rck": f32, "right": f32, "slots": f32, "part": f32, "rows": f32, "dh0": f32,
                                    **ints("L", "D", "N", "n_chunks", "n_groups", "n_tiles", "n_items"),
-                                   "K": "constexpr", "BN": "constexpr", "G": "i32", "HAS_H0": "constexpr"},
+                                   "K": "constexpr", "BN": "constexpr", "U": "constexpr", "G": "i32", "HAS_H0": "constexpr"},
          {"HAS_H0": False}),
         (triton_bwd._dx_kernel, {"x": io, "dy": io, "ctl": f32, "nu": f32, "theta_log": f32, "directions": f32,
                                  "rnorm": f32, "rck": f32, "right": f32, "dp": f32, "dx": io, "rows": f32,
                                  **ints("L", "D", "N", "n_chunks", "n_groups"), "K": "constexpr",
-                                 "BN": "constexpr", "G": "i32"}, {}),
+                                 "BN": "constexpr", "U": "constexpr", "G": "i32"}, {}),
     ]
 
 
@@ -72,10 +72,11 @@ def main():
     ap.add_argument("--BN", type=int, default=64)
     ap.add_argument("--warps", type=int, default=2)
     ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--unroll", type=int, default=1)
     args = ap.parse_args()
     target = GPUTarget("cuda", 90, 32)
     for fn, sig, consts in kernels(f"*{args.dtype}"):
-        compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs={k: v for k, v in {"K": args.K, "BN": args.BN, **consts}.items() if k in sig}),
+        compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs={k: v for k, v in {"K": args.K, "BN": args.BN, "U": args.unroll, **consts}.items() if k in sig}),
                                   target=target, options={"num_warps": args.warps})
         with tempfile.TemporaryDirectory() as tmp:
             ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")

@@ -36,20 +36,21 @@ def _with_config(config):
     return mixer
 
 
-def _config(K, BN, G):
+def _config(K, BN, G, unroll=1):
     from samu.ops.samu.function import Config
 
-    return Config(K=K, BN=BN, G=G)
+    return Config(K=K, BN=BN, G=G, unroll=unroll)
 
 
-# (B, L, D, K, BN, G): L not a multiple of K, L = 1, a ragged last group, N not a multiple of BN
-SHAPES = [(2, 37, 10, 8, 4, 1), (2, 37, 10, 8, 4, 2), (1, 1, 6, 8, 4, 3), (3, 64, 12, 16, 4, 2),
-          (1, 70, 8, 4, 2, 4)]
+# (B, L, D, K, BN, G, unroll): L not a multiple of K, L = 1, a ragged last group, N not a multiple of
+# BN, token walks unrolled (by a factor that divides K and by one that does not)
+SHAPES = [(2, 37, 10, 8, 4, 1, 1), (2, 37, 10, 8, 4, 2, 2), (1, 1, 6, 8, 4, 3, 1), (3, 64, 12, 16, 4, 2, 1),
+          (1, 70, 8, 4, 2, 4, 3)]
 
 
-@pytest.mark.parametrize("B,L,D,K,BN,G", SHAPES)
-def test_fp32_matches_reference(B, L, D, K, BN, G):
-    assert_gate(gate_check("samu", _with_config(_config(K, BN, G)), torch.float32, B, L, D, seed=L + G,
+@pytest.mark.parametrize("B,L,D,K,BN,G,unroll", SHAPES)
+def test_fp32_matches_reference(B, L, D, K, BN, G, unroll):
+    assert_gate(gate_check("samu", _with_config(_config(K, BN, G, unroll)), torch.float32, B, L, D, seed=L + G,
                            device=DEVICE))
 
 
@@ -122,7 +123,7 @@ def test_custom_ops_pass_opcheck():
     x = randn((B, L, D), 8, device=DEVICE)
     nu, theta_log, directions, amplitudes = samu_params(D, 9, device=DEVICE)
     h0 = randn((B, D), 10, device=DEVICE)
-    torch.library.opcheck(samu_fwd, (x, nu, theta_log, directions, amplitudes, h0, 2.0, [8, 4, 2, 1, 3]),
+    torch.library.opcheck(samu_fwd, (x, nu, theta_log, directions, amplitudes, h0, 2.0, [8, 4, 2, 1, 3, 2]),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 

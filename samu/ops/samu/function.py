@@ -29,28 +29,30 @@ def set_allocator(empty) -> None:
 @dataclass(frozen=True)
 class Config:
     """One launch configuration: chunk K, mode tile BN, chunks per group G (1: serial prefix), warps
-    per program, and programs per multiprocessor of the persistent main backward kernel."""
+    per program, programs per multiprocessor of the persistent main backward kernel, and the unroll
+    factor of every token walk (independent tokens in flight: instruction-level parallelism)."""
 
     K: int
     BN: int
     G: int
     num_warps: int = 1
     slots_per_sm: int = 16
+    unroll: int = 1
 
     def as_list(self) -> list[int]:
-        return [self.K, self.BN, self.G, self.num_warps, self.slots_per_sm]
+        return [self.K, self.BN, self.G, self.num_warps, self.slots_per_sm, self.unroll]
 
 
 def _fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, config):
-    K, BN, G, num_warps, _ = config
+    K, BN, G, num_warps, _, unroll = config
     return fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, K=K, BN=BN, G=G,
-               num_warps=num_warps, empty=_empty)
+               num_warps=num_warps, unroll=unroll, empty=_empty)
 
 
 def _bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound, config):
-    K, BN, G, num_warps, slots_per_sm = config
+    K, BN, G, num_warps, slots_per_sm, unroll = config
     return bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound,
-               K=K, BN=BN, G=G, num_warps=num_warps, slots_per_sm=slots_per_sm, empty=_empty)
+               K=K, BN=BN, G=G, num_warps=num_warps, slots_per_sm=slots_per_sm, unroll=unroll, empty=_empty)
 
 
 @torch.library.custom_op("samu::samu_fwd", mutates_args=())

@@ -40,7 +40,8 @@ def _adjoint_step(p_g, p_m, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl):
 
 
 @triton.jit
-def _adjoint_summary_kernel(dy, ctl, nu, theta_log, rsum, L, D, N, n_chunks, K: tl.constexpr, BN: tl.constexpr):
+def _adjoint_summary_kernel(dy, ctl, nu, theta_log, rsum, L, D, N, n_chunks, K: tl.constexpr, BN: tl.constexpr,
+                            U: tl.constexpr):
     """Map (Q, F) from the adjoint entering chunk i_c from its right to the adjoint at its first token."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
@@ -53,7 +54,7 @@ def _adjoint_summary_kernel(dy, ctl, nu, theta_log, rsum, L, D, N, n_chunks, K: 
     b_qi = tl.zeros([BN], dtype=tl.float32)
     b_fr = tl.zeros([BN], dtype=tl.float32)
     b_fi = tl.zeros([BN], dtype=tl.float32)
-    for _ in range(K):
+    for _ in tl.range(K, loop_unroll_factor=U):
         b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_m, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl)
         b_fr, b_fi = _cfma(b_ar, b_ai, b_fr, b_fi, b_gr, b_gi)
         b_qr, b_qi = b_ar * b_qr - b_ai * b_qi, b_ar * b_qi + b_ai * b_qr
@@ -66,7 +67,7 @@ def _adjoint_summary_kernel(dy, ctl, nu, theta_log, rsum, L, D, N, n_chunks, K: 
 @triton.jit
 def _main_kernel(x, dy, ctl, nu, theta_log, bound, rck, right, slots, part, rows, dh0,
                  L, D, N, n_chunks, n_groups, n_tiles, n_items,
-                 K: tl.constexpr, BN: tl.constexpr, G, HAS_H0: tl.constexpr):
+                 K: tl.constexpr, BN: tl.constexpr, U: tl.constexpr, G, HAS_H0: tl.constexpr):
     """Per (chunk, mode tile): the transition and scale cotangents, reduced over modes and over tokens."""
     pid = tl.program_id(0)
     p_slot0 = slots + pid.to(tl.int64) * K * 2 * BN + tl.arange(0, BN)
@@ -83,7 +84,7 @@ def _main_kernel(x, dy, ctl, nu, theta_log, bound, rck, right, slots, part, rows
         t = i_c * K + K - 1
         p_g = dy + (i_b.to(tl.int64) * L + t) * D + i_n
         p_slot = p_slot0 + (K - 1) * 2 * BN
-        for _ in range(K):
+        for _ in tl.range(K, loop_unroll_factor=U):
             b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_m, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl)
             b_dr, b_di = _cfma(b_ar, b_ai, b_dr, b_di, b_gr, b_gi)
             tl.store(p_slot, b_dr)
@@ -100,7 +101,7 @@ def _main_kernel(x, dy, ctl, nu, theta_log, bound, rck, right, slots, part, rows
         p_x = x + (i_b.to(tl.int64) * L + t) * D + i_n
         p_part = part + (i_b.to(tl.int64) * 2 * n_tiles + i_j) * L + t
         p_slot = p_slot0
-        for _ in range(K):
+        for _ in tl.range(K, loop_unroll_factor=U):
             valid = t < L
             ok = _both(mask_n, valid)
             b_dr = tl.load(p_slot)
@@ -171,7 +172,7 @@ def _controller_kernel(ctl, amplitudes, part, dp, dA_rows, L, n_tiles, kappa, BT
 
 @triton.jit
 def _dx_kernel(x, dy, ctl, nu, theta_log, directions, rnorm, rck, right, dp, dx, rows,
-               L, D, N, n_chunks, n_groups, K: tl.constexpr, BN: tl.constexpr, G):
+               L, D, N, n_chunks, n_groups, K: tl.constexpr, BN: tl.constexpr, U: tl.constexpr, G):
     """dx = gamma delta + sum_j dp_j u_hat_j, and partials of sum_t dp_j (x_t - p_j u_hat_j)."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
@@ -193,7 +194,7 @@ def _dx_kernel(x, dy, ctl, nu, theta_log, directions, rnorm, rck, right, dp, dx,
     p_g = dy + row
     p_x = x + row
     p_dx = dx + row
-    for _ in range(K):
+    for _ in tl.range(K, loop_unroll_factor=U):
         valid = t < L
         ok = _both(mask_n, valid)
         tc = _clamp(t, L)
@@ -264,7 +265,7 @@ def _slots(device, n_items: int, per_sm: int) -> int:
 
 
 def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound, *,
-        K, BN, G, num_warps=1, slots_per_sm=16, empty=torch.empty):
+        K, BN, G, num_warps=1, slots_per_sm=16, unroll=1, empty=torch.empty):
     """Backward pass. Returns dx (x.dtype), dnu, dtheta_log, ddirections, damplitudes, dh0 (or None)."""
     B, L, D = x.shape
     N = D // 2
@@ -273,6 +274,7 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     f32 = dict(device=x.device, dtype=torch.float32)
     rsum = empty(B, n_chunks, 2, D, **f32)
     _adjoint_summary_kernel[(n_chunks, n_tiles, B)](dy, ctl, nu, theta_log, rsum, L, D, N, n_chunks, K=K, BN=BN,
+                                                    U=unroll,
                                                     num_warps=num_warps)
     # the final-state cotangent is the adjoint entering from the right end (tokens past L are identity)
     rck, right = prefix(rsum, dfinal, G=G, BN=BN, reverse=True, empty=empty)
@@ -286,7 +288,7 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     slots = torch.empty(n_slots, K, 2 * BN, **f32)
     _main_kernel[(n_slots,)](x, dy, ctl, nu, theta_log, bound, rck, right, slots, part, rows,
                              dh0 if has_h0 else rows, L, D, N, n_chunks, n_groups, n_tiles, n_items,
-                             K=K, BN=BN, G=G, HAS_H0=has_h0, num_warps=num_warps)
+                             K=K, BN=BN, U=unroll, G=G, HAS_H0=has_h0, num_warps=num_warps)
     BT = 128
     n_tb = cdiv(L, BT)
     dp = empty(B, 2, L, **f32)
@@ -295,7 +297,8 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
                                   num_warps=4)
     dx = empty(B, L, D, device=x.device, dtype=x.dtype)
     _dx_kernel[(n_chunks, n_tiles, B)](x, dy, ctl, nu, theta_log, directions, rnorm, rck, right, dp, dx,
-                                       rows, L, D, N, n_chunks, n_groups, K=K, BN=BN, G=G, num_warps=num_warps)
+                                       rows, L, D, N, n_chunks, n_groups, K=K, BN=BN, U=unroll, G=G,
+                                       num_warps=num_warps)
     out = empty(3 * D, **f32)
     dA = empty(4, **f32)
     BC = 128

@@ -172,7 +172,7 @@ def _controller_kernel(x, directions, amplitudes, ctl, rnorm, L, D, kappa,
 
 
 @triton.jit
-def _summary_kernel(x, ctl, nu, theta_log, csum, L, D, N, n_chunks, K: tl.constexpr, BN: tl.constexpr):
+def _summary_kernel(x, ctl, nu, theta_log, csum, L, D, N, n_chunks, K: tl.constexpr, BN: tl.constexpr, U: tl.constexpr):
     """(prod lambda, state reached from zero) of one chunk, for one mode tile."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
@@ -185,7 +185,7 @@ def _summary_kernel(x, ctl, nu, theta_log, csum, L, D, N, n_chunks, K: tl.conste
     b_pi = tl.zeros([BN], dtype=tl.float32)
     b_er = tl.zeros([BN], dtype=tl.float32)
     b_ei = tl.zeros([BN], dtype=tl.float32)
-    for _ in range(K):
+    for _ in tl.range(K, loop_unroll_factor=U):
         _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, t, L, N, mask_n, t < L,
                                                         b_rate, b_ch, b_cl, b_sh, b_sl)
         b_er, b_ei = _cfma(b_lr, b_li, b_er, b_ei, b_g * b_zr, b_g * b_zi)
@@ -274,7 +274,7 @@ def _entering(ck, start, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G):
 
 @triton.jit
 def _replay_kernel(x, ctl, nu, theta_log, ck, start, y, bound, final, L, D, N, n_chunks, n_groups,
-                   K: tl.constexpr, BN: tl.constexpr, G, HAS_FINAL: tl.constexpr):
+                   K: tl.constexpr, BN: tl.constexpr, U: tl.constexpr, G, HAS_FINAL: tl.constexpr):
     """Rerun each chunk from its entering state and write y (and the final state)."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
@@ -289,7 +289,7 @@ def _replay_kernel(x, ctl, nu, theta_log, ck, start, y, bound, final, L, D, N, n
     row = (i_b.to(tl.int64) * L + t) * D + i_n
     p_x = x + row
     p_y = y + row
-    for k in range(K):
+    for _ in tl.range(K, loop_unroll_factor=U):
         valid = t < L
         _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, t, L, N, mask_n, valid,
                                                         b_rate, b_ch, b_cl, b_sh, b_sl)
@@ -304,7 +304,7 @@ def _replay_kernel(x, ctl, nu, theta_log, ck, start, y, bound, final, L, D, N, n
 
 
 def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *, K, BN, G,
-        num_warps=1, want_final=True, empty=torch.empty):
+        num_warps=1, unroll=1, want_final=True, empty=torch.empty):
     """Forward pass. Returns y [B, L, D] (x.dtype), final [B, D] fp32 (or None), and the saved
     tensors for backward: ctl [B, 6, L], rnorm [2], bound [B, nC, D].
 
@@ -321,7 +321,7 @@ def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *
     _controller_kernel[(cdiv(L, BT), B)](x, directions, amplitudes, ctl, rnorm, L, D, float(radial_bound),
                                                 BT=BT, BD=min(256, next_power_of_2(D)), num_warps=4)
     csum = empty(B, n_chunks, 2, D, **f32)
-    _summary_kernel[(n_chunks, n_tiles, B)](x, ctl, nu, theta_log, csum, L, D, N, n_chunks, K=K, BN=BN,
+    _summary_kernel[(n_chunks, n_tiles, B)](x, ctl, nu, theta_log, csum, L, D, N, n_chunks, K=K, BN=BN, U=unroll,
                                             num_warps=num_warps)
     ck, start = prefix(csum, initial_state, G=G, BN=BN, empty=empty)
     n_groups = start.shape[1]
@@ -330,5 +330,5 @@ def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *
     final = empty(B, D, **f32) if want_final else None
     _replay_kernel[(n_chunks, n_tiles, B)](x, ctl, nu, theta_log, ck if G > 1 else start, start, y, bound,
                                            final if want_final else bound, L, D, N, n_chunks, n_groups,
-                                           K=K, BN=BN, G=G, HAS_FINAL=want_final, num_warps=num_warps)
+                                           K=K, BN=BN, U=unroll, G=G, HAS_FINAL=want_final, num_warps=num_warps)
     return y, final, ctl, rnorm, bound
