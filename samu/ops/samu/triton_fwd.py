@@ -172,7 +172,8 @@ def _controller_kernel(x, directions, amplitudes, ctl, rnorm, L, D, kappa,
 
 
 @triton.jit
-def _summary_kernel(x, ctl, nu, theta_log, csum, L, D, N, n_chunks, K: tl.constexpr, BN: tl.constexpr, U: tl.constexpr):
+def _summary_kernel(x, ctl, nu, theta_log, csum, L, D, N, n_chunks, K: tl.constexpr, BN: tl.constexpr,
+                    U: tl.constexpr):
     """(prod lambda, state reached from zero) of one chunk, for one mode tile."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
