@@ -100,9 +100,11 @@ def add_commands(subparsers) -> None:
     g = subparsers.add_parser("gate", help="run the SPEC §7 correctness gates (JSON record + dispatch status)",
                               description="Compare backends with the float64 reference; thresholds from gates.toml.")
     g.add_argument("--ops", type=_names(("samu", "rglru")), default=["samu", "rglru"])
-    g.add_argument("--shapes", type=_shapes, default=parse_shapes("primary"),
-                   help="comma list of set names or BxLxD (the set 'gate' adds L = 65536 and 131072)")
-    g.add_argument("--dtypes", type=_dtypes, default=[torch.bfloat16, torch.float32], help="default: bf16,fp32")
+    g.add_argument("--shapes", type=_shapes, default=parse_shapes("gate"),
+                   help="comma list of set names or BxLxD (default: gate, the primary shapes and L = 65536 and "
+                        "131072, so every length class dispatch uses is gated)")
+    g.add_argument("--dtypes", type=_dtypes, default=[torch.bfloat16, torch.float16, torch.float32],
+                   help="default: bf16,fp16,fp32 (a dtype left out keeps its Triton variants off in dispatch)")
     g.add_argument("--backends", type=_names(), default=["torch", "variants"],
                    help="torch, triton, variants (every registered Triton variant) or variant names")
     g.add_argument("--out", default="results/gates", help="record file (*.json) or folder (default: results/gates)")

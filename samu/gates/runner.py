@@ -172,22 +172,25 @@ def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bo
     return record
 
 
-def status_from_records(records: list) -> dict:
-    """Dispatch status from gate records: a (op, variant, shape class) is blocked when any of its
-    rows in the newest record that tested it failed."""
+def status_from_records(records: list, version: "int | None" = None) -> dict:
+    """Dispatch status from gate records: (op, variant, shape class) is blocked when the newest row
+    of any shape it was tested at failed. A pass at one shape never clears a failure at another;
+    only a newer run of the same shape (or moving the failing record to quarantine) does. With
+    ``version``, records written under another gates.toml version are left out."""
     latest: dict = {}
     for path, record in records:
-        if record["kind"] != "gate":
+        if record["kind"] != "gate" or (version is not None and record.get("gates_version") != version):
             continue
         stamp = (record["created"], path)
         for row in record["rows"]:
-            key = (row["op"], row["variant"], row["shape_class"])
-            if key not in latest or stamp > latest[key][0]:
-                latest[key] = (stamp, [row])
-            elif stamp == latest[key][0]:
-                latest[key][1].append(row)
-    blocked_keys = sorted(k for k, (_, rows) in latest.items() if not all(r["pass"] for r in rows))
-    passed_keys = sorted(k for k in latest if k not in blocked_keys)
+            unit = (row["op"], row["variant"], row["shape_class"], tuple(row.get("shape", ())))
+            if unit not in latest or stamp > latest[unit][0]:
+                latest[unit] = (stamp, [row])
+            elif stamp == latest[unit][0]:
+                latest[unit][1].append(row)
+    keys = {unit[:3] for unit in latest}
+    blocked_keys = sorted({unit[:3] for unit, (_, rows) in latest.items() if not all(r["pass"] for r in rows)})
+    passed_keys = sorted(keys - set(blocked_keys))
     return {"blocked": [list(k) for k in blocked_keys], "passed": [list(k) for k in passed_keys],
             "sources": sorted({stamp[1] for stamp, _ in latest.values()})}
 
@@ -196,7 +199,7 @@ def update_status(results, extra: "list | None" = None, path: "Path | None" = No
     """Rebuild the status file from every non-quarantined gate record (plus ``extra``) and reload it."""
     records = load_records(results, kind="gate")
     records += [(p, r) for p, r in extra or [] if all(r != known for _, known in records)]
-    status = status_from_records(records)
+    status = status_from_records(records, load_rules().version)
     path = Path(path) if path else status_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(status, indent=1, sort_keys=True) + "\n")

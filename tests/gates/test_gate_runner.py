@@ -86,23 +86,40 @@ def test_torch_backend_passes_its_gates_for_both_mixers_and_dtypes():
         assert set(row["baselines"]["rounded_float64"]) == ({"y", "dx"} if low else set())
 
 
-def _gate_record(created, rows):
-    return ("r", {"kind": "gate", "created": created, "rows": rows})
+def _gate_record(created, rows, version=1):
+    return ("r", {"kind": "gate", "created": created, "rows": rows, "gates_version": version})
 
 
-def _row(variant, ok, cls="c"):
-    return {"op": "samu", "variant": variant, "shape_class": cls, "pass": ok}
+def _row(variant, ok, cls="c", shape=(1, 8, 4)):
+    return {"op": "samu", "variant": variant, "shape_class": cls, "shape": list(shape), "pass": ok}
 
 
-def test_status_follows_the_newest_record_per_variant_and_class():
+def test_status_follows_the_newest_row_per_variant_class_and_shape():
     old = _gate_record("2026-01-01T00:00:00Z", [_row("v", False), _row("w", True)])
     new = _gate_record("2026-01-02T00:00:00Z", [_row("v", True), _row("v", False, cls="d")])
     status = status_from_records([old, new])
     assert status["blocked"] == [["samu", "v", "d"]]
     assert status["passed"] == [["samu", "v", "c"], ["samu", "w", "c"]]
     # within one record any failing shape of the class blocks it
-    mixed = _gate_record("2026-01-03T00:00:00Z", [_row("v", True), _row("v", False)])
+    mixed = _gate_record("2026-01-03T00:00:00Z", [_row("v", True), _row("v", False, shape=(1, 9, 4))])
     assert status_from_records([old, new, mixed])["blocked"] == [["samu", "v", "c"], ["samu", "v", "d"]]
+
+
+def test_a_pass_at_another_shape_does_not_clear_a_failure():
+    failed = _gate_record("2026-01-01T00:00:00Z", [_row("v", False, shape=(1, 8, 4))])
+    other = _gate_record("2026-01-02T00:00:00Z", [_row("v", True, shape=(1, 9, 4))])
+    assert status_from_records([failed, other])["blocked"] == [["samu", "v", "c"]]
+    rerun = _gate_record("2026-01-03T00:00:00Z", [_row("v", True, shape=(1, 8, 4))])
+    status = status_from_records([failed, other, rerun])
+    assert status["blocked"] == [] and status["passed"] == [["samu", "v", "c"]]
+
+
+def test_records_of_another_gates_version_are_left_out():
+    stale = _gate_record("2026-01-02T00:00:00Z", [_row("v", False)], version=0)
+    current = _gate_record("2026-01-01T00:00:00Z", [_row("v", True)], version=1)
+    status = status_from_records([stale, current], version=1)
+    assert status["blocked"] == [] and status["passed"] == [["samu", "v", "c"]]
+    assert status_from_records([stale, current], version=0)["blocked"] == [["samu", "v", "c"]]
 
 
 def test_quarantined_gate_records_never_reach_the_status(tmp_path):
