@@ -281,7 +281,7 @@ def cmd_info(args):
         for op in dispatch.OPS:
             for shape in ((1, 2048, 1024), (4, 2048, 2048), (1, 32768, 1024)):
                 try:
-                    print("  " + dispatch.explain(op, shape, dtype, device))
+                    print("  " + dispatch.explain(shape, op, dtype, device))
                 except Exception as e:  # a broken kernel module should not hide the rest of the report
                     print(f"  {op} {shape}: error ({type(e).__name__}: {e})")
 

@@ -121,7 +121,7 @@ def main():
     shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes.split(";")]
     record = []
     for shape in shapes:
-        print(samu.dispatch.explain(args.op, shape, backend=args.backend), flush=True)
+        print(samu.dispatch.explain(shape, args.op, backend=args.backend), flush=True)
         fwd, fb, leaves = make(args.op, shape, args.backend)
         entry = {"shape": shape}
         entry["fwd_graph_ms"] = graph_time(fwd, leaves)

@@ -35,6 +35,8 @@ class Variant:
     # scratch(B, L, D) -> (formula, bytes): transient prefix/summary scratch of one forward+backward
     scratch: Callable[[int, int, int], "tuple[str, int]"] = field(compare=False, repr=False)
     description: str = ""
+    # settings(B, L, D) -> the launch settings (tile sizes, groups) this variant uses at that shape
+    settings: Callable[[int, int, int], str] = field(compare=False, repr=False, default=lambda B, L, D: "")
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,8 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
             return Choice("torch", None, "auto: float64 input, using the chunked PyTorch path")
         raise TypeError(f"backend={backend!r} supports bf16, fp16 and fp32 inputs, not float64")
     if backend in named:
-        return Choice("triton", named[backend], f"variant {backend!r} requested")
+        return Choice("triton", named[backend], f"variant {backend!r} requested, with "
+                                                f"{named[backend].settings(B, L, D)}")
     ranked = []
     for v in named.values():
         score = v.preference(B, L, D)
@@ -147,11 +150,13 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
     score, name, v = min(ranked, key=lambda r: (r[0], r[1]))
     others = ", ".join(n for _, n, _ in sorted(ranked, key=lambda r: (r[0], r[1]))[1:]) or "none"
     return Choice("triton", v, f"{backend}: {name} ranks first for (B={B}, L={L}, D={D}) "
-                               f"in {shape_class(L, D, dtype)}; gated alternatives: {others}")
+                               f"in {shape_class(L, D, dtype)} with {v.settings(B, L, D)}; "
+                               f"gated alternatives: {others}")
 
 
-def explain(op: str, shape, dtype: torch.dtype = torch.bfloat16, device="cuda", backend: str = "auto") -> str:
-    """Say which implementation ``op`` uses for ``shape`` = (B, L, D), and why."""
+def explain(shape, op: str = "samu", dtype: torch.dtype = torch.bfloat16, device="cuda",
+            backend: str = "auto") -> str:
+    """Say which implementation ``op`` uses for ``shape`` = (B, L, D), with which launch settings, and why."""
     B, L, D = shape
     c = choose(op, B, L, D, dtype, device, backend)
     return f"{op} {tuple(shape)} {str(dtype).replace('torch.', '')} on {torch.device(device).type}: {c.name} ({c.reason})"

@@ -37,7 +37,8 @@ def dummy_variants(tmp_path, monkeypatch):
     names = {"test_gate_bad": (_bad, -3e9), "test_gate_crash": (_crash, -2.5e9), "test_gate_good": (_good, -2e9)}
     for name, (run, score) in names.items():
         dispatch.register(dispatch.Variant("samu", name, run, lambda B, L, D, s=score: s,
-                                           lambda B, L, D: ("0", 0), "test dummy"))
+                                           lambda B, L, D: ("0", 0), "test dummy",
+                                           settings=lambda B, L, D: f"tile {min(L, 8)}"))
     reload()
     yield list(names)
     for name in names:
@@ -67,6 +68,9 @@ def test_failing_variant_is_recorded_and_never_dispatched_for_its_shape_class(du
     assert status["sources"] == [f"gates/{path.name}"]
     # dispatch now picks the variant that passed in this class, and none in a class never gated
     assert dispatch.choose("samu", *SHAPE, torch.float32, "cpu", "triton").name == "test_gate_good"
+    # explain names the choice and the launch settings it uses at that shape
+    text = dispatch.explain(SHAPE, "samu", torch.float32, "cpu", "triton")
+    assert "test_gate_good" in text and f"with tile {min(SHAPE[1], 8)}" in text
     with pytest.raises(ValueError, match="passed its gate"):
         dispatch.choose("samu", 1, 9000, 8, torch.float32, "cpu", "triton")
     # an explicit request still reaches the failing variant, so it can be gated again

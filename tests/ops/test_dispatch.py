@@ -36,7 +36,7 @@ def test_float64_is_torch_or_reference_only():
 def test_auto_on_cpu_is_torch_and_explain_says_why():
     choice = dispatch.choose("samu", 1, 16, 8, torch.float32, "cpu")
     assert choice.backend == "torch" and "cpu" in choice.reason
-    text = dispatch.explain("rglru", (1, 16, 8), torch.float32, "cpu")
+    text = dispatch.explain((1, 16, 8), "rglru", torch.float32, "cpu")
     assert text.startswith("rglru (1, 16, 8) float32 on cpu: torch")
 
 

@@ -163,8 +163,7 @@ def scratch(config: Config):
         n = D // H
         NPW = weight_width(n)
         NC = cdiv(L, config.K)
-        NG = cdiv(cdiv(NC, config.WC),
-                         config.steps_per_program(B, L, H * cdiv(n, channel_block(n))))
+        NG = cdiv(cdiv(NC, config.WC), config.steps_per_program(B, L, H * cdiv(n, channel_block(n))))
         words = (2 * B * NC * D                    # states (forward) and adjoint states (backward)
                  + 2 * B * NC * D                  # per-chunk maps from the group's start (one pass at a time)
                  + 2 * B * NG * D                  # per-group maps
@@ -185,7 +184,8 @@ def _register(name, config, preference, description):
     return dispatch.register(dispatch.Variant(
         op="rglru", name=name,
         run=lambda x, w_a, b_a, w_x, b_x, a_param, h0, c: run(x, w_a, b_a, w_x, b_x, a_param, h0, c, config),
-        preference=preference, scratch=lambda B, L, D: scratch(config)(B, L, D), description=description))
+        preference=preference, scratch=lambda B, L, D: scratch(config)(B, L, D), description=description,
+        settings=lambda B, L, D: f"{config}, {scratch(config)(B, L, D)[0].split(' with ')[1]}"))
 
 
 CHUNKED = Config()

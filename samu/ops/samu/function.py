@@ -187,7 +187,8 @@ def _variant(name, config_of, preference, description):
     return dispatch.register(dispatch.Variant(
         op="samu", name=name,
         run=lambda x, nu, th, u, a, h0, kappa: run(x, nu, th, u, a, h0, kappa, config_of(*x.shape)),
-        preference=preference, scratch=_scratch(config_of), description=description))
+        preference=preference, scratch=_scratch(config_of), description=description,
+        settings=lambda B, L, D: str(config_of(B, L, D))))
 
 
 _variant("triton_serial", serial_config, lambda B, L, D: 0.0 if cdiv(L, 32) <= 64 else 2.0,
