@@ -13,7 +13,6 @@ that replaces both.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from pathlib import Path
@@ -37,26 +36,34 @@ def _read(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-@functools.lru_cache(maxsize=None)
+_cache: dict = {}
+
+
 def _status() -> dict:
-    if "SAMU_GATE_STATUS" in os.environ:
-        return _read(Path(os.environ["SAMU_GATE_STATUS"]))
-    status = _read(STATUS_FILE)
-    user = _read(_user_file())
-    # the user's verdict on a (op, variant, shape class) replaces the packaged one
-    mine = {tuple(k) for k in user.get("passed", []) + user.get("blocked", [])}
-    return {kind: [k for k in status.get(kind, []) if tuple(k) not in mine] + user.get(kind, [])
-            for kind in ("passed", "blocked")}
+    """{"passed": frozenset, "blocked": frozenset} of (op, variant, shape class), read once until
+    ``reload()`` (a plain dict, not functools.lru_cache, so torch.compile traces it quietly)."""
+    if not _cache:
+        if "SAMU_GATE_STATUS" in os.environ:
+            merged = _read(Path(os.environ["SAMU_GATE_STATUS"]))
+        else:
+            status = _read(STATUS_FILE)
+            user = _read(_user_file())
+            # the user's verdict on a (op, variant, shape class) replaces the packaged one
+            mine = {tuple(k) for k in user.get("passed", []) + user.get("blocked", [])}
+            merged = {kind: [k for k in status.get(kind, []) if tuple(k) not in mine] + user.get(kind, [])
+                      for kind in ("passed", "blocked")}
+        _cache.update({kind: frozenset(tuple(k) for k in merged.get(kind, [])) for kind in ("passed", "blocked")})
+    return _cache
 
 
 def blocked() -> frozenset:
-    return frozenset(tuple(entry) for entry in _status().get("blocked", []))
+    return _status()["blocked"]
 
 
 def passed() -> frozenset:
-    return frozenset(tuple(entry) for entry in _status().get("passed", []))
+    return _status()["passed"]
 
 
 def reload() -> None:
     """Forget the cached status (after ``samu gate`` rewrote it, or SAMU_GATE_STATUS changed)."""
-    _status.cache_clear()
+    _cache.clear()

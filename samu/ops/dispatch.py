@@ -12,7 +12,6 @@ A variant named explicitly runs regardless, so it can be gated.
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass, field
 from typing import Callable
@@ -63,24 +62,29 @@ def variants(op: str) -> dict[str, Variant]:
     return dict(_VARIANTS[op])
 
 
-@functools.lru_cache(maxsize=None)
+_found: dict = {}  # plain dicts rather than functools.lru_cache: torch.compile traces them quietly
+
+
 def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    if "triton" not in _found:
+        try:
+            import triton  # noqa: F401
+            _found["triton"] = True
+        except ImportError:
+            _found["triton"] = False
+    return _found["triton"]
 
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-@functools.lru_cache(maxsize=None)
 def _load_triton() -> None:
-    if triton_available():
-        import samu.ops.rglru.function  # noqa: F401  (registers RG-LRU variants)
-        import samu.ops.samu.function  # noqa: F401  (registers SAMU variants)
+    if "variants" not in _found:
+        if triton_available():
+            import samu.ops.rglru.function  # noqa: F401  (registers RG-LRU variants)
+            import samu.ops.samu.function  # noqa: F401  (registers SAMU variants)
+        _found["variants"] = True
 
 
 def shape_class(L: int, D: int, dtype: torch.dtype) -> str:
@@ -131,8 +135,7 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
             return Choice("torch", None, "auto: float64 input, using the chunked PyTorch path")
         raise TypeError(f"backend={backend!r} supports bf16, fp16 and fp32 inputs, not float64")
     if backend in named:
-        return Choice("triton", named[backend], f"variant {backend!r} requested, with "
-                                                f"{named[backend].settings(B, L, D)}")
+        return Choice("triton", named[backend], f"variant {backend!r} requested")
     ranked = []
     for v in named.values():
         score = v.preference(B, L, D)
@@ -150,8 +153,7 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
     score, name, v = min(ranked, key=lambda r: (r[0], r[1]))
     others = ", ".join(n for _, n, _ in sorted(ranked, key=lambda r: (r[0], r[1]))[1:]) or "none"
     return Choice("triton", v, f"{backend}: {name} ranks first for (B={B}, L={L}, D={D}) "
-                               f"in {shape_class(L, D, dtype)} with {v.settings(B, L, D)}; "
-                               f"gated alternatives: {others}")
+                               f"in {shape_class(L, D, dtype)}; gated alternatives: {others}")
 
 
 def explain(shape, op: str = "samu", dtype: torch.dtype = torch.bfloat16, device="cuda",
@@ -159,4 +161,6 @@ def explain(shape, op: str = "samu", dtype: torch.dtype = torch.bfloat16, device
     """Say which implementation ``op`` uses for ``shape`` = (B, L, D), with which launch settings, and why."""
     B, L, D = shape
     c = choose(op, B, L, D, dtype, device, backend)
-    return f"{op} {tuple(shape)} {str(dtype).replace('torch.', '')} on {torch.device(device).type}: {c.name} ({c.reason})"
+    settings = f"; launch settings: {c.variant.settings(B, L, D)}" if c.variant is not None else ""
+    return (f"{op} {tuple(shape)} {str(dtype).replace('torch.', '')} on {torch.device(device).type}: "
+            f"{c.name} ({c.reason}{settings})")

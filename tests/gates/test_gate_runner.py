@@ -70,7 +70,7 @@ def test_failing_variant_is_recorded_and_never_dispatched_for_its_shape_class(du
     assert dispatch.choose("samu", *SHAPE, torch.float32, "cpu", "triton").name == "test_gate_good"
     # explain names the choice and the launch settings it uses at that shape
     text = dispatch.explain(SHAPE, "samu", torch.float32, "cpu", "triton")
-    assert "test_gate_good" in text and f"with tile {min(SHAPE[1], 8)}" in text
+    assert "test_gate_good" in text and f"launch settings: tile {min(SHAPE[1], 8)}" in text
     with pytest.raises(ValueError, match="passed its gate"):
         dispatch.choose("samu", 1, 9000, 8, torch.float32, "cpu", "triton")
     # an explicit request still reaches the failing variant, so it can be gated again
