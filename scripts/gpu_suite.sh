@@ -48,7 +48,8 @@ main() {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 
-  stage tests 80 $PY -m pytest -m gpu -q -p no:cacheprovider
+  # the gates-marked tests run the same gates as the gate stage below (through the CLI there)
+  stage tests 80 $PY -m pytest -m "gpu and not gates" -q -p no:cacheprovider
   stage gate 240 $SAMU gate --quiet $EXTRA --shapes "${GATE_SHAPES:-gate}" --dtypes "${GATE_DTYPES:-bf16,fp16,fp32}" \
     --backends torch,variants --out "$OUT/gates.json" --results "$OUT"
   stage primary 130 $SAMU bench --quiet $EXTRA $BENCH_EXTRA --scopes fwd,fb --shapes "${PRIMARY_SHAPES:-primary}" \

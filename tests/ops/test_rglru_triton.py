@@ -48,6 +48,7 @@ CASES = [
     (2, 37, 32, 4, dict(K=16, WC=1)),
     (2, 70, 48, 4, dict(target=32, WC_dx=8)),
     (1, 1, 32, 4, dict(K=8, WC=2)),
+    (3, 1, 16, 2, dict(K=8, WC=2)),
     (1, 50, 80, 5, dict(target=20, K=8, WC=2)),
     (1, 23, 160, 2, dict(target=4)),
 ]
