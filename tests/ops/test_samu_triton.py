@@ -90,6 +90,24 @@ def test_deterministic_bits(G):
         assert torch.equal(a, b)
 
 
+def test_saves_only_what_spec_3_1_allows():
+    """Saved for backward besides x and the parameters: p, (m, phi) [B, 4, L], the boundary states
+    [B, ceil(L/K), D] fp32 and the two direction norms; nothing per token and mode."""
+    from samu.ops.samu.function import run
+
+    B, L, D, K = 2, 21, 10, 8
+    x = randn((B, L, D), 4, device=DEVICE).requires_grad_()
+    params = [p.requires_grad_() for p in samu_params(D, 5, device=DEVICE)]
+    h0 = randn((B, D), 6, device=DEVICE).requires_grad_()
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        run(x, *params, h0, 2.0, _config(K, 4, 2))
+    inputs = {t.data_ptr() for t in [x, h0, *params]}
+    extra = sorted((tuple(t.shape), t.dtype) for t in saved if t.data_ptr() not in inputs)
+    n_chunks = -(-L // K)
+    assert extra == sorted([((2,), torch.float32), ((B, 4, L), torch.float32), ((B, n_chunks, D), torch.float32)])
+
+
 def test_rtu_degeneration():
     """Zero amplitudes: the kernels compute the time-invariant RTU to fp32 rounding."""
     B, L, D = 2, 40, 12

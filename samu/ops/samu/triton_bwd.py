@@ -2,6 +2,7 @@
 
 Kernels, in launch order:
   _adjoint_summary_kernel  per chunk: the map of delta_t = conj(lambda_{t+1}) delta_{t+1} + g_t over it
+                           (and the chunk's trig planes)
   _compose_kernel x2       (triton_fwd.prefix, reverse) group-local and outer prefixes of those maps:
                            the adjoint entering every chunk from its right
   _main_kernel             persistent; per (chunk, mode tile): delta walked right to left into a
@@ -11,7 +12,8 @@ Kernels, in launch order:
   _dx_kernel               delta again; dx = gamma delta + dp . u_hat and the direction-gradient partials
   _reduce_kernel           fixed-order sums over all partial rows -> parameter gradients
 Extra layouts (fp32): rsum, rck [B, nC, 2, D], right [B, nG, D] mirror csum, ck, start;
-slots [n_slots, K, D_tile]; part [B, 2, n_tiles, L]; dp [B, 2, L];
+slots [n_slots, K, D_tile]; part [B, 2, n_tiles, L]; dp [B, 2, L]; trig [B, 2, L] (cos phi, sin phi,
+rebuilt from the saved phi by the adjoint summaries);
 rows [B * nC, 3 D] = (w dL/dw | dL/dpsi | du_0 | du_1) partials; dA_rows [*, 4].
 """
 
@@ -27,11 +29,11 @@ from samu.ops.triton_utils import cdiv, tanh
 
 
 @triton.jit
-def _adjoint_step(p_g, p_m, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl):
+def _adjoint_step(p_g, p_m, p_c, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl, FROM_PHI: tl.constexpr):
     """conj(lambda_{t+1}) (identity from L on) and g_t (0 past L), from pointers to the dy row of
-    token t and the batch row's m plane."""
+    token t and the batch row's m (ctl) and cos (trig) planes."""
     nxt = t + 1 < L
-    m, cphi, sphi = _controls(p_m, t + 1, L, nxt)
+    m, cphi, sphi = _controls(p_m, p_c, t + 1, L, nxt, FROM_PHI)
     _, _, b_lr, b_li = _transition(m, cphi, sphi, b_rate, b_ch, b_cl, b_sh, b_sl)
     b_ar = tl.where(nxt, b_lr, 1.0)
     b_ai = tl.where(nxt, -b_li, 0.0)
@@ -40,22 +42,32 @@ def _adjoint_step(p_g, p_m, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl):
 
 
 @triton.jit
-def _adjoint_summary_kernel(dy, ctl, nu, theta_log, rsum, L, D, N, n_chunks, K: tl.constexpr, BN: tl.constexpr,
+def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, L, D, N, n_chunks, K: tl.constexpr, BN: tl.constexpr,
                             U: tl.constexpr):
-    """Map (Q, F) from the adjoint entering chunk i_c from its right to the adjoint at its first token."""
+    """Map (Q, F) from the adjoint entering chunk i_c from its right to the adjoint at its first token.
+
+    The forward's trig planes are not saved (SPEC §3.1): this walk evaluates cos and sin of phi
+    itself, and the first mode tile's program rebuilds trig for its chunk for the later kernels."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
     b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
-    t = i_c * K + K - 1
     p_m = ctl + i_b.to(tl.int64) * CTL * L + 2 * L
+    if i_j == 0:
+        i_t = i_c * K + tl.arange(0, K)
+        mask_t = i_t < L
+        b_phi = tl.load(p_m + L + i_t, mask=mask_t, other=0.0)
+        p_trig = trig + i_b.to(tl.int64) * 2 * L + i_t
+        tl.store(p_trig, tl.cos(b_phi), mask=mask_t)
+        tl.store(p_trig + L, tl.sin(b_phi), mask=mask_t)
+    t = i_c * K + K - 1
     p_g = dy + (i_b.to(tl.int64) * L + t) * D + i_n
     b_qr = tl.full([BN], 1.0, dtype=tl.float32)
     b_qi = tl.zeros([BN], dtype=tl.float32)
     b_fr = tl.zeros([BN], dtype=tl.float32)
     b_fi = tl.zeros([BN], dtype=tl.float32)
     for _ in tl.range(K, loop_unroll_factor=U):
-        b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_m, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl)
+        b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_m, p_m, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl, True)
         b_fr, b_fi = _cfma(b_ar, b_ai, b_fr, b_fi, b_gr, b_gi)
         b_qr, b_qi = b_ar * b_qr - b_ai * b_qi, b_ar * b_qi + b_ai * b_qr
         t -= 1
@@ -65,7 +77,7 @@ def _adjoint_summary_kernel(dy, ctl, nu, theta_log, rsum, L, D, N, n_chunks, K: 
 
 
 @triton.jit
-def _main_kernel(x, dy, ctl, nu, theta_log, bound, rck, right, slots, part, rows, dh0,
+def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part, rows, dh0,
                  L, D, N, n_chunks, n_groups, n_tiles, n_items,
                  K: tl.constexpr, BN: tl.constexpr, U: tl.constexpr, G, HAS_H0: tl.constexpr):
     """Per (chunk, mode tile): the transition and scale cotangents, reduced over modes and over tokens."""
@@ -79,13 +91,15 @@ def _main_kernel(x, dy, ctl, nu, theta_log, bound, rck, right, slots, part, rows
         mask_n = i_n < N
         b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
         p_m = ctl + i_b.to(tl.int64) * CTL * L + 2 * L
+        p_c = trig + i_b.to(tl.int64) * 2 * L
         # delta, right to left, kept in this program's slot (it stays in cache)
         b_dr, b_di = _entering(rck, right, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G)
         t = i_c * K + K - 1
         p_g = dy + (i_b.to(tl.int64) * L + t) * D + i_n
         p_slot = p_slot0 + (K - 1) * 2 * BN
         for _ in tl.range(K, loop_unroll_factor=U):
-            b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_m, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl)
+            b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_m, p_c, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl,
+                                                   False)
             b_dr, b_di = _cfma(b_ar, b_ai, b_dr, b_di, b_gr, b_gi)
             tl.store(p_slot, b_dr)
             tl.store(p_slot + BN, b_di)
@@ -106,7 +120,7 @@ def _main_kernel(x, dy, ctl, nu, theta_log, bound, rck, right, slots, part, rows
             ok = _both(mask_n, valid)
             b_dr = tl.load(p_slot)
             b_di = tl.load(p_slot + BN)
-            b_w, b_rho, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, t, L, N, mask_n, valid,
+            b_w, b_rho, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, p_c, t, L, N, mask_n, valid,
                                                                   b_rate, b_ch, b_cl, b_sh, b_sl)
             # v = conj(G_lambda) = conj(delta) h_{t-1}; dL/dpsi = -Im(v lambda), w rho dL/drho = w Re(v lambda)
             b_vr = b_dr * b_hr + b_di * b_hi
@@ -171,7 +185,7 @@ def _controller_kernel(ctl, amplitudes, part, dp, dA_rows, L, n_tiles, kappa, BT
 
 
 @triton.jit
-def _dx_kernel(x, dy, ctl, nu, theta_log, directions, rnorm, rck, right, dp, dx, rows,
+def _dx_kernel(x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, dp, dx, rows,
                L, D, N, n_chunks, n_groups, K: tl.constexpr, BN: tl.constexpr, U: tl.constexpr, G):
     """dx = gamma delta + sum_j dp_j u_hat_j, and partials of sum_t dp_j (x_t - p_j u_hat_j)."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -189,6 +203,7 @@ def _dx_kernel(x, dy, ctl, nu, theta_log, directions, rnorm, rck, right, dp, dx,
     b_dr, b_di = _entering(rck, right, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G)
     t = i_c * K + K - 1
     p_p = ctl + i_b.to(tl.int64) * CTL * L
+    p_c = trig + i_b.to(tl.int64) * 2 * L
     p_dp = dp + i_b.to(tl.int64) * 2 * L
     row = (i_b.to(tl.int64) * L + t) * D + i_n
     p_g = dy + row
@@ -198,7 +213,8 @@ def _dx_kernel(x, dy, ctl, nu, theta_log, directions, rnorm, rck, right, dp, dx,
         valid = t < L
         ok = _both(mask_n, valid)
         tc = _clamp(t, L)
-        b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_p + 2 * L, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl)
+        b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_p + 2 * L, p_c, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh,
+                                               b_sl, False)
         b_dr, b_di = _cfma(b_ar, b_ai, b_dr, b_di, b_gr, b_gi)
         b_g = _gamma(tl.load(p_p + 2 * L + tc) * b_rate)
         dp0 = tl.where(valid, tl.load(p_dp + tc), 0.0)
@@ -273,9 +289,9 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     n_tiles = cdiv(N, BN)
     f32 = dict(device=x.device, dtype=torch.float32)
     rsum = empty(B, n_chunks, 2, D, **f32)
-    _adjoint_summary_kernel[(n_chunks, n_tiles, B)](dy, ctl, nu, theta_log, rsum, L, D, N, n_chunks, K=K, BN=BN,
-                                                    U=unroll,
-                                                    num_warps=num_warps)
+    trig = empty(B, 2, L, **f32)  # cos phi, sin phi, rebuilt by the adjoint summaries
+    _adjoint_summary_kernel[(n_chunks, n_tiles, B)](dy, ctl, trig, nu, theta_log, rsum, L, D, N, n_chunks, K=K,
+                                                    BN=BN, U=unroll, num_warps=num_warps)
     # the final-state cotangent is the adjoint entering from the right end (tokens past L are identity)
     rck, right = prefix(rsum, dfinal, G=G, BN=BN, reverse=True, empty=empty)
     rck = rck if G > 1 else right
@@ -286,7 +302,7 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     n_items = B * n_chunks * n_tiles
     n_slots = _slots(x.device, n_items, slots_per_sm)
     slots = torch.empty(n_slots, K, 2 * BN, **f32)
-    _main_kernel[(n_slots,)](x, dy, ctl, nu, theta_log, bound, rck, right, slots, part, rows,
+    _main_kernel[(n_slots,)](x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part, rows,
                              dh0 if has_h0 else rows, L, D, N, n_chunks, n_groups, n_tiles, n_items,
                              K=K, BN=BN, U=unroll, G=G, HAS_H0=has_h0, num_warps=num_warps)
     BT = 128
@@ -296,12 +312,12 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     _controller_kernel[(n_tb, B)](ctl, amplitudes, part, dp, dA_rows, L, n_tiles, float(radial_bound), BT=BT,
                                   num_warps=4)
     dx = empty(B, L, D, device=x.device, dtype=x.dtype)
-    _dx_kernel[(n_chunks, n_tiles, B)](x, dy, ctl, nu, theta_log, directions, rnorm, rck, right, dp, dx,
+    _dx_kernel[(n_chunks, n_tiles, B)](x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, dp, dx,
                                        rows, L, D, N, n_chunks, n_groups, K=K, BN=BN, U=unroll, G=G,
                                        num_warps=num_warps)
     out = empty(3 * D, **f32)
     dA = empty(4, **f32)
     BC = 128
     _reduce_kernel[(cdiv(3 * D, BC) + 1,)](rows, dA_rows, theta_log, rnorm, out, dA, B * n_chunks,
-                                                  B * n_tb, D, N, BR=16, BC=BC, num_warps=4)
+                                           B * n_tb, D, N, BR=16, BC=BC, num_warps=4)
     return dx, out[:N], out[N:D], out[D:].view(2, D), dA.view(2, 2), dh0

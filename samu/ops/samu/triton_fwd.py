@@ -6,7 +6,8 @@ controls (m, cos phi, sin phi) are scalar loads shared by all modes.
 
 Layouts (fp32 unless noted; complex quantities in fused coordinates, real parts then imaginary):
   x, y      [B, L, D]       input dtype
-  ctl       [B, 6, L]       p0, p1, m, phi, cos phi, sin phi per token (planar)
+  ctl       [B, 4, L]       p0, p1, m, phi per token (planar; saved for backward, SPEC §3.1)
+  trig      [B, 2, L]       cos phi, sin phi per token (transient: the backward rebuilds it)
   rnorm     [2]             1 / ||u_j||
   csum      [B, nC, 2, D]   per chunk: (prod lambda, state reached from zero)
   ck        [B, nC, 2, D]   per chunk: the same composed over the group's chunks before it
@@ -24,7 +25,7 @@ import triton.language as tl
 
 from samu.ops.triton_utils import cast_to, cdiv, next_power_of_2, one_minus_exp_neg, tanh
 
-CTL = tl.constexpr(6)  # planes of ctl: p0, p1, m, phi, cos phi, sin phi
+CTL = tl.constexpr(4)  # planes of ctl: p0, p1, m, phi
 
 
 @triton.jit
@@ -66,13 +67,19 @@ def _both(mask_n, valid):
 
 
 @triton.jit
-def _controls(p_m, t, L, valid):
-    """m, cos phi, sin phi of token t, from a pointer to the batch row's m plane of ctl
-    (m = 0, phi = 0 where not valid)."""
+def _controls(p_m, p_c, t, L, valid, FROM_PHI: tl.constexpr):
+    """m, cos phi, sin phi of token t, from pointers to the batch row's m plane of ctl and cos plane
+    of trig (m = 0, phi = 0 where not valid). FROM_PHI evaluates cos and sin of the saved phi instead
+    of reading trig: the controller's functions on the same fp32 phi, so the same values."""
     tc = _clamp(t, L)
     m = tl.where(valid, tl.load(p_m + tc), 0.0)
-    c = tl.where(valid, tl.load(p_m + 2 * L + tc), 1.0)
-    s = tl.where(valid, tl.load(p_m + 3 * L + tc), 0.0)
+    if FROM_PHI:
+        phi = tl.where(valid, tl.load(p_m + L + tc), 0.0)
+        c = tl.cos(phi)
+        s = tl.sin(phi)
+    else:
+        c = tl.where(valid, tl.load(p_c + tc), 1.0)
+        s = tl.where(valid, tl.load(p_c + L + tc), 0.0)
     return m, c, s
 
 
@@ -117,10 +124,10 @@ def _store_quad(ptr, off, N, D, b_ar, b_ai, b_br, b_bi, mask):
 
 
 @triton.jit
-def _input_step(p_x, p_m, t, L, N, mask_n, valid, b_rate, b_ch, b_cl, b_sh, b_sl):
-    """Transition and input of token t, [BN] each, from a pointer to its x row and the row's m plane;
-    identity (lambda = 1, input 0) where not valid (past L)."""
-    m, cphi, sphi = _controls(p_m, t, L, valid)
+def _input_step(p_x, p_m, p_c, t, L, N, mask_n, valid, b_rate, b_ch, b_cl, b_sh, b_sl):
+    """Transition and input of token t, [BN] each, from pointers to its x row and the row's m (ctl)
+    and cos (trig) planes; identity (lambda = 1, input 0) where not valid (past L)."""
+    m, cphi, sphi = _controls(p_m, p_c, t, L, valid, False)
     b_w, b_rho, b_lr, b_li = _transition(m, cphi, sphi, b_rate, b_ch, b_cl, b_sh, b_sl)
     b_lr = tl.where(valid, b_lr, 1.0)
     b_li = tl.where(valid, b_li, 0.0)
@@ -130,7 +137,7 @@ def _input_step(p_x, p_m, t, L, N, mask_n, valid, b_rate, b_ch, b_cl, b_sh, b_sl
 
 
 @triton.jit
-def _controller_kernel(x, directions, amplitudes, ctl, rnorm, L, D, kappa,
+def _controller_kernel(x, directions, amplitudes, ctl, trig, rnorm, L, D, kappa,
                        BT: tl.constexpr, BD: tl.constexpr):
     """p = <u_j / ||u_j||, x_t>, c = A p, m = exp(k tanh(c0 / k)), phi = c1 for BT tokens."""
     i_tb, i_b = tl.program_id(0), tl.program_id(1)
@@ -164,15 +171,16 @@ def _controller_kernel(x, directions, amplitudes, ctl, rnorm, L, D, kappa,
     tl.store(p_ctl + L, b_p1, mask=mask_t)
     tl.store(p_ctl + 2 * L, b_m, mask=mask_t)
     tl.store(p_ctl + 3 * L, b_c1, mask=mask_t)
-    tl.store(p_ctl + 4 * L, tl.cos(b_c1), mask=mask_t)
-    tl.store(p_ctl + 5 * L, tl.sin(b_c1), mask=mask_t)
+    p_trig = trig + i_b.to(tl.int64) * 2 * L + i_t
+    tl.store(p_trig, tl.cos(b_c1), mask=mask_t)
+    tl.store(p_trig + L, tl.sin(b_c1), mask=mask_t)
     if (i_tb == 0) & (i_b == 0):
         tl.store(rnorm, b_r0)
         tl.store(rnorm + 1, b_r1)
 
 
 @triton.jit
-def _summary_kernel(x, ctl, nu, theta_log, csum, L, D, N, n_chunks, K: tl.constexpr, BN: tl.constexpr,
+def _summary_kernel(x, ctl, trig, nu, theta_log, csum, L, D, N, n_chunks, K: tl.constexpr, BN: tl.constexpr,
                     U: tl.constexpr):
     """(prod lambda, state reached from zero) of one chunk, for one mode tile."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -181,13 +189,14 @@ def _summary_kernel(x, ctl, nu, theta_log, csum, L, D, N, n_chunks, K: tl.conste
     b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
     t = i_c * K
     p_m = ctl + i_b.to(tl.int64) * CTL * L + 2 * L
+    p_c = trig + i_b.to(tl.int64) * 2 * L
     p_x = x + (i_b.to(tl.int64) * L + t) * D + i_n
     b_pr = tl.full([BN], 1.0, dtype=tl.float32)
     b_pi = tl.zeros([BN], dtype=tl.float32)
     b_er = tl.zeros([BN], dtype=tl.float32)
     b_ei = tl.zeros([BN], dtype=tl.float32)
     for _ in tl.range(K, loop_unroll_factor=U):
-        _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, t, L, N, mask_n, t < L,
+        _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, p_c, t, L, N, mask_n, t < L,
                                                         b_rate, b_ch, b_cl, b_sh, b_sl)
         b_er, b_ei = _cfma(b_lr, b_li, b_er, b_ei, b_g * b_zr, b_g * b_zi)
         b_pr, b_pi = _cmul(b_lr, b_li, b_pr, b_pi)
@@ -274,7 +283,7 @@ def _entering(ck, start, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G):
 
 
 @triton.jit
-def _replay_kernel(x, ctl, nu, theta_log, ck, start, y, bound, final, L, D, N, n_chunks, n_groups,
+def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, L, D, N, n_chunks, n_groups,
                    K: tl.constexpr, BN: tl.constexpr, U: tl.constexpr, G, HAS_FINAL: tl.constexpr):
     """Rerun each chunk from its entering state and write y (and the final state)."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -287,12 +296,13 @@ def _replay_kernel(x, ctl, nu, theta_log, ck, start, y, bound, final, L, D, N, n
     tl.store(bound + off + N, b_hi, mask=mask_n)
     t = i_c * K
     p_m = ctl + i_b.to(tl.int64) * CTL * L + 2 * L
+    p_c = trig + i_b.to(tl.int64) * 2 * L
     row = (i_b.to(tl.int64) * L + t) * D + i_n
     p_x = x + row
     p_y = y + row
     for _ in tl.range(K, loop_unroll_factor=U):
         valid = t < L
-        _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, t, L, N, mask_n, valid,
+        _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, p_c, t, L, N, mask_n, valid,
                                                         b_rate, b_ch, b_cl, b_sh, b_sl)
         b_hr, b_hi = _cfma(b_lr, b_li, b_hr, b_hi, b_g * b_zr, b_g * b_zi)
         _store_pair(p_y, 0, N, b_hr, b_hi, _both(mask_n, valid))
@@ -307,7 +317,7 @@ def _replay_kernel(x, ctl, nu, theta_log, ck, start, y, bound, final, L, D, N, n
 def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *, K, BN, G,
         num_warps=1, unroll=1, want_final=True, empty=torch.empty):
     """Forward pass. Returns y [B, L, D] (x.dtype), final [B, D] fp32 (or None), and the saved
-    tensors for backward: ctl [B, 6, L], rnorm [2], bound [B, nC, D].
+    tensors for backward: ctl [B, 4, L], rnorm [2], bound [B, nC, D] (SPEC §3.1's list).
 
     ``empty`` allocates every output (tests pass one that fills NaN, so unwritten elements show).
     """
@@ -317,19 +327,20 @@ def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *
     n_tiles = cdiv(N, BN)
     f32 = dict(device=x.device, dtype=torch.float32)
     ctl = empty(B, CTL.value, L, **f32)
+    trig = empty(B, 2, L, **f32)
     rnorm = empty(2, **f32)
     BT = 16
-    _controller_kernel[(cdiv(L, BT), B)](x, directions, amplitudes, ctl, rnorm, L, D, float(radial_bound),
-                                                BT=BT, BD=min(256, next_power_of_2(D)), num_warps=4)
+    _controller_kernel[(cdiv(L, BT), B)](x, directions, amplitudes, ctl, trig, rnorm, L, D, float(radial_bound),
+                                         BT=BT, BD=min(256, next_power_of_2(D)), num_warps=4)
     csum = empty(B, n_chunks, 2, D, **f32)
-    _summary_kernel[(n_chunks, n_tiles, B)](x, ctl, nu, theta_log, csum, L, D, N, n_chunks, K=K, BN=BN, U=unroll,
-                                            num_warps=num_warps)
+    _summary_kernel[(n_chunks, n_tiles, B)](x, ctl, trig, nu, theta_log, csum, L, D, N, n_chunks, K=K, BN=BN,
+                                            U=unroll, num_warps=num_warps)
     ck, start = prefix(csum, initial_state, G=G, BN=BN, empty=empty)
     n_groups = start.shape[1]
     y = empty(B, L, D, device=x.device, dtype=x.dtype)
     bound = empty(B, n_chunks, D, **f32)
     final = empty(B, D, **f32) if want_final else None
-    _replay_kernel[(n_chunks, n_tiles, B)](x, ctl, nu, theta_log, ck if G > 1 else start, start, y, bound,
+    _replay_kernel[(n_chunks, n_tiles, B)](x, ctl, trig, nu, theta_log, ck if G > 1 else start, start, y, bound,
                                            final if want_final else bound, L, D, N, n_chunks, n_groups,
                                            K=K, BN=BN, U=unroll, G=G, HAS_FINAL=want_final, num_warps=num_warps)
     return y, final, ctl, rnorm, bound
