@@ -18,7 +18,7 @@ from tqdm import tqdm
 from samu import reference
 from samu.bench.records import end_unit, environment, load_records, new_record, write_record
 from samu.gates import reload, status_path
-from samu.gates.inputs import PARAMS, RGLRU_C, derive_seed, make_inputs
+from samu.gates.inputs import PARAMS, RGLRU_C, derive_seed, make_inputs, rglru_heads
 from samu.gates.rules import LOW_PRECISION, load_rules, rel_error
 from samu.ops import dispatch
 from samu.ops.functional import rglru_mixer, samu_mixer
@@ -74,8 +74,8 @@ def judge(op: str, dtype: torch.dtype, out: dict, ref: dict, serial_err: dict, r
             "pass": all(passed.values())}
 
 
-def resolve_backends(op: str, requested: list[str], shape, dtype, device) -> tuple[list, list]:
-    """[(backend, variant name)] to gate and [(backend, reason)] that cannot run here.
+def resolve_backends(op: str, requested: list[str], shape, dtype, device, heads: int = 16) -> tuple[list, list]:
+    """[(backend, Variant or None)] to gate and [(backend, reason)] that cannot run here.
 
     ``variants`` expands to every registered Triton variant of ``op``; ``triton`` is the one
     dispatch picks; anything else is a backend name or a variant name.
@@ -90,11 +90,11 @@ def resolve_backends(op: str, requested: list[str], shape, dtype, device) -> tup
             skipped.append((name, f"backend {name!r} is not gated (auto resolves per shape; reference is the ground truth)"))
             continue
         try:
-            choice = dispatch.choose(op, *shape, dtype, device, name)
+            choice = dispatch.choose(op, *shape, dtype, device, name, heads)
         except (ValueError, TypeError) as err:
             skipped.append((name, str(err)))
             continue
-        runnable.append((name, choice.name))
+        runnable.append((name, choice.variant))
     if "variants" in requested and not dispatch.variants(op):
         skipped.append(("variants", f"no Triton variants of {op} are registered"))
     return runnable, skipped
@@ -119,7 +119,8 @@ def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bo
                 record["skipped"].append(entry)
             continue
         dname = str(dtype).replace("torch.", "")
-        runnable, skipped = resolve_backends(op, backends, shape, dtype, device)
+        heads = rglru_heads(D, int(rules.inputs["rglru_heads"])) if op == "rglru" else 1
+        runnable, skipped = resolve_backends(op, backends, shape, dtype, device, heads)
         for name, reason in skipped:
             entry = {"op": op, "backend": name, "reason": reason}
             if entry not in record["skipped"]:
@@ -150,9 +151,10 @@ def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bo
                      "rounded_float64": {q: _finite(v) for q, v in rounded_err.items()}}
         for name, variant in runnable:
             bar.set_postfix_str(f"{op} {B}x{L}x{D} {dname} {name}")
-            row = {"op": op, "backend": name, "variant": variant, "shape": list(shape),
-                   "shape_class": dispatch.shape_class(L, D, dtype), "dtype": dname, "seed": s,
-                   "baselines": baselines}
+            cls = (dispatch.gate_class(variant, B, L, D, heads, dtype) if variant is not None
+                   else dispatch.shape_class(L, D, dtype))
+            row = {"op": op, "backend": name, "variant": variant.name if variant is not None else name,
+                   "shape": list(shape), "shape_class": cls, "dtype": dname, "seed": s, "baselines": baselines}
             start = time.perf_counter()
             try:
                 row.update(judge(op, dtype, evaluate(op, inputs, backend=name), ref, serial_err, rounded_err, rules))

@@ -36,6 +36,9 @@ class Variant:
     description: str = ""
     # settings(B, L, D) -> the launch settings (tile sizes, groups) this variant uses at that shape
     settings: Callable[[int, int, int], str] = field(compare=False, repr=False, default=lambda B, L, D: "")
+    # numerics(B, L, D, H) -> the settings that fix its parenthesisation there (part of the gate class)
+    numerics: Callable[[int, int, int, int], str] = field(compare=False, repr=False,
+                                                          default=lambda B, L, D, H: "")
 
 
 @dataclass(frozen=True)
@@ -87,17 +90,24 @@ def _load_triton() -> None:
         _found["variants"] = True
 
 
-def shape_class(L: int, D: int, dtype: torch.dtype) -> str:
-    """The unit a gate record speaks for: dtype, a length bucket and a width bucket."""
+def shape_class(L: int, D: int, dtype: torch.dtype, numerics: str = "") -> str:
+    """The unit a gate record speaks for: dtype, a length bucket, a width bucket and, for a Triton
+    variant, the settings that fix its parenthesisation at that shape (SPEC §6: numerics are part of
+    the variant, so a gate passed with other settings does not speak for these)."""
     length = "L<=8192" if L <= 8192 else "L<=32768" if L <= 32768 else "L>32768"
     width = "D<=1024" if D <= 1024 else "D>1024"
-    return f"{str(dtype).replace('torch.', '')}|{length}|{width}"
+    return f"{str(dtype).replace('torch.', '')}|{length}|{width}" + (f"|{numerics}" if numerics else "")
 
 
-def _gated(op: str, variant: str, L: int, D: int, dtype: torch.dtype) -> bool:
+def gate_class(variant: Variant, B: int, L: int, D: int, H: int, dtype: torch.dtype) -> str:
+    """The shape class of ``variant`` at (B, L, D) with H heads (H matters to RG-LRU only)."""
+    return shape_class(L, D, dtype, variant.numerics(B, L, D, H))
+
+
+def _gated(op: str, variant: Variant, B: int, L: int, D: int, H: int, dtype: torch.dtype) -> bool:
     from samu.gates import blocked, passed
 
-    key = (op, variant, shape_class(L, D, dtype))
+    key = (op, variant.name, gate_class(variant, B, L, D, H, dtype))
     return key in passed() and key not in blocked()
 
 
@@ -110,8 +120,10 @@ def _triton_usable(device: torch.device) -> "str | None":
     return None
 
 
-def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend: str = "auto") -> Choice:
-    """Resolve ``backend`` for one call; raises ValueError for an unknown or unusable backend."""
+def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend: str = "auto",
+           heads: int = 16) -> Choice:
+    """Resolve ``backend`` for one call; raises ValueError for an unknown or unusable backend.
+    ``heads``: RG-LRU's head count (its head dim is part of the gate class)."""
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     device = torch.device(device)
@@ -141,7 +153,7 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
         score = v.preference(B, L, D)
         if score is None:
             continue
-        if not _gated(op, v.name, L, D, dtype):
+        if not _gated(op, v, B, L, D, heads, dtype):
             continue
         ranked.append((score, v.name, v))
     if not ranked:
@@ -153,14 +165,14 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
     score, name, v = min(ranked, key=lambda r: (r[0], r[1]))
     others = ", ".join(n for _, n, _ in sorted(ranked, key=lambda r: (r[0], r[1]))[1:]) or "none"
     return Choice("triton", v, f"{backend}: {name} ranks first for (B={B}, L={L}, D={D}) "
-                               f"in {shape_class(L, D, dtype)}; gated alternatives: {others}")
+                               f"in {gate_class(v, B, L, D, heads, dtype)}; gated alternatives: {others}")
 
 
 def explain(shape, op: str = "samu", dtype: torch.dtype = torch.bfloat16, device="cuda",
-            backend: str = "auto") -> str:
+            backend: str = "auto", heads: int = 16) -> str:
     """Say which implementation ``op`` uses for ``shape`` = (B, L, D), with which launch settings, and why."""
     B, L, D = shape
-    c = choose(op, B, L, D, dtype, device, backend)
+    c = choose(op, B, L, D, dtype, device, backend, heads)
     settings = f"; launch settings: {c.variant.settings(B, L, D)}" if c.variant is not None else ""
     return (f"{op} {tuple(shape)} {str(dtype).replace('torch.', '')} on {torch.device(device).type}: "
             f"{c.name} ({c.reason}{settings})")

@@ -73,7 +73,7 @@ def rglru_mixer(x, w_a, b_a, w_x, b_x, a_param, *, initial_state=None, output_fi
     """
     check_rglru_inputs(x, w_a, b_a, w_x, b_x, a_param, initial_state, c)
     B, L, D = x.shape
-    choice = dispatch.choose("rglru", B, L, D, x.dtype, x.device, backend)
+    choice = dispatch.choose("rglru", B, L, D, x.dtype, x.device, backend, heads=w_a.shape[0])
     if choice.backend == "reference":
         y = reference.rglru_serial(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, torch.float64)
         h = y[:, -1]

@@ -160,3 +160,27 @@ def test_user_status_overlays_the_packaged_one(tmp_path, monkeypatch):
     finally:
         packaged.parent.chmod(0o700)
         reload()
+
+
+def test_a_gate_speaks_only_for_the_numerics_it_ran_with(tmp_path, monkeypatch):
+    """A variant whose group size follows L: passing at L = 33 does not clear L = 70, although both
+    lengths fall in one length bucket, because the group size (its parenthesisation) differs."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("SAMU_GATE_STATUS", str(tmp_path / "status.json"))
+    dispatch.variants("samu")
+    variant = dispatch.register(dispatch.Variant(
+        "samu", "test_gate_groups", _good, lambda B, L, D: -4e9, lambda B, L, D: ("0", 0), "test dummy",
+        numerics=lambda B, L, D, H: f"G={1 + L // 64}"))
+    reload()
+    try:
+        record = run_gates(["samu"], [SHAPE], [torch.float32], ["test_gate_groups"], "cpu", progress=False)
+        (row,) = record["rows"]
+        assert row["pass"] and row["shape_class"] == dispatch.shape_class(33, 8, torch.float32, "G=1")
+        write_record(record, tmp_path / "results" / "gates")
+        update_status(tmp_path / "results")
+        assert dispatch.choose("samu", 1, 40, 8, torch.float32, "cpu", "triton").variant is variant
+        with pytest.raises(ValueError, match="passed its gate"):
+            dispatch.choose("samu", 1, 70, 8, torch.float32, "cpu", "triton")
+    finally:
+        dispatch._VARIANTS["samu"].pop("test_gate_groups", None)
+        reload()

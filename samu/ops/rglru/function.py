@@ -185,7 +185,9 @@ def _register(name, config, preference, description):
         op="rglru", name=name,
         run=lambda x, w_a, b_a, w_x, b_x, a_param, h0, c: run(x, w_a, b_a, w_x, b_x, a_param, h0, c, config),
         preference=preference, scratch=lambda B, L, D: scratch(config)(B, L, D), description=description,
-        settings=lambda B, L, D: f"{config}, {scratch(config)(B, L, D)[0].split(' with ')[1]}"))
+        settings=lambda B, L, D: f"{config}, {scratch(config)(B, L, D)[0].split(' with ')[1]}",
+        # chunk length, chunks per step and the head dim (tile shapes, weight parts) fix the numerics
+        numerics=lambda B, L, D, H: f"K={config.K},WC={config.WC},n={D // H}"))
 
 
 CHUNKED = Config()

@@ -188,7 +188,12 @@ def _variant(name, config_of, preference, description):
         op="samu", name=name,
         run=lambda x, nu, th, u, a, h0, kappa: run(x, nu, th, u, a, h0, kappa, config_of(*x.shape)),
         preference=preference, scratch=_scratch(config_of), description=description,
-        settings=lambda B, L, D: str(config_of(B, L, D))))
+        settings=lambda B, L, D: str(config_of(B, L, D)), numerics=lambda B, L, D, H: _numerics(config_of(B, L, D))))
+
+
+def _numerics(c: Config) -> str:
+    # chunk length, mode tile and group size fix the parenthesisation; warps, slots and unroll do not
+    return f"K={c.K},BN={c.BN},G={c.G}"
 
 
 _variant("triton_serial", serial_config, lambda B, L, D: 0.0 if cdiv(L, 32) <= 64 else 2.0,
