@@ -28,8 +28,10 @@ def rglru_fla(x, w_a, b_a, w_x, b_x, a_param):
 
 
 def rglru_ascan(x, w_a, b_a, w_x, b_x, a_param):
-    """RG-LRU: PyTorch gate ops + accelerated-scan ``scalar.scan`` (layout [B, D, L])."""
-    from accelerated_scan.scalar import scan
+    """RG-LRU: PyTorch gate ops + accelerated-scan's real (scalar) scan, ``accelerated_scan.triton.scan``
+    (layout [B, D, L]; its CUDA twin ``accelerated_scan.warp`` compiles with nvcc at import and needs
+    power-of-two lengths, so the Triton one is the peer)."""
+    from accelerated_scan.triton import scan
 
     a, b = rglru_gates(x.float(), w_a, b_a, w_x, b_x, a_param, RGLRU_C)
     h = scan(a.transpose(1, 2).contiguous(), b.transpose(1, 2).contiguous())
@@ -52,7 +54,7 @@ def samu_ascan(x, nu, theta_log, directions, amplitudes):
 # name -> (op, function, module it needs, package that provides it)
 PEERS = {
     "fla-chunk_hgrn": ("rglru", rglru_fla, "fla.ops.hgrn", "flash-linear-attention"),
-    "ascan-scalar": ("rglru", rglru_ascan, "accelerated_scan.scalar", "accelerated-scan"),
+    "ascan-scalar": ("rglru", rglru_ascan, "accelerated_scan.triton", "accelerated-scan"),
     "ascan-complex": ("samu", samu_ascan, "accelerated_scan.complex", "accelerated-scan"),
 }
 

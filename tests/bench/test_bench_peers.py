@@ -1,0 +1,68 @@
+"""The peer builds against the reference: each third-party scan is replaced by a serial scan with the
+same calling convention, so what is checked is our side of the contract (gates, layouts, the log-decay
+convention, complex packing), on CPU, without the third-party packages."""
+
+import sys
+import types
+
+import pytest
+import torch
+
+from samu import reference
+from samu.bench import peers
+from tests.helpers import randn, rel_err, rglru_params, samu_params
+
+
+def _serial(a, b):
+    """h_t = a_t h_{t-1} + b_t along the last axis."""
+    h, out = torch.zeros_like(b[..., 0]), []
+    for t in range(b.shape[-1]):
+        h = a[..., t] * h + b[..., t]
+        out.append(h)
+    return torch.stack(out, dim=-1)
+
+
+def _chunk_hgrn(x, g, initial_state=None, output_final_state=False):
+    # flash-linear-attention's convention: [B, T, D], h_t = exp(g_t) h_{t-1} + x_t
+    h = _serial(g.exp().transpose(1, 2), x.transpose(1, 2)).transpose(1, 2)
+    return h, (h[:, -1] if output_final_state else None)
+
+
+def _scan_bct(gates, tokens):
+    # accelerated-scan's convention: [B, C, T], contiguous
+    assert gates.is_contiguous() and tokens.is_contiguous() and gates.shape == tokens.shape
+    return _serial(gates, tokens)
+
+
+@pytest.fixture
+def fake_peers(monkeypatch):
+    modules = {"fla": types.ModuleType("fla"), "fla.ops": types.ModuleType("fla.ops"),
+               "fla.ops.hgrn": types.ModuleType("fla.ops.hgrn"),
+               "accelerated_scan": types.ModuleType("accelerated_scan"),
+               "accelerated_scan.triton": types.ModuleType("accelerated_scan.triton"),
+               "accelerated_scan.complex": types.ModuleType("accelerated_scan.complex")}
+    modules["fla.ops.hgrn"].chunk_hgrn = _chunk_hgrn
+    modules["accelerated_scan.triton"].scan = _scan_bct
+    modules["accelerated_scan.complex"].scan = _scan_bct
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+@pytest.mark.parametrize("name", ["fla-chunk_hgrn", "ascan-scalar"])
+def test_rglru_peers_compute_the_reference(fake_peers, name):
+    x = randn((2, 13, 16), 1)
+    params = rglru_params(16, 4, 2)
+    want, _ = reference.rglru_mixer(x, *params, c=peers.RGLRU_C, dtype=torch.float32)
+    assert rel_err(peers.PEERS[name][1](x, *params), want) < 1e-5
+
+
+def test_samu_peer_computes_the_reference(fake_peers):
+    x = randn((2, 13, 10), 3)
+    params = samu_params(10, 4)
+    want, _ = reference.samu_mixer(x, *params, radial_bound=peers.RADIAL_BOUND, dtype=torch.float32)
+    assert rel_err(peers.samu_ascan(x, *params), want) < 1e-5
+
+
+def test_a_missing_peer_names_its_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "accelerated_scan", None)
+    assert "accelerated-scan is not installed" in peers.unavailable("ascan-complex", "cpu")
