@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The measurement suite for H200 runs through the device tool (issue 5): about 11 minutes in all, so
-# two calls under the 10-minute command limit: `tests gate`, then `primary sweeps modules`.
+# two calls under the 10-minute command limit: `tests gate`, then `primary sweeps modules gen`.
 #
-#   bash scripts/gpu_suite.sh [STAGE ...]     stages: tests gate primary sweeps modules (default: all)
+#   bash scripts/gpu_suite.sh [STAGE ...]     stages: tests gate primary sweeps modules gen (default: all)
 #
 # Writes under $OUT (default ./out): suite.log, gates.json, status.json, bench_primary.json,
-# bench_sweeps.json, bench_modules.json, REPORT.md (7 files, one folder) and prints a digest last.
+# bench_sweeps.json, bench_modules.json, bench_gen.json, REPORT.md (8 files, one folder) and prints a
+# digest last.
 # Peers: wheels of fla-core, accelerated-scan and einops in .whl/ (carry it) are installed to
 # /tmp/peers; without them the peers are skipped with a clear line. Set SAMU_GIT_COMMIT when .git
 # does not travel. Every stage has its own time limit and rewrites its record after each unit, so a
@@ -16,7 +17,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
-STAGES="${*:-tests gate primary sweeps modules}"
+STAGES="${*:-tests gate primary sweeps modules gen}"
 PY="${PYTHON:-python3}"
 SAMU="$PY -m samu.bench"
 EXTRA="${EXTRA:-}"
@@ -60,6 +61,8 @@ main() {
     --peers fla-chunk_hgrn,ascan-scalar,ascan-complex --out "$OUT/bench_sweeps.json"
   stage modules 90 $SAMU bench --quiet $EXTRA $BENCH_EXTRA --scopes block,step,model \
     --shapes "${MODULE_SHAPES:-block,step}" --out "$OUT/bench_modules.json"
+  stage gen 60 $SAMU bench --quiet $EXTRA $BENCH_EXTRA --scopes gen --shapes "${GEN_SHAPES:-gen}" \
+    --out "$OUT/bench_gen.json"
 
   echo "=== digest"
   $PY -m samu.bench report --results "$OUT" --out "$OUT/REPORT.md" --no-figures --brief

@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from samu.bench.records import load_records
-from samu.bench.shapes import BLOCK, LENGTH, PRIMARY, STEP, WIDTH, shape_str
+from samu.bench.shapes import BLOCK, GEN, LENGTH, PRIMARY, STEP, WIDTH, shape_str
 
 OP_LABEL = {"samu": "SAMU", "rglru": "RG-LRU"}
 MAIN = {"samu": "samu/auto", "rglru": "rglru/auto"}
 SCOPE_TITLE = {"fwd": "mixer forward", "fb": "mixer forward + backward", "block": "RMSNorm + RecurrentBlock forward + backward",
-               "step": "one residual layer: forward, backward, AdamW step", "model": "full-model training step"}
+               "step": "one residual layer: forward, backward, AdamW step", "model": "full-model training step",
+               "gen": "generation: L greedy decoding steps of the full model for B sequences (ms per call)"}
 MIB = float(1 << 20)
 
 
@@ -262,8 +263,8 @@ def render(units, gate_rows, records, figures) -> str:
     out += ["## Peers side by side", "",
             "Each peer (and any other candidate) is timed in the same run as the dispatched samu op on the same "
             "inputs; the ratio is its time over samu's.", ""] + peer_table(units)
-    named = tuple(dict.fromkeys(PRIMARY + LENGTH + WIDTH + BLOCK + STEP))
-    for scope in ("block", "step", "model"):
+    named = tuple(dict.fromkeys(PRIMARY + LENGTH + WIDTH + BLOCK + STEP + GEN))
+    for scope in ("block", "step", "model", "gen"):
         shapes = named + tuple(sorted({k[1] for k in units if k[0] == scope} - set(named)))
         out += [f"## {_title(SCOPE_TITLE[scope])}", ""] + module_table(units, scope, shapes)
     other = sorted({k[1] for k in units if k[0] in ("fwd", "fb")} - set(PRIMARY + LENGTH + WIDTH))

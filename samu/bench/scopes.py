@@ -5,6 +5,8 @@
 * ``block`` RMSNorm + one RecurrentBlock, forward + backward (input and parameter gradients).
 * ``step``  one optimizer step of one residual layer: forward, backward, AdamW step.
 * ``model`` one full-model training step: forward, cross-entropy, backward, AdamW step.
+* ``gen``   generation: L greedy decoding steps of the full model for B sequences, from the state a
+            16-token prompt leaves (no grad; each mixer's step(), O(1) state per layer).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from samu.gates.inputs import make_inputs
 from samu.ops import dispatch
 from samu.ops.functional import rglru_mixer, samu_mixer
 
-SCOPES = ("fwd", "fb", "block", "step", "model")
+SCOPES = ("fwd", "fb", "block", "step", "model", "gen")
 MIXER_SCOPES = ("fwd", "fb")
 OPS = ("samu", "rglru")
 # The comparison builds timed beside the dispatched op: the chunked PyTorch backend and the peers.
@@ -136,7 +138,8 @@ class _Scoped(nn.Module):
 
 
 def build_module(scope: str, op: str, width: int, preset: str, device) -> nn.Module:
-    """block: RMSNorm + RecurrentBlock; step: one ResidualLayer; model: LanguageModel of ``preset``."""
+    """block: RMSNorm + RecurrentBlock; step: one ResidualLayer; model: LanguageModel of ``preset``
+    (gen: the model itself, which decodes through its step())."""
     from samu.models import LanguageModel, LMConfig
     from samu.modules import RecurrentBlock, ResidualLayer, RMSNorm
 
@@ -145,6 +148,8 @@ def build_module(scope: str, op: str, width: int, preset: str, device) -> nn.Mod
     if scope == "step":
         return _Scoped(ResidualLayer(width, mixer=op, device=device))
     model = LanguageModel(LMConfig.preset(preset, mixer=op), device=device)
+    if scope == "gen":
+        return model
     wrapped = _Scoped(model)
     wrapped.config = model.config
     return wrapped
@@ -155,12 +160,12 @@ def module_candidate(scope: str, op: str, shape, dtype, device, seed: int, prese
     B, L, D = shape
     name = f"{op}/auto"
     torch.manual_seed(seed)
-    if scope == "model":
+    if scope in ("model", "gen"):
         from samu.models import LMConfig
 
         width = LMConfig.preset(preset).width
         if width != D:
-            return None, [Skip(name, f"model scope: preset {preset!r} has width {width}, not D={D}")]
+            return None, [Skip(name, f"{scope} scope: preset {preset!r} has width {width}, not D={D}")]
     device = torch.device(device)
     try:
         choice, scratch = _choice(op, shape, dtype, device, "auto")
@@ -172,6 +177,8 @@ def module_candidate(scope: str, op: str, shape, dtype, device, seed: int, prese
     params = [p for p in module.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)
     cast = _autocast(device, dtype)
+    if scope == "gen":
+        return _generation(name, op, module, B, L, gen, cast, n_params, preset), []
     if scope in ("block", "step"):
         x = torch.randn(B, L, D, generator=gen, device=device).to(dtype).requires_grad_()
         dy_fp32 = torch.randn(B, L, D, generator=gen, device=device)
@@ -210,3 +217,25 @@ def module_candidate(scope: str, op: str, shape, dtype, device, seed: int, prese
 
     extra = {"preset": preset} if scope == "model" else None
     return Candidate(name, op, "auto", False, run, n_params, choice.name, choice.reason, scratch, None, extra), []
+
+
+def _generation(name, op, model, B, L, gen, cast, n_params, preset) -> Candidate:
+    """L greedy decoding steps for B sequences, from the state of a 16-token prompt (set up untimed)."""
+    model.eval()
+    device = next(model.parameters()).device
+    prompt = torch.randint(int(model.config.vocab_size), (B, 16), generator=gen, device=device)
+    with torch.no_grad(), cast:
+        logits, state0 = model(prompt, return_state=True)
+    first = logits[:, -1].argmax(-1)
+
+    def run():
+        token, state = first, state0
+        with torch.no_grad(), cast:
+            for _ in range(L):
+                logits, state = model.step(token, state)
+                token = logits.argmax(-1)
+        return token
+
+    return Candidate(name, op, "auto", False, run, n_params, "step",
+                     "generation runs each mixer's step() (one token at a time), not the sequence kernels",
+                     (None, None), None, {"preset": preset, "tokens_per_call": B * L})

@@ -10,7 +10,10 @@ BLOCK = tuple(dict.fromkeys(PRIMARY + LENGTH + WIDTH + ((4, 2048, 1664),)))
 # Full-model training steps of the 400m preset: 8192 tokens as 4 x 2048 and as one 8192-token sequence.
 STEP = ((4, 2048, 1664), (1, 8192, 1664))
 
-SETS = {"primary": PRIMARY, "length": LENGTH, "width": WIDTH, "block": BLOCK, "step": STEP}
+# Generation with the 400m preset: L = 64 greedy decoding steps per timed call, one and 16 sequences.
+GEN = ((1, 64, 1664), (16, 64, 1664))
+
+SETS = {"primary": PRIMARY, "length": LENGTH, "width": WIDTH, "block": BLOCK, "step": STEP, "gen": GEN}
 # The gates also cover the very long shapes (issue 3).
 GATE = PRIMARY + ((1, 65536, 1024), (1, 131072, 1024))
 SETS["gate"] = GATE

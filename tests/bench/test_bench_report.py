@@ -88,7 +88,10 @@ def write_fixtures(root: Path):
             bench_row("step", "samu", "auto", (4, 2048, 2048), 9.5),
             bench_row("step", "rglru", "auto", (4, 2048, 2048), 9.75),
             bench_row("model", "samu", "auto", (4, 2048, 1664), 95.5, preset="400m"),
-            bench_row("model", "rglru", "auto", (4, 2048, 1664), 99.25, preset="400m")], complete=False),
+            bench_row("model", "rglru", "auto", (4, 2048, 1664), 99.25, preset="400m"),
+            bench_row("gen", "samu", "auto", (1, 64, 1664), 70.5, preset="400m", tokens_per_call=64),
+            bench_row("gen", "rglru", "auto", (1, 64, 1664), 71.25, preset="400m", tokens_per_call=64)],
+            complete=False),
         "gates/2026-01-02-gates.json": record("gate", "2026-01-02T01:00:00Z", [
             gate_row("samu", "torch", (1, 8192, 1024), True),
             gate_row("samu", "triton_x", (1, 8192, 1024), False),

@@ -1,3 +1,5 @@
+import contextlib
+
 import pytest
 import torch
 
@@ -57,3 +59,21 @@ def test_model_scope_needs_the_preset_width():
     c, skipped = module_candidate("model", "samu", (1, 6, 128), torch.float32, "cpu", seed=0, preset="tiny")
     assert skipped == [] and c.extra == {"preset": "tiny"}
     c.run()
+
+
+@pytest.mark.parametrize("op", ["samu", "rglru"])
+def test_gen_scope_decodes_greedily_from_the_prompt_state(op):
+    from samu.bench.scopes import _generation
+    from samu.models import LanguageModel, LMConfig, generate
+
+    c, skipped = module_candidate("gen", op, (2, 5, 64), torch.float32, "cpu", seed=0, preset="tiny")
+    assert c is None and "gen scope" in skipped[0].reason
+    c, skipped = module_candidate("gen", op, (2, 5, 128), torch.float32, "cpu", seed=3, preset="tiny")
+    assert skipped == [] and c.choice == "step" and c.extra == {"preset": "tiny", "tokens_per_call": 10}
+    assert torch.equal(c.run(), c.run())  # every timed call starts from the same prompt state
+    # the same continuation as generate() at temperature 0 from the 16-token prompt drawn from `gen`
+    torch.manual_seed(0)
+    model = LanguageModel(LMConfig(width=16, num_layers=2, lru_width=8, num_heads=2, mixer=op))
+    c = _generation("x", op, model, 2, 5, torch.Generator().manual_seed(9), contextlib.nullcontext(), 0, "t")
+    prompt = torch.randint(model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(9))
+    assert torch.equal(c.run(), generate(model, prompt, 6, temperature=0.0)[:, -1])
