@@ -11,7 +11,7 @@
 # /tmp/peers; without them the peers are skipped with a clear line. Set SAMU_GIT_COMMIT when .git
 # does not travel. Every stage has its own time limit and rewrites its record after each unit, so a
 # stage cut short still returns what it finished. Overrides (for a CPU smoke run, say): GATE_SHAPES
-# GATE_DTYPES PRIMARY_SHAPES SWEEP_SHAPES MODULE_SHAPES, EXTRA (added to every samu command) and
+# GATE_DTYPES PRIMARY_SHAPES SWEEP_SHAPES MODULE_SHAPES GEN_SHAPES, EXTRA (added to every samu command) and
 # BENCH_EXTRA (bench only), e.g. EXTRA="--device cpu" BENCH_EXTRA="--preset tiny".
 set -u
 cd "$(dirname "$0")/.."
