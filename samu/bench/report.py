@@ -339,11 +339,13 @@ def figures_for(units, out_dir: Path) -> list:
                 ("floor_ratio.png", "floor_ratio", "time / memory floor",
                  "Mixer forward + backward time over the memory floor", 1.0),
                 ("peak_memory.png", "peak_alloc", "peak allocated MiB",
-                 "Mixer forward + backward peak allocated memory (CUDA only; 0 where not measured)", MIB)):
+                 "Mixer forward + backward peak allocated memory (CUDA only; no bar where not measured)", MIB)):
             fig = Figure(figsize=(max(6, 0.8 * len(fb) + 2), 4.5))
             ax = fig.add_subplot()
             for i, op in enumerate(("samu", "rglru")):
-                values = [(_get(u.rows.get(MAIN[op]), key) or 0) / scale for u in fb]
+                # a value a record lacks is left out (NaN draws no bar), never drawn as 0
+                values = [_get(u.rows.get(MAIN[op]), key) for u in fb]
+                values = [float("nan") if v is None else v / scale for v in values]
                 ax.bar([j + 0.4 * i - 0.2 for j in range(len(fb))], values, width=0.4, label=OP_LABEL[op])
             ax.set_xticks(range(len(fb)), labels, fontsize=6, rotation=45)
             ax.set_ylabel(ylabel)
@@ -391,6 +393,11 @@ def build_report(results, out=None, figures: bool = True) -> tuple[Path, str]:
     out = Path(out) if out else results / "REPORT.md"
     units, gate_rows, used = collect(load_records(results))
     made = figures_for(units, out.parent / "figures") if figures else []
+    if figures:
+        # a figure no record supports any more must not linger beside the report
+        for stale in sorted((out.parent / "figures").glob("*.png")):
+            if stale.name not in {name for name, _, _ in made}:
+                stale.unlink()
     out.write_text(render(units, gate_rows, used, made))
     return out, brief(units, gate_rows)
 

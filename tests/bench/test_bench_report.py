@@ -165,3 +165,12 @@ def test_brief_digest(reports):
     assert "FAIL samu triton_x 1x8192x1024 bfloat16: y" in digest
     line = next(x for x in digest.splitlines() if x.startswith("fb    1x8192x1024"))
     assert "1.234" in line and "2.468" in line and "0.50" in line and "rglru/fla-chunk_hgrn=12.36" in line
+
+
+def test_figures_no_record_supports_are_removed(tmp_path):
+    write_fixtures(tmp_path)
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "time_vs_width.png").write_bytes(b"stale")
+    build_report(tmp_path)
+    assert not (tmp_path / "figures" / "time_vs_width.png").exists()
+    assert (tmp_path / "figures" / "time_vs_length.png").exists()
