@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import json
 import math
 import os
@@ -305,26 +304,13 @@ def train(config: TrainConfig, *, data: TokenData | None = None, resume: bool = 
     # train() sets the thread count for its run only.
     threads = torch.get_num_threads()
     ctx = _Dist()
-    finished = False
     try:
         ctx, device = _setup_distributed(config)
-        result = _run(config, data, payload, ctx, device, out)
-        finished = True
-        return result
+        return _run(config, data, payload, ctx, device, out)
     finally:
         torch.set_num_threads(threads)
         if ctx.owns_group:
-            _teardown(finished)
-
-
-def _teardown(finished: bool) -> None:
-    """Destroy the process group this run created. After a finished run the DDP wrapper is
-    collected first (it holds the group) and the ranks meet once, so no rank closes its
-    connections while a peer still has a collective in flight."""
-    gc.collect()
-    if finished:
-        dist.barrier()
-    dist.destroy_process_group()
+            dist.destroy_process_group()
 
 
 def _run(config, data, payload, ctx: _Dist, device, out: Path) -> TrainResult:

@@ -76,7 +76,8 @@ def main():
     args = ap.parse_args()
     target = GPUTarget("cuda", 90, 32)
     for fn, sig, consts in kernels(f"*{args.dtype}"):
-        compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs={k: v for k, v in {"K": args.K, "BN": args.BN, "U": args.unroll, **consts}.items() if k in sig}),
+        constexprs = {k: v for k, v in {"K": args.K, "BN": args.BN, "U": args.unroll, **consts}.items() if k in sig}
+        compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs),
                                   target=target, options={"num_warps": args.warps})
         with tempfile.TemporaryDirectory() as tmp:
             ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")

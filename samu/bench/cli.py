@@ -101,8 +101,8 @@ def add_commands(subparsers) -> None:
                               description="Compare backends with the float64 reference; thresholds from gates.toml.")
     g.add_argument("--ops", type=_names(("samu", "rglru")), default=["samu", "rglru"])
     g.add_argument("--shapes", type=_shapes, default=parse_shapes("gate"),
-                   help="comma list of set names or BxLxD (default: gate, the primary shapes and L = 65536 and "
-                        "131072, so every length class dispatch uses is gated)")
+                   help="comma list of set names or BxLxD (default: gate, every shape the benchmarks run a "
+                        "sequence kernel at; gate your own training shapes to let dispatch use Triton there)")
     g.add_argument("--dtypes", type=_dtypes, default=[torch.bfloat16, torch.float16, torch.float32],
                    help="default: bf16,fp16,fp32 (a dtype left out keeps its Triton variants off in dispatch)")
     g.add_argument("--backends", type=_names(), default=["torch", "variants"],

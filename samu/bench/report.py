@@ -149,11 +149,14 @@ def module_table(units, scope, shapes) -> list[str]:
                      _pair(_get(s, "peak_alloc"), _get(r, "peak_alloc"), _mib),
                      _pair(_get(s, "peak_reserved"), _get(r, "peak_reserved"), _mib),
                      f"{_get(s, 'params') or 'n/a'} / {_get(r, 'params') or 'n/a'}",
-                     f"{_launches(s)} / {_launches(r)}", _link(u.path)])
+                     f"{_launches(s)} / {_launches(r)}",
+                     _pair(_get(s, "scratch_bytes"), _get(r, "scratch_bytes"), _mib),
+                     f"{_get(s, 'choice') or 'n/a'} / {_get(r, 'choice') or 'n/a'}", _link(u.path)])
     if not rows:
         return ["No records.", ""]
     return _table(["shape", "dtype", "SAMU ms", "RG-LRU ms", "SAMU / RG-LRU", "peak alloc MiB (S / R)",
-                   "peak reserved MiB (S / R)", "params (S / R)", "launches (S / R)", "record"], rows)
+                   "peak reserved MiB (S / R)", "params (S / R)", "launches (S / R)", "mixer scratch MiB (S / R)",
+                   "mixer dispatch (S / R)", "record"], rows)
 
 
 def peer_table(units) -> list[str]:

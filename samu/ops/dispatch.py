@@ -29,13 +29,13 @@ class Variant:
     op: str
     name: str
     run: Callable = field(compare=False, repr=False)
-    # preference(B, L, D) -> lower is better, or None where the variant does not apply
-    preference: Callable[[int, int, int], "float | None"] = field(compare=False, repr=False)
+    # preference(B, L, D, H) -> lower is better, or None where the variant does not apply
+    preference: Callable[[int, int, int, int], "float | None"] = field(compare=False, repr=False)
     # scratch(B, L, D) -> (formula, bytes): transient prefix/summary scratch of one forward+backward
     scratch: Callable[[int, int, int], "tuple[str, int]"] = field(compare=False, repr=False)
     description: str = ""
-    # settings(B, L, D) -> the launch settings (tile sizes, groups) this variant uses at that shape
-    settings: Callable[[int, int, int], str] = field(compare=False, repr=False, default=lambda B, L, D: "")
+    # settings(B, L, D, H) -> the launch settings (tile sizes, groups) this variant uses at that shape
+    settings: Callable[[int, int, int, int], str] = field(compare=False, repr=False, default=lambda B, L, D, H: "")
     # numerics(B, L, D, H) -> the settings that fix its parenthesisation there (part of the gate class)
     numerics: Callable[[int, int, int, int], str] = field(compare=False, repr=False,
                                                           default=lambda B, L, D, H: "")
@@ -99,9 +99,17 @@ def shape_class(L: int, D: int, dtype: torch.dtype, numerics: str = "") -> str:
     return f"{str(dtype).replace('torch.', '')}|{length}|{width}" + (f"|{numerics}" if numerics else "")
 
 
+_classes: dict = {}  # (variant, B, L, D, H, dtype) -> its gate class: computed once, not per call
+
+
 def gate_class(variant: Variant, B: int, L: int, D: int, H: int, dtype: torch.dtype) -> str:
     """The shape class of ``variant`` at (B, L, D) with H heads (H matters to RG-LRU only)."""
-    return shape_class(L, D, dtype, variant.numerics(B, L, D, H))
+    key = (variant.op, variant.name, B, L, D, H, dtype)
+    if key not in _classes:
+        if len(_classes) > 4096:
+            _classes.clear()
+        _classes[key] = shape_class(L, D, dtype, variant.numerics(B, L, D, H))
+    return _classes[key]
 
 
 def _gated(op: str, variant: Variant, B: int, L: int, D: int, H: int, dtype: torch.dtype) -> bool:
@@ -150,18 +158,20 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
         return Choice("triton", named[backend], f"variant {backend!r} requested")
     ranked = []
     for v in named.values():
-        score = v.preference(B, L, D)
+        score = v.preference(B, L, D, heads)
         if score is None:
             continue
         if not _gated(op, v, B, L, D, heads, dtype):
             continue
         ranked.append((score, v.name, v))
     if not ranked:
+        wanted = "; ".join(f"{v.name} in {gate_class(v, B, L, D, heads, dtype)}" for v in named.values()
+                           if v.preference(B, L, D, heads) is not None) or "no variant applies"
         if backend == "triton":
-            raise ValueError(f"no Triton variant of {op} has passed its gate for shape class "
-                             f"{shape_class(L, D, dtype)} (run `samu gate`, or name a variant)")
-        return Choice("torch", None, f"auto: no Triton variant has passed its gate for "
-                                     f"{shape_class(L, D, dtype)}; using the chunked PyTorch path")
+            raise ValueError(f"no Triton variant of {op} has passed its gate here ({wanted}); run "
+                             f"`samu gate --shapes {B}x{L}x{D}`, or name a variant")
+        return Choice("torch", None, f"auto: no Triton variant has passed its gate here ({wanted}); "
+                                     f"using the chunked PyTorch path")
     score, name, v = min(ranked, key=lambda r: (r[0], r[1]))
     others = ", ".join(n for _, n, _ in sorted(ranked, key=lambda r: (r[0], r[1]))[1:]) or "none"
     return Choice("triton", v, f"{backend}: {name} ranks first for (B={B}, L={L}, D={D}) "
@@ -173,6 +183,6 @@ def explain(shape, op: str = "samu", dtype: torch.dtype = torch.bfloat16, device
     """Say which implementation ``op`` uses for ``shape`` = (B, L, D), with which launch settings, and why."""
     B, L, D = shape
     c = choose(op, B, L, D, dtype, device, backend, heads)
-    settings = f"; launch settings: {c.variant.settings(B, L, D)}" if c.variant is not None else ""
+    settings = f"; launch settings: {c.variant.settings(B, L, D, heads)}" if c.variant is not None else ""
     return (f"{op} {tuple(shape)} {str(dtype).replace('torch.', '')} on {torch.device(device).type}: "
             f"{c.name} ({c.reason}{settings})")

@@ -34,6 +34,12 @@ def _scan_bct(gates, tokens):
     return _serial(gates, tokens)
 
 
+def _complex_scan_bct(forget, inputs):
+    # accelerated-scan's complex.scan refuses a real forget tensor
+    assert forget.is_complex()
+    return _scan_bct(forget, inputs)
+
+
 @pytest.fixture
 def fake_peers(monkeypatch):
     modules = {"fla": types.ModuleType("fla"), "fla.ops": types.ModuleType("fla.ops"),
@@ -43,7 +49,7 @@ def fake_peers(monkeypatch):
                "accelerated_scan.complex": types.ModuleType("accelerated_scan.complex")}
     modules["fla.ops.hgrn"].chunk_hgrn = _chunk_hgrn
     modules["accelerated_scan.triton"].scan = _scan_bct
-    modules["accelerated_scan.complex"].scan = _scan_bct
+    modules["accelerated_scan.complex"].scan = _complex_scan_bct
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
 

@@ -36,9 +36,9 @@ def dummy_variants(tmp_path, monkeypatch):
     dispatch.variants("samu")
     names = {"test_gate_bad": (_bad, -3e9), "test_gate_crash": (_crash, -2.5e9), "test_gate_good": (_good, -2e9)}
     for name, (run, score) in names.items():
-        dispatch.register(dispatch.Variant("samu", name, run, lambda B, L, D, s=score: s,
+        dispatch.register(dispatch.Variant("samu", name, run, lambda B, L, D, H, s=score: s,
                                            lambda B, L, D: ("0", 0), "test dummy",
-                                           settings=lambda B, L, D: f"tile {min(L, 8)}"))
+                                           settings=lambda B, L, D, H: f"tile {min(L, 8)}"))
     reload()
     yield list(names)
     for name in names:
@@ -169,7 +169,7 @@ def test_a_gate_speaks_only_for_the_numerics_it_ran_with(tmp_path, monkeypatch):
     monkeypatch.setenv("SAMU_GATE_STATUS", str(tmp_path / "status.json"))
     dispatch.variants("samu")
     variant = dispatch.register(dispatch.Variant(
-        "samu", "test_gate_groups", _good, lambda B, L, D: -4e9, lambda B, L, D: ("0", 0), "test dummy",
+        "samu", "test_gate_groups", _good, lambda B, L, D, H: -4e9, lambda B, L, D: ("0", 0), "test dummy",
         numerics=lambda B, L, D, H: f"G={1 + L // 64}"))
     reload()
     try:

@@ -49,7 +49,8 @@ def test_torch_path_float64_is_exact():
     x = randn((B, L, D), 0, dtype=torch.float64)
     params = [p.detach().double().requires_grad_() for p in rglru_params(D, H, 1)]
     h0 = randn((B, D), 2, dtype=torch.float64)
-    assert_float64_matches_reference(functools.partial(samu.rglru_mixer, backend="torch"), reference.rglru_mixer, x, params, h0)
+    torch_path = functools.partial(samu.rglru_mixer, backend="torch")
+    assert_float64_matches_reference(torch_path, reference.rglru_mixer, x, params, h0)
 
 
 def test_non_contiguous_input_is_accepted():

@@ -80,9 +80,12 @@ def test_without_initial_state():
 def test_public_backend_names():
     names = set(samu.dispatch.variants("rglru"))
     assert {"triton_chunked", "triton_chunked_precise"} <= names
-    # every primary width is served (head dims 64, 128 and 160)
+    # every primary width is served (head dims 64, 128 and 160), and any head count dividing D
+    chunked_variant = samu.dispatch.variants("rglru")["triton_chunked"]
     for D in (1024, 2048, 2560):
-        assert samu.dispatch.variants("rglru")["triton_chunked"].preference(1, 4096, D) is not None
+        assert chunked_variant.preference(1, 4096, D, 16) is not None
+    assert chunked_variant.preference(1, 4096, 24, 8) is not None
+    assert chunked_variant.preference(1, 4096, 24, 16) is None
 
     def chunked(*args, **kw):
         return samu.rglru_mixer(*args, backend="triton_chunked", **kw)

@@ -31,7 +31,8 @@ def test_torch_path_float64_is_exact():
     x = randn((B, L, D), 0, dtype=torch.float64)
     params = [p.detach().double().requires_grad_() for p in samu_params(D, 1)]
     h0 = randn((B, D), 2, dtype=torch.float64)
-    assert_float64_matches_reference(functools.partial(samu.samu_mixer, backend="torch"), reference.samu_mixer, x, params, h0)
+    torch_path = functools.partial(samu.samu_mixer, backend="torch")
+    assert_float64_matches_reference(torch_path, reference.samu_mixer, x, params, h0)
 
 
 @pytest.mark.parametrize("backend", ["torch", "reference"])

@@ -43,8 +43,8 @@ def _config(K, BN, G, unroll=1):
 
 
 # (B, L, D, K, BN, G, unroll): L not a multiple of K, L = 1 (serial and grouped), a ragged last
-# group, N not a multiple of BN, token walks unrolled (by a factor that divides K and by one that
-# does not)
+# group, N not a multiple of BN. The interpreter runs tl.range loops as plain loops, so the unroll
+# cases check only the plumbing; test_unrolled_walks_pass_the_gate_on_gpu checks the compiled code.
 SHAPES = [(2, 37, 10, 8, 4, 1, 1), (2, 37, 10, 8, 4, 2, 2), (1, 1, 6, 8, 4, 3, 1), (2, 1, 6, 8, 4, 1, 1),
           (3, 64, 12, 16, 4, 2, 1), (1, 70, 8, 4, 2, 4, 3)]
 
@@ -101,11 +101,14 @@ def test_saves_only_what_spec_3_1_allows():
     h0 = randn((B, D), 6, device=DEVICE).requires_grad_()
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        run(x, *params, h0, 2.0, _config(K, 4, 2))
+        y, _ = run(x, *params, h0, 2.0, _config(K, 4, 2))
     inputs = {t.data_ptr() for t in [x, h0, *params]}
     extra = sorted((tuple(t.shape), t.dtype) for t in saved if t.data_ptr() not in inputs)
     n_chunks = -(-L // K)
+    # the two direction norms 1 / ||u_j|| are derived from a parameter, not per-token state
     assert extra == sorted([((2,), torch.float32), ((B, 4, L), torch.float32), ((B, n_chunks, D), torch.float32)])
+    # and nothing is kept beside save_for_backward
+    assert not [k for k, v in vars(y.grad_fn).items() if isinstance(v, torch.Tensor)]
 
 
 def test_rtu_degeneration():
@@ -193,3 +196,15 @@ def test_cuda_graph_capture_replays_the_same_bits():
     torch.cuda.synchronize()
     for a, b in zip(eager, captured):
         assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("unroll", [2, 3, 4])
+@pytest.mark.parametrize("G", [1, 4])
+def test_unrolled_walks_pass_the_gate_on_gpu(unroll, G):
+    """The compiled token walks with an unroll factor (one that does not divide K among them)."""
+    assert_gate(gate_check("samu", _with_config(_config(32, 64, G, unroll)), torch.bfloat16, 2, 1000, 256,
+                           seed=unroll, device="cuda"))
+    assert_gate(gate_check("samu", _with_config(_config(32, 64, G, unroll)), torch.float32, 1, 777, 200,
+                           seed=unroll + 10, device="cuda"))

@@ -154,6 +154,13 @@ def run(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, config: Config):
     return y, h
 
 
+def _groups(config: Config, B: int, L: int, D: int, H: int) -> int:
+    """Groups of steps per batch row (and channel tile) at this shape: with K and WC, what fixes the
+    variant's parenthesisation."""
+    n = D // H
+    return cdiv(cdiv(cdiv(L, config.K), config.WC), config.steps_per_program(B, L, H * cdiv(n, channel_block(n))))
+
+
 def scratch(config: Config):
     """Analytic transient scratch of one forward+backward, excluding y, dx and the gradients.
 
@@ -163,7 +170,7 @@ def scratch(config: Config):
         n = D // H
         NPW = weight_width(n)
         NC = cdiv(L, config.K)
-        NG = cdiv(cdiv(NC, config.WC), config.steps_per_program(B, L, H * cdiv(n, channel_block(n))))
+        NG = _groups(config, B, L, D, H)
         words = (2 * B * NC * D                    # states (forward) and adjoint states (backward)
                  + 2 * B * NC * D                  # per-chunk maps from the group's start (one pass at a time)
                  + 2 * B * NG * D                  # per-group maps
@@ -175,26 +182,23 @@ def scratch(config: Config):
     return formula
 
 
-def _applies(D: int, H: int = 16) -> bool:
-    # dispatch sees (B, L, D); the modules' default is 16 heads
-    return D % H == 0
-
-
-def _register(name, config, preference, description):
+def _register(name, config, score, description):
     return dispatch.register(dispatch.Variant(
         op="rglru", name=name,
         run=lambda x, w_a, b_a, w_x, b_x, a_param, h0, c: run(x, w_a, b_a, w_x, b_x, a_param, h0, c, config),
-        preference=preference, scratch=lambda B, L, D: scratch(config)(B, L, D), description=description,
-        settings=lambda B, L, D: f"{config}, {scratch(config)(B, L, D)[0].split(' with ')[1]}",
-        # chunk length, chunks per step and the head dim (tile shapes, weight parts) fix the numerics
-        numerics=lambda B, L, D, H: f"K={config.K},WC={config.WC},n={D // H}"))
+        preference=lambda B, L, D, H: score if D % H == 0 else None,
+        scratch=lambda B, L, D: scratch(config)(B, L, D), description=description,
+        settings=lambda B, L, D, H: f"{config}, H={H}, {_groups(config, B, L, D, H)} groups per batch row",
+        # chunk length, chunks per step, the head dim (tile shapes, weight parts) and the group count
+        numerics=lambda B, L, D, H: (f"K={config.K},WC={config.WC},n={D // H},"
+                                     f"NG={_groups(config, B, L, D, H)}")))
 
 
 CHUNKED = Config()
 CHUNKED_PRECISE = Config(fast=False)
 
-_register("triton_chunked", CHUNKED, lambda B, L, D: 1.0 if _applies(D) else None,
+_register("triton_chunked", CHUNKED, 1.0,
           "chunks of 16 tokens, 4 per step (one per warp), up to 64 groups of steps: group maps, a fold "
           "over groups, replay; the backward mirrors it and splits weight and input gradients; fast math")
-_register("triton_chunked_precise", CHUNKED_PRECISE, lambda B, L, D: 2.0 if _applies(D) else None,
+_register("triton_chunked_precise", CHUNKED_PRECISE, 2.0,
           "as triton_chunked with libdevice exp/expm1 and correctly rounded division and square root")
