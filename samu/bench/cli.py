@@ -56,6 +56,13 @@ def _at_least(minimum: int):
     return parse
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
 def _device(text: str) -> torch.device:
     device = torch.device(text)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -110,6 +117,10 @@ def add_commands(subparsers) -> None:
     g.add_argument("--out", default="results/gates", help="record file (*.json) or folder (default: results/gates)")
     g.add_argument("--results", default="results", help="records folder the status is rebuilt from")
     g.add_argument("--status", default=None, help="status file (default: samu/gates/status.json or $SAMU_GATE_STATUS)")
+    g.add_argument("--jobs", type=_positive, default=1,
+                   help="compile the Triton variants' kernels for every gate unit in this many processes "
+                        "first (Triton caches them for the gates; default 1: no warm-up)")
+    g.add_argument("--warm-budget", type=float, default=300.0, help="seconds the warm-up may take (default 300)")
     g.add_argument("--no-status", action="store_true", help="write the record only")
     g.add_argument("--status-only", action="store_true", help="only rebuild the status from --results")
     _common(g)

@@ -100,6 +100,57 @@ def resolve_backends(op: str, requested: list[str], shape, dtype, device, heads:
     return runnable, skipped
 
 
+def _warm_one(item) -> tuple:
+    """One gate unit's backend run, for its compiled kernels only (a worker process of ``warm``)."""
+    op, name, shape, dname, device, seed = item
+    start = time.perf_counter()
+    try:
+        rules = load_rules()
+        B, L, D = shape
+        inputs = make_inputs(op, shape, getattr(torch, dname), device, derive_seed(seed, op, B, L, D, dname),
+                             rules.inputs)
+        evaluate(op, inputs, backend=name)
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+        return item, time.perf_counter() - start, None
+    except Exception as err:  # noqa: BLE001  (reported; the gate itself runs it again and records it)
+        return item, time.perf_counter() - start, f"{type(err).__name__}: {err}"[:300]
+
+
+def warm(ops, shapes, dtypes, backends, device, jobs: int, budget_s: float = 300.0, seed: int = 0) -> list:
+    """Compile every Triton variant's kernels for the gate units in ``jobs`` processes at once, so the
+    gates that follow (one process, in order) find them in Triton's cache. Runs each unit's backend on
+    the gate's own inputs, hence the same specialisation. Returns [(item, seconds, error or None)]."""
+    import multiprocessing as mp
+
+    rules = load_rules()
+    device = torch.device(device)
+    items = []
+    for dtype in dtypes:
+        for op in ops:
+            for shape in shapes:
+                if op == "samu" and shape[2] % 2:
+                    continue
+                heads = rglru_heads(shape[2], int(rules.inputs["rglru_heads"])) if op == "rglru" else 1
+                runnable, _ = resolve_backends(op, backends, shape, dtype, device, heads)
+                items += [(op, name, tuple(shape), str(dtype).replace("torch.", ""), str(device), seed)
+                          for name, variant in runnable if variant is not None]
+    if not items:
+        return []
+    done, start = [], time.perf_counter()
+    pool = mp.get_context("spawn").Pool(min(jobs, len(items)))
+    try:
+        pending = [pool.apply_async(_warm_one, (item,)) for item in items]
+        for item, result in zip(items, pending):
+            try:
+                done.append(result.get(timeout=max(1.0, budget_s - (time.perf_counter() - start))))
+            except mp.TimeoutError:
+                done.append((item, time.perf_counter() - start, "not compiled within the warm-up budget"))
+    finally:
+        pool.terminate()  # a worker that hangs must not hold the gates
+    return done
+
+
 def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bool = True,
               command: str = "samu gate", out=None) -> dict:
     """Run every gate asked for and return the record; with ``out``, the record is rewritten after
@@ -216,6 +267,12 @@ def gate_command(args) -> int:
         path, status = update_status(args.results, path=status_file)
         print(f"status: {path} ({len(status['blocked'])} blocked, {len(status['passed'])} passed)")
         return 0
+    if args.jobs > 1:
+        warmed = warm(args.ops, args.shapes, args.dtypes, args.backends, args.device, args.jobs,
+                      args.warm_budget, args.seed)
+        errors = [(item, err) for item, _, err in warmed if err]
+        print(f"warm-up: {len(warmed)} units in {args.jobs} processes, {len(errors)} with errors"
+              + "".join(f"\n  {item[0]} {item[1]} {item[2]} {item[3]}: {err}" for item, err in errors))
     record = run_gates(args.ops, args.shapes, args.dtypes, args.backends, args.device, seed=args.seed,
                        progress=not args.quiet, command=args.command_line, out=args.out)
     out = write_record(record, args.out)

@@ -184,3 +184,14 @@ def test_a_gate_speaks_only_for_the_numerics_it_ran_with(tmp_path, monkeypatch):
     finally:
         dispatch._VARIANTS["samu"].pop("test_gate_groups", None)
         reload()
+
+
+def test_warm_up_runs_every_variant_unit_in_worker_processes(monkeypatch):
+    """The warm-up compiles (here: interprets) each Triton variant's unit once in a pool of processes;
+    the torch backend has no kernels to warm."""
+    from samu.gates.runner import warm
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    done = warm(["samu"], [(1, 9, 4)], [torch.float32], ["torch", "variants"], "cpu", jobs=2, budget_s=240)
+    assert sorted(item[1] for item, _, _ in done) == sorted(dispatch.variants("samu"))
+    assert all(err is None for _, _, err in done), done
