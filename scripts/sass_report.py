@@ -75,6 +75,12 @@ def main():
     ap.add_argument("--unroll", type=int, default=1)
     args = ap.parse_args()
     target = GPUTarget("cuda", 90, 32)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=os.path.dirname(__file__)).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "samu"], capture_output=True, text=True,
+                           cwd=os.path.dirname(__file__)).stdout.strip()
+    print(f"# python scripts/sass_report.py {' '.join(sys.argv[1:])} | triton {triton.__version__} | commit "
+          f"{commit}{' (samu/ modified)' if dirty else ''} | offline sm_90a build, static counts")
     for fn, sig, consts in kernels(f"*{args.dtype}"):
         constexprs = {k: v for k, v in {"K": args.K, "BN": args.BN, "U": args.unroll, **consts}.items() if k in sig}
         compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs),

@@ -47,20 +47,13 @@ def _names(allowed=None):
     return parse
 
 
-def _at_least(minimum: int):
+def _at_least(minimum: int, why: str = ""):
     def parse(text: str) -> int:
         value = int(text)
         if value < minimum:
-            raise argparse.ArgumentTypeError(f"SPEC §8 asks for at least {minimum}, got {value}")
+            raise argparse.ArgumentTypeError(f"{why}at least {minimum}, got {value}")
         return value
     return parse
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
 
 
 def _device(text: str) -> torch.device:
@@ -95,8 +88,8 @@ def add_commands(subparsers) -> None:
                    help="samu backends to time: auto, torch, triton, variants (all registered) or variant names")
     b.add_argument("--peers", type=_names(PEER_IMPLS + ("none",)), default=list(PEER_IMPLS),
                    help=f"peers timed beside the mixers: {', '.join(PEER_IMPLS)}, all (default) or none")
-    b.add_argument("--warmup", type=_at_least(3), default=3, help="warm-ups per round (>= 3)")
-    b.add_argument("--samples", type=_at_least(5), default=5, help="timed samples per round (>= 5)")
+    b.add_argument("--warmup", type=_at_least(3, "SPEC §8 asks for "), default=3, help="warm-ups per round (>= 3)")
+    b.add_argument("--samples", type=_at_least(5, "SPEC §8 asks for "), default=5, help="timed samples per round (>= 5)")
     b.add_argument("--check-finite", action="store_true",
                    help="keep samu's per-call parameter finiteness check (a host sync) in the timed calls")
     b.add_argument("--preset", default="400m", help="LMConfig preset of the model scope (its width must be D)")
@@ -117,10 +110,13 @@ def add_commands(subparsers) -> None:
     g.add_argument("--out", default="results/gates", help="record file (*.json) or folder (default: results/gates)")
     g.add_argument("--results", default="results", help="records folder the status is rebuilt from")
     g.add_argument("--status", default=None, help="status file (default: samu/gates/status.json or $SAMU_GATE_STATUS)")
-    g.add_argument("--jobs", type=_positive, default=1,
+    g.add_argument("--jobs", type=_at_least(1), default=1,
                    help="compile the Triton variants' kernels for every gate unit in this many processes "
                         "first (Triton caches them for the gates; default 1: no warm-up)")
     g.add_argument("--warm-budget", type=float, default=300.0, help="seconds the warm-up may take (default 300)")
+    g.add_argument("--heads", type=_at_least(1), default=None,
+                   help="RG-LRU head count of the gated inputs (default: gates.toml's 16, or the largest divisor "
+                        "of D below it); gate your model's own head count to let dispatch use Triton for it")
     g.add_argument("--no-status", action="store_true", help="write the record only")
     g.add_argument("--status-only", action="store_true", help="only rebuild the status from --results")
     _common(g)

@@ -100,15 +100,31 @@ def resolve_backends(op: str, requested: list[str], shape, dtype, device, heads:
     return runnable, skipped
 
 
+def _units(ops, shapes, dtypes, heads, rules):
+    """(op, shape, dtype, RG-LRU heads, reason to skip or None) of every gate unit, dtype outermost
+    (a run cut short keeps whole dtypes, and the first dtype listed matters most)."""
+    for dtype in dtypes:
+        for op in ops:
+            for shape in shapes:
+                D = shape[2]
+                h = (heads or rglru_heads(D, int(rules.inputs["rglru_heads"]))) if op == "rglru" else 1
+                reason = (f"SAMU needs an even D, got {shape}" if op == "samu" and D % 2 else
+                          f"heads={h} does not divide D={D}" if D % h else None)
+                yield op, tuple(shape), dtype, h, reason
+
+
+def _inputs(op, shape, dtype, device, seed, heads, rules):
+    B, L, D = shape
+    s = derive_seed(seed, op, B, L, D, str(dtype).replace("torch.", ""))
+    return make_inputs(op, shape, dtype, device, s, {**rules.inputs, "rglru_heads": heads})
+
+
 def _warm_one(item) -> tuple:
     """One gate unit's backend run, for its compiled kernels only (a worker process of ``warm``)."""
-    op, name, shape, dname, device, seed = item
+    op, name, shape, dname, device, seed, heads = item
     start = time.perf_counter()
     try:
-        rules = load_rules()
-        B, L, D = shape
-        inputs = make_inputs(op, shape, getattr(torch, dname), device, derive_seed(seed, op, B, L, D, dname),
-                             rules.inputs)
+        inputs = _inputs(op, shape, getattr(torch, dname), device, seed, heads, load_rules())
         evaluate(op, inputs, backend=name)
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize()
@@ -117,61 +133,60 @@ def _warm_one(item) -> tuple:
         return item, time.perf_counter() - start, f"{type(err).__name__}: {err}"[:300]
 
 
-def warm(ops, shapes, dtypes, backends, device, jobs: int, budget_s: float = 300.0, seed: int = 0) -> list:
+def warm(ops, shapes, dtypes, backends, device, jobs: int, budget_s: float = 300.0, seed: int = 0,
+         heads: "int | None" = None, progress: bool = True) -> list:
     """Compile every Triton variant's kernels for the gate units in ``jobs`` processes at once, so the
     gates that follow (one process, in order) find them in Triton's cache. Runs each unit's backend on
-    the gate's own inputs, hence the same specialisation. Returns [(item, seconds, error or None)]."""
+    the gate's own inputs, hence the same specialisation. Returns [(item, seconds, error or None)];
+    units still running when ``budget_s`` is spent are reported as not compiled."""
     import multiprocessing as mp
 
     rules = load_rules()
     device = torch.device(device)
     items = []
-    for dtype in dtypes:
-        for op in ops:
-            for shape in shapes:
-                if op == "samu" and shape[2] % 2:
-                    continue
-                heads = rglru_heads(shape[2], int(rules.inputs["rglru_heads"])) if op == "rglru" else 1
-                runnable, _ = resolve_backends(op, backends, shape, dtype, device, heads)
-                items += [(op, name, tuple(shape), str(dtype).replace("torch.", ""), str(device), seed)
-                          for name, variant in runnable if variant is not None]
+    for op, shape, dtype, h, reason in _units(ops, shapes, dtypes, heads, rules):
+        if reason is None:
+            runnable, _ = resolve_backends(op, backends, shape, dtype, device, h)
+            items += [(op, name, shape, str(dtype).replace("torch.", ""), str(device), seed, h)
+                      for name, variant in runnable if variant is not None]
     if not items:
         return []
-    done, start = [], time.perf_counter()
+    done, deadline = [], time.perf_counter() + budget_s
     pool = mp.get_context("spawn").Pool(min(jobs, len(items)))
     try:
-        pending = [pool.apply_async(_warm_one, (item,)) for item in items]
-        for item, result in zip(items, pending):
+        results = pool.imap_unordered(_warm_one, items)
+        for _ in tqdm(items, desc="warm-up", disable=not progress, dynamic_ncols=True):
             try:
-                done.append(result.get(timeout=max(1.0, budget_s - (time.perf_counter() - start))))
+                done.append(results.next(timeout=max(0.0, deadline - time.perf_counter())))
             except mp.TimeoutError:
-                done.append((item, time.perf_counter() - start, "not compiled within the warm-up budget"))
+                break
     finally:
-        pool.terminate()  # a worker that hangs must not hold the gates
-    return done
+        # a worker that hangs must not hold the gates
+        pool.terminate()
+    finished = {item for item, _, _ in done}
+    return done + [(item, None, "not compiled within the warm-up budget") for item in items if item not in finished]
 
 
 def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bool = True,
-              command: str = "samu gate", out=None) -> dict:
+              command: str = "samu gate", out=None, heads: "int | None" = None) -> dict:
     """Run every gate asked for and return the record; with ``out``, the record is rewritten after
-    every (op, shape, dtype), so a run stopped early keeps its finished rows (``complete`` false)."""
+    every (op, shape, dtype), so a run stopped early keeps its finished rows (``complete`` false).
+    ``heads``: RG-LRU's head count (default: gates.toml's, or the largest divisor of D below it)."""
     rules = load_rules()
     device = torch.device(device)
     record = new_record("gate", environment(device), command, gates_version=rules.version,
                         gates_file="samu/gates/gates.toml", skipped=[], complete=False)
-    # dtype outermost: a run cut short keeps whole dtypes, and the first dtype listed matters most
-    units = [(op, tuple(shape), dtype) for dtype in dtypes for op in ops for shape in shapes]
+    units = list(_units(ops, shapes, dtypes, heads, rules))
     bar = tqdm(units, desc="gates", disable=not progress, dynamic_ncols=True)
-    for op, shape, dtype in bar:
+    for op, shape, dtype, heads_here, reason in bar:
         B, L, D = shape
-        if op == "samu" and D % 2:
-            entry = {"op": op, "backend": "*", "reason": f"SAMU needs an even D, got {shape}"}
+        if reason is not None:
+            entry = {"op": op, "backend": "*", "reason": reason}
             if entry not in record["skipped"]:
                 record["skipped"].append(entry)
             continue
         dname = str(dtype).replace("torch.", "")
-        heads = rglru_heads(D, int(rules.inputs["rglru_heads"])) if op == "rglru" else 1
-        runnable, skipped = resolve_backends(op, backends, shape, dtype, device, heads)
+        runnable, skipped = resolve_backends(op, backends, shape, dtype, device, heads_here)
         for name, reason in skipped:
             entry = {"op": op, "backend": name, "reason": reason}
             if entry not in record["skipped"]:
@@ -181,7 +196,7 @@ def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bo
             continue
         bar.set_postfix_str(f"{op} {B}x{L}x{D} {dname} reference")
         s = derive_seed(seed, op, B, L, D, dname)
-        inputs = make_inputs(op, shape, dtype, device, s, rules.inputs)
+        inputs = _inputs(op, shape, dtype, device, seed, heads_here, rules)
         try:
             ref = evaluate(op, inputs, ref_dtype=torch.float64)
             serial = evaluate(op, inputs, ref_dtype=torch.float32)
@@ -202,10 +217,11 @@ def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bo
                      "rounded_float64": {q: _finite(v) for q, v in rounded_err.items()}}
         for name, variant in runnable:
             bar.set_postfix_str(f"{op} {B}x{L}x{D} {dname} {name}")
-            cls = (dispatch.gate_class(variant, B, L, D, heads, dtype) if variant is not None
+            cls = (dispatch.gate_class(variant, B, L, D, heads_here, dtype) if variant is not None
                    else dispatch.shape_class(L, D, dtype))
             row = {"op": op, "backend": name, "variant": variant.name if variant is not None else name,
-                   "shape": list(shape), "shape_class": cls, "dtype": dname, "seed": s, "baselines": baselines}
+                   "shape": list(shape), "shape_class": cls, "dtype": dname, "seed": s, "baselines": baselines,
+                   "heads": heads_here if op == "rglru" else None}
             start = time.perf_counter()
             try:
                 row.update(judge(op, dtype, evaluate(op, inputs, backend=name), ref, serial_err, rounded_err, rules))
@@ -269,12 +285,12 @@ def gate_command(args) -> int:
         return 0
     if args.jobs > 1:
         warmed = warm(args.ops, args.shapes, args.dtypes, args.backends, args.device, args.jobs,
-                      args.warm_budget, args.seed)
+                      args.warm_budget, args.seed, args.heads, progress=not args.quiet)
         errors = [(item, err) for item, _, err in warmed if err]
         print(f"warm-up: {len(warmed)} units in {args.jobs} processes, {len(errors)} with errors"
               + "".join(f"\n  {item[0]} {item[1]} {item[2]} {item[3]}: {err}" for item, err in errors))
     record = run_gates(args.ops, args.shapes, args.dtypes, args.backends, args.device, seed=args.seed,
-                       progress=not args.quiet, command=args.command_line, out=args.out)
+                       progress=not args.quiet, command=args.command_line, out=args.out, heads=args.heads)
     out = write_record(record, args.out)
     print(f"record: {out}")
     failed = [r for r in record["rows"] if not r["pass"]]

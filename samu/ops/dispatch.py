@@ -57,6 +57,7 @@ _VARIANTS: dict[str, dict[str, Variant]] = {op: {} for op in OPS}
 
 def register(variant: Variant) -> Variant:
     _VARIANTS[variant.op][variant.name] = variant
+    _classes.clear()
     return variant
 
 
@@ -99,11 +100,15 @@ def shape_class(L: int, D: int, dtype: torch.dtype, numerics: str = "") -> str:
     return f"{str(dtype).replace('torch.', '')}|{length}|{width}" + (f"|{numerics}" if numerics else "")
 
 
-_classes: dict = {}  # (variant, B, L, D, H, dtype) -> its gate class: computed once, not per call
+# (op, variant name, B, L, D, H, dtype) -> gate class, so eager calls compute it once per shape
+_classes: dict = {}
 
 
 def gate_class(variant: Variant, B: int, L: int, D: int, H: int, dtype: torch.dtype) -> str:
     """The shape class of ``variant`` at (B, L, D) with H heads (H matters to RG-LRU only)."""
+    if torch.compiler.is_compiling():
+        # traced once per graph; a memo lookup there would add a guard and a recompile per shape
+        return shape_class(L, D, dtype, variant.numerics(B, L, D, H))
     key = (variant.op, variant.name, B, L, D, H, dtype)
     if key not in _classes:
         if len(_classes) > 4096:
@@ -167,11 +172,12 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
     if not ranked:
         wanted = "; ".join(f"{v.name} in {gate_class(v, B, L, D, heads, dtype)}" for v in named.values()
                            if v.preference(B, L, D, heads) is not None) or "no variant applies"
+        command = f"samu gate --ops {op} --shapes {B}x{L}x{D}" + (f" --heads {heads}" if op == "rglru" else "")
         if backend == "triton":
             raise ValueError(f"no Triton variant of {op} has passed its gate here ({wanted}); run "
-                             f"`samu gate --shapes {B}x{L}x{D}`, or name a variant")
-        return Choice("torch", None, f"auto: no Triton variant has passed its gate here ({wanted}); "
-                                     f"using the chunked PyTorch path")
+                             f"`{command}`, or name a variant")
+        return Choice("torch", None, f"auto: no Triton variant has passed its gate here ({wanted}; "
+                                     f"`{command}` gates it); using the chunked PyTorch path")
     score, name, v = min(ranked, key=lambda r: (r[0], r[1]))
     others = ", ".join(n for _, n, _ in sorted(ranked, key=lambda r: (r[0], r[1]))[1:]) or "none"
     return Choice("triton", v, f"{backend}: {name} ranks first for (B={B}, L={L}, D={D}) "

@@ -195,3 +195,19 @@ def test_warm_up_runs_every_variant_unit_in_worker_processes(monkeypatch):
     done = warm(["samu"], [(1, 9, 4)], [torch.float32], ["torch", "variants"], "cpu", jobs=2, budget_s=240)
     assert sorted(item[1] for item, _, _ in done) == sorted(dispatch.variants("samu"))
     assert all(err is None for _, _, err in done), done
+
+
+def test_warm_up_reports_units_left_when_the_budget_is_spent(monkeypatch):
+    from samu.gates.runner import warm
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    done = warm(["samu"], [(1, 9, 4)], [torch.float32], ["variants"], "cpu", jobs=2, budget_s=0.0, progress=False)
+    assert len(done) == len(dispatch.variants("samu"))
+    assert all(err == "not compiled within the warm-up budget" for _, _, err in done)
+
+
+def test_gates_run_with_the_head_count_asked_for():
+    record = run_gates(["rglru"], [(1, 9, 8), (1, 9, 6)], [torch.float32], ["torch"], "cpu", progress=False, heads=4)
+    (row,) = record["rows"]
+    assert row["shape"] == [1, 9, 8] and row["heads"] == 4 and row["pass"]
+    assert {"op": "rglru", "backend": "*", "reason": "heads=4 does not divide D=6"} in record["skipped"]
