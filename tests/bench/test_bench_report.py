@@ -20,6 +20,9 @@ ENV = {"torch": "2.11.0+cu130", "triton": "3.6.0", "python": "3.12.3", "device":
        "triton_interpret": False, "git_commit": "0123456789abcdef0123456789abcdef01234567", "git_dirty": False}
 
 
+AUTO_CHOICE = {"samu": "samu_grouped_k32", "rglru": "triton_chunked"}
+
+
 def bench_row(scope, op, impl, shape, ms, peer=False, **extra):
     B, L, D = shape
     floor = {"fwd": 2, "fb": 5}.get(scope)
@@ -29,10 +32,11 @@ def bench_row(scope, op, impl, shape, ms, peer=False, **extra):
             "dtype": "bfloat16", "order": 0, "median_ms": ms, "round_medians_ms": [ms, ms],
             "samples_ms": [[ms] * 5, [ms] * 5], "peak_alloc": int(ms * 2**20 * 10), "peak_reserved": int(ms * 2**20 * 12),
             "launches": {"kernels": 7, "memcpy": 1, "memset": 1, "total": 9}, "params": 3076 if op == "samu" else 134144,
-            "choice": None if peer else ("samu_grouped_k32" if op == "samu" and impl == "auto" else impl),
+            # as samu.bench.scopes records them: the variant dispatch chose, "step" for generation
+            "choice": None if peer else "step" if scope == "gen" else AUTO_CHOICE[op] if impl == "auto" else impl,
             "choice_reason": None if peer else "fixture",
-            "scratch_formula": "12*B*D*ceil(L/32)" if op == "samu" and impl == "auto" else None,
-            "scratch_bytes": 12 * B * D * -(-L // 32) if op == "samu" and impl == "auto" else None,
+            "scratch_formula": "12*B*D*ceil(L/32)" if op == "samu" and impl == "auto" and scope != "gen" else None,
+            "scratch_bytes": 12 * B * D * -(-L // 32) if op == "samu" and impl == "auto" and scope != "gen" else None,
             "floor_formula": "fixture" if floor else None, "floor_bytes": floor_bytes, "floor_ms": floor_ms,
             "floor_ratio": ms / floor_ms if floor else None,
             "agreement": None if impl == "auto" else {"against": f"{op}/auto", "rel_error": 1.5e-6}, **extra}
