@@ -136,14 +136,16 @@ def gate(name, shape, dtype):
 # time
 
 
+def bf16_inputs(name, shape):
+    """The config ``name``, a bf16 x (requiring grad), parameters and a bf16 output cotangent."""
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    return configs()[name], x, params(shape[2], 1), torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+
+
 def time_one(name, shape, bw):
     import triton
 
-    cfg = configs()[name]
-    B, L, D = shape
-    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    ps = params(D, 1)
-    dy = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    cfg, x, ps, dy = bf16_inputs(name, shape)
 
     def fwd():
         with torch.no_grad():
@@ -170,11 +172,7 @@ def time_one(name, shape, bw):
 def profile(name, shape):
     from torch.profiler import ProfilerActivity, profile as prof
 
-    cfg = configs()[name]
-    B, L, D = shape
-    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    ps = params(D, 1)
-    dy = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    cfg, x, ps, dy = bf16_inputs(name, shape)
     for _ in range(3):
         y, _ = run_cfg(cfg, x, ps)
         y.backward(dy)

@@ -102,9 +102,26 @@ def _dtypes(units) -> list[str]:
     return sorted({k[2] for k in units})
 
 
-def _units_for(units, scope, shapes):
-    """Units of ``scope`` at ``shapes`` (in that order), every dtype."""
-    return [units[(scope, tuple(s), d)] for s in shapes for d in _dtypes(units) if (scope, tuple(s), d) in units]
+def _paired(units, scope, shapes):
+    """(unit, SAMU row, RG-LRU row) of ``scope`` at ``shapes`` (in that order), every dtype; units with
+    neither dispatched row are left out."""
+    for shape in shapes:
+        for dtype in _dtypes(units):
+            u = units.get((scope, tuple(shape), dtype))
+            if u is not None and (MAIN["samu"] in u.rows or MAIN["rglru"] in u.rows):
+                yield u, u.rows.get(MAIN["samu"]), u.rows.get(MAIN["rglru"])
+
+
+def _times(s, r) -> list[str]:
+    """SAMU ms, RG-LRU ms, their ratio."""
+    s_ms, r_ms = _get(s, "median_ms"), _get(r, "median_ms")
+    return [_ms(s_ms), _ms(r_ms), _x(_ratio(s_ms, r_ms))]
+
+
+def _tail(u, s, r) -> list[str]:
+    """Launches, analytic scratch, dispatch choice (SAMU / RG-LRU) and the record."""
+    return [f"{_launches(s)} / {_launches(r)}", _pair(_get(s, "scratch_bytes"), _get(r, "scratch_bytes"), _mib),
+            f"{_get(s, 'choice') or 'n/a'} / {_get(r, 'choice') or 'n/a'}", _link(u.path)]
 
 
 def _io_bytes(u: Unit) -> "int | None":
@@ -116,19 +133,14 @@ def _io_bytes(u: Unit) -> "int | None":
 
 def mixer_table(units, scope, shapes) -> list[str]:
     rows = []
-    for u in _units_for(units, scope, shapes):
-        s, r = u.rows.get(MAIN["samu"]), u.rows.get(MAIN["rglru"])
-        if s is None and r is None:
-            continue
+    for u, s, r in _paired(units, scope, shapes):
         floor = _get(s, "floor_ms") or _get(r, "floor_ms")
-        rows.append([shape_str(u.shape), u.dtype, _ms(floor), _ms(_get(s, "median_ms")), _ms(_get(r, "median_ms")),
-                     _x(_ratio(_get(s, "median_ms"), _get(r, "median_ms"))),
+        rows.append([shape_str(u.shape), u.dtype, _ms(floor), *_times(s, r),
                      _pair(_get(s, "floor_ratio"), _get(r, "floor_ratio"), _x),
                      _pair(_get(s, "peak_alloc"), _get(r, "peak_alloc"), _mib),
-                     _pair(_ratio(_get(s, "peak_alloc"), _io_bytes(u)), _ratio(_get(r, "peak_alloc"), _io_bytes(u)), _x),
-                     f"{_launches(s)} / {_launches(r)}",
-                     _pair(_get(s, "scratch_bytes"), _get(r, "scratch_bytes"), _mib),
-                     f"{_get(s, 'choice') or 'n/a'} / {_get(r, 'choice') or 'n/a'}", _link(u.path)])
+                     _pair(_ratio(_get(s, "peak_alloc"), _io_bytes(u)), _ratio(_get(r, "peak_alloc"), _io_bytes(u)),
+                           _x),
+                     *_tail(u, s, r)])
     if not rows:
         return ["No records.", ""]
     return _table(["shape", "dtype", "floor ms", "SAMU ms", "RG-LRU ms", "SAMU / RG-LRU", "x floor (S / R)",
@@ -138,20 +150,12 @@ def mixer_table(units, scope, shapes) -> list[str]:
 
 def module_table(units, scope, shapes) -> list[str]:
     rows = []
-    for u in _units_for(units, scope, shapes):
-        s, r = u.rows.get(MAIN["samu"]), u.rows.get(MAIN["rglru"])
-        if s is None and r is None:
-            continue
+    for u, s, r in _paired(units, scope, shapes):
         preset = _get(s, "preset") or _get(r, "preset")
-        rows.append([shape_str(u.shape) + (f" ({preset})" if preset else ""), u.dtype,
-                     _ms(_get(s, "median_ms")), _ms(_get(r, "median_ms")),
-                     _x(_ratio(_get(s, "median_ms"), _get(r, "median_ms"))),
+        rows.append([shape_str(u.shape) + (f" ({preset})" if preset else ""), u.dtype, *_times(s, r),
                      _pair(_get(s, "peak_alloc"), _get(r, "peak_alloc"), _mib),
                      _pair(_get(s, "peak_reserved"), _get(r, "peak_reserved"), _mib),
-                     f"{_get(s, 'params') or 'n/a'} / {_get(r, 'params') or 'n/a'}",
-                     f"{_launches(s)} / {_launches(r)}",
-                     _pair(_get(s, "scratch_bytes"), _get(r, "scratch_bytes"), _mib),
-                     f"{_get(s, 'choice') or 'n/a'} / {_get(r, 'choice') or 'n/a'}", _link(u.path)])
+                     f"{_get(s, 'params') or 'n/a'} / {_get(r, 'params') or 'n/a'}", *_tail(u, s, r)])
     if not rows:
         return ["No records.", ""]
     return _table(["shape", "dtype", "SAMU ms", "RG-LRU ms", "SAMU / RG-LRU", "peak alloc MiB (S / R)",
@@ -398,8 +402,9 @@ def build_report(results, out=None, figures: bool = True) -> tuple[Path, str]:
     made = figures_for(units, out.parent / "figures") if figures else []
     if figures:
         # a figure no record supports any more must not linger beside the report
+        kept = {name for name, _, _ in made}
         for stale in sorted((out.parent / "figures").glob("*.png")):
-            if stale.name not in {name for name, _, _ in made}:
+            if stale.name not in kept:
                 stale.unlink()
     out.write_text(render(units, gate_rows, used, made))
     return out, brief(units, gate_rows)

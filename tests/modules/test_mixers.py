@@ -44,8 +44,11 @@ def _nonzero_amplitudes(m):
     return m
 
 
-@pytest.mark.parametrize("make", [lambda: _nonzero_amplitudes(samu.SAMUMixer(10)),
-                                  lambda: samu.RGLRUMixer(12, num_heads=3)])
+# a SAMU mixer with a live controller and an RG-LRU mixer with three heads
+MIXERS = [lambda: _nonzero_amplitudes(samu.SAMUMixer(10)), lambda: samu.RGLRUMixer(12, num_heads=3)]
+
+
+@pytest.mark.parametrize("make", MIXERS)
 def test_step_equals_forward_token_by_token(make):
     torch.manual_seed(1)
     m = make()
@@ -59,8 +62,7 @@ def test_step_equals_forward_token_by_token(make):
     assert rel_err(state, h) < 1e-6
 
 
-@pytest.mark.parametrize("make", [lambda: _nonzero_amplitudes(samu.SAMUMixer(10)),
-                                  lambda: samu.RGLRUMixer(12, num_heads=3)])
+@pytest.mark.parametrize("make", MIXERS)
 def test_step_under_autocast_equals_forward(make):
     """Mixers compute in fp32 whatever autocast says, in forward and in step alike."""
     torch.manual_seed(2)

@@ -20,7 +20,8 @@ from samu.ops.rglru.triton_fwd import (
     _head_pieces,
     _head_rows,
     _trans3,
-    _weight_slabs,
+    _channel_consts,
+    _channel_tile,
     _compose_chunks,
     _decay,
     _flip_tokens,
@@ -33,9 +34,9 @@ from samu.ops.rglru.triton_fwd import (
     _sigmoid_channel,
     _sigmoid_pair,
     _scan_affine,
-    _softplus,
     _split3,
     _sqrt,
+    _steps,
     _to_scan_layout,
     _to_store,
     _token,
@@ -160,24 +161,17 @@ def _rglru_bwd_summary_kernel(
     first), so the reverse recurrence is a forward scan of (a, a dy).
     """
     i_g, i_hj, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    NJ: tl.constexpr = (n + BJ - 1) // BJ
-    i_h = i_hj // NJ
+    i_h, o_j, m_j, o_d = _channel_tile(i_hj, n, BJ)
     i_b64 = i_b.to(tl.int64)
     o_ia, m_ia, o_ib, m_ib = _head_pieces(n, NPA, NPB)
-    o_j = (i_hj % NJ) * BJ + tl.arange(0, BJ)
     o_c = tl.arange(0, WC)
     o_k = tl.arange(0, K)
     o_t = tl.arange(0, WC * K)
-    m_j = o_j < n
-    o_d = i_h * n + o_j
-    b_ba = tl.load(b_a + o_d, mask=m_j, other=0.0)
-    b_csp = -c * _softplus(tl.load(a_param + o_d, mask=m_j, other=0.0), MATH)
-    wa, wb = _weight_slabs(w3, i_h, o_ia, o_ib, o_j, NPB, NPW, H * NPW * NPW)
+    b_ba, b_csp, wa, wb = _channel_consts(b_a, a_param, w3, c, i_h, o_ia, o_ib, o_j, o_d, m_j, NPB, NPW, H, MATH)
 
     SC = tl.num_programs(2).to(tl.int64) * NC * D
     SG = tl.num_programs(2).to(tl.int64) * NG * D
-    s_lo = i_g * G
-    s_hi = tl.minimum(s_lo + G, tl.cdiv(NC, WC))
+    s_lo, s_hi = _steps(i_g, G, NC, WC)
     c_end = tl.minimum(s_hi * WC, NC)
     # the group's last chunk is entered (from the right) by the identity map
     b_rP = tl.full([BJ], 1.0, dtype=tl.float32)
@@ -242,20 +236,14 @@ def _rglru_bwd_dw_kernel(
     first group also applies every group's map: eps leaving the sequence, d(initial_state).
     """
     i_g, i_hj, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    NJ: tl.constexpr = (n + BJ - 1) // BJ
-    i_h = i_hj // NJ
+    i_h, o_j, m_j, o_d = _channel_tile(i_hj, n, BJ)
     i_b64 = i_b.to(tl.int64)
     o_ia, m_ia, o_ib, m_ib = _head_pieces(n, NPA, NPB)
-    o_j = (i_hj % NJ) * BJ + tl.arange(0, BJ)
     o_c = tl.arange(0, WC)
     o_k = tl.arange(0, K)
     o_t = tl.arange(0, WC * K)
-    m_j = o_j < n
-    o_d = i_h * n + o_j
-    b_ba = tl.load(b_a + o_d, mask=m_j, other=0.0)
+    b_ba, b_csp, wa, wb = _channel_consts(b_a, a_param, w3, c, i_h, o_ia, o_ib, o_j, o_d, m_j, NPB, NPW, H, MATH)
     b_bx = tl.load(b_x + o_d, mask=m_j, other=0.0)
-    b_csp = -c * _softplus(tl.load(a_param + o_d, mask=m_j, other=0.0), MATH)
-    wa, wb = _weight_slabs(w3, i_h, o_ia, o_ib, o_j, NPB, NPW, H * NPW * NPW)
 
     # dW[:, J] per gate and head piece
     b_dwa = tl.zeros([NPA, BJ], dtype=tl.float32)
@@ -288,8 +276,7 @@ def _rglru_bwd_dw_kernel(
                  + tl.load(p_g + SG, mask=m_j, other=0.0), mask=m_j)
 
     o_ch = (o_c[None, :, None] * K + o_k[None, None, :]) * D + (o_j * one)[:, None, None]  # [BJ, WC, K]
-    s_lo = i_g * G
-    s_hi = tl.minimum(s_lo + G, tl.cdiv(NC, WC))
+    s_lo, s_hi = _steps(i_g, G, NC, WC)
     o_base = (i_b64 * L + s_lo.to(tl.int64) * (WC * K)) * D + i_h * n
     p_x = x + o_base
     p_dy = dy + o_base
@@ -376,8 +363,7 @@ def _rglru_bwd_dx_kernel(
     o_c = tl.arange(0, WC)
     o_k = tl.arange(0, K)
     o_t = tl.arange(0, WC * K)
-    s_lo = i_g * G
-    s_hi = tl.minimum(s_lo + G, tl.cdiv(NC, WC))
+    s_lo, s_hi = _steps(i_g, G, NC, WC)
     o_base = (i_b64 * L + s_lo.to(tl.int64) * (WC * K)) * D + i_h * n
     p_x = x + o_base
     p_dy = dy + o_base
@@ -396,10 +382,9 @@ def _rglru_bwd_dx_kernel(
             m_x = m_j[:, None, None] & m_t[None, :, :]
             o_d = i_h * n + o_j
             o_ch = (o_c[None, :, None] * K + o_k[None, None, :]) * D + (o_j * one)[:, None, None]
-            b_ba = tl.load(b_a + o_d, mask=m_j, other=0.0)
+            b_ba, b_csp, wa, wb = _channel_consts(b_a, a_param, w3, c, i_h, o_ia, o_ib, o_j, o_d, m_j, NPB, NPW, H,
+                                                  MATH)
             b_bx = tl.load(b_x + o_d, mask=m_j, other=0.0)
-            b_csp = -c * _softplus(tl.load(a_param + o_d, mask=m_j, other=0.0), MATH)
-            wa, wb = _weight_slabs(w3, i_h, o_ia, o_ib, o_j, NPB, NPW, H * NPW * NPW)
             b_xj = tl.load(p_x + o_ch, mask=m_x, other=0.0).to(tl.float32)
             b_dy = tl.load(p_dy + o_ch, mask=m_x, other=0.0).to(tl.float32)
             o_s = (i_b64 * NC + i_s * WC + o_c)[None, :] * D + o_d[:, None]            # [BJ, WC]

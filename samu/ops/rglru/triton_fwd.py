@@ -516,6 +516,32 @@ def _weight_slabs(w3, i_h, o_ia, o_ib, o_j, NPB: tl.constexpr, NPW: tl.constexpr
     return wa, wb
 
 
+@triton.jit
+def _channel_tile(i_hj, n: tl.constexpr, BJ: tl.constexpr):
+    """Program axis 1 (heads x channel tiles of BJ): head, channels in it, their mask, model channels."""
+    NJ: tl.constexpr = (n + BJ - 1) // BJ
+    i_h = i_hj // NJ
+    o_j = (i_hj % NJ) * BJ + tl.arange(0, BJ)
+    return i_h, o_j, o_j < n, i_h * n + o_j
+
+
+@triton.jit
+def _channel_consts(b_a, a_param, w3, c, i_h, o_ia, o_ib, o_j, o_d, m_j, NPB: tl.constexpr, NPW: tl.constexpr,
+                    H: tl.constexpr, MATH: tl.constexpr):
+    """A channel tile's gate-a bias, -c softplus(a_param), and weight slabs (see _weight_slabs)."""
+    b_ba = tl.load(b_a + o_d, mask=m_j, other=0.0)
+    b_csp = -c * _softplus(tl.load(a_param + o_d, mask=m_j, other=0.0), MATH)
+    wa, wb = _weight_slabs(w3, i_h, o_ia, o_ib, o_j, NPB, NPW, H * NPW * NPW)
+    return b_ba, b_csp, wa, wb
+
+
+@triton.jit
+def _steps(i_g, G, NC, WC: tl.constexpr):
+    """The steps [s_lo, s_hi) of WC chunks that group i_g walks."""
+    s_lo = i_g * G
+    return s_lo, tl.minimum(s_lo + G, tl.cdiv(NC, WC))
+
+
 @triton.jit(do_not_specialize=["L", "NC", "G", "NG", "one"])
 def _rglru_chunk_kernel(
     x,                   # [B, L, D] bf16 / fp16 / fp32
@@ -544,26 +570,18 @@ def _rglru_chunk_kernel(
     when y is stored in bf16 or fp16); every fp32 result comes from the summary pass's.
     """
     i_g, i_hj, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    NJ: tl.constexpr = (n + BJ - 1) // BJ
-    i_h = i_hj // NJ
+    i_h, o_j, m_j, o_d = _channel_tile(i_hj, n, BJ)
     i_b64 = i_b.to(tl.int64)
     o_ia, m_ia, o_ib, m_ib = _head_pieces(n, NPA, NPB)
-    o_j = (i_hj % NJ) * BJ + tl.arange(0, BJ)
     o_c = tl.arange(0, WC)
     o_k = tl.arange(0, K)
     o_t = tl.arange(0, WC * K)
-    m_j = o_j < n
-    o_d = i_h * n + o_j
-    b_ba = tl.load(b_a + o_d, mask=m_j, other=0.0)
     b_bx = tl.load(b_x + o_d, mask=m_j, other=0.0)
-    b_csp = -c * _softplus(tl.load(a_param + o_d, mask=m_j, other=0.0), MATH)
-
-    wa, wb = _weight_slabs(w3, i_h, o_ia, o_ib, o_j, NPB, NPW, H * NPW * NPW)
+    b_ba, b_csp, wa, wb = _channel_consts(b_a, a_param, w3, c, i_h, o_ia, o_ib, o_j, o_d, m_j, NPB, NPW, H, MATH)
 
     SC = tl.num_programs(2).to(tl.int64) * NC * D
     SG = tl.num_programs(2).to(tl.int64) * NG * D
-    s_lo = i_g * G
-    s_hi = tl.minimum(s_lo + G, tl.cdiv(NC, WC))
+    s_lo, s_hi = _steps(i_g, G, NC, WC)
     c_end = tl.minimum(s_hi * WC, NC)
     b_rA = tl.full([BJ], 1.0, dtype=tl.float32)
     b_rB = tl.zeros([BJ], dtype=tl.float32)
