@@ -118,6 +118,11 @@ def add_commands(subparsers) -> None:
                    help="RG-LRU head count of the gated inputs (default: gates.toml's 16, or the largest divisor "
                         "of D below it); gate your model's own head count to let dispatch use Triton for it")
     g.add_argument("--no-status", action="store_true", help="write the record only")
+    g.add_argument("--no-isolate", action="store_true",
+                   help="gate in this process (default on CUDA: in a worker process, so a kernel fault fails "
+                        "its row and the run goes on in a fresh one)")
+    g.add_argument("--merge-status", action="store_true",
+                   help="keep the status file's verdicts on classes this run and --results do not cover")
     g.add_argument("--status-only", action="store_true", help="only rebuild the status from --results")
     _common(g)
     g.set_defaults(func=_gate)

@@ -2,7 +2,8 @@
 
 Each peer takes the mixer's own arguments and returns y, so it is timed side by side with the
 samu op on identical inputs. Gates and controllers are PyTorch ops in fp32 (the reference's own
-functions); only the recurrence runs in the third-party kernel.
+functions); only the recurrence runs in the third-party kernel. The bench checks every peer's y
+against samu's (samu.bench.runner), so a peer that computes something else is flagged, not ranked.
 """
 
 from __future__ import annotations
@@ -16,23 +17,42 @@ from samu.reference import rglru_gates, samu_controls, samu_transitions
 
 RADIAL_BOUND = 2.0
 RGLRU_C = 8.0
+# accelerated-scan's real scan: `scalar` in 0.3.1 (any length), `triton` in 0.2.0 (power-of-two lengths only)
+ASCAN_REAL = ("accelerated_scan.scalar", "accelerated_scan.triton")
 
 
 def rglru_fla(x, w_a, b_a, w_x, b_x, a_param):
-    """RG-LRU: PyTorch gate ops + flash-linear-attention ``chunk_hgrn`` (h = exp(g) h + x)."""
-    from fla.ops.hgrn import chunk_hgrn
+    """RG-LRU: PyTorch gate ops + flash-linear-attention ``chunk_hgrn`` (h = exp(g) h + x, layout [B, L, D]).
 
+    With fla-core 0.6.0 on an H200 its y is 4-15% off samu's, so the bench flags it. The cause, read
+    from the kernel and its sm_90 code, is a race in the kernel, not this adapter. ``chunk_hgrn``
+    scans each 128-token chunk from zero; then ``chunk_hgrn_fwd_kernel_o`` walks the chunks in one
+    program per 64 channels and, at chunk i, reads the carry h0 = o[128 i - 1] that it stored one loop
+    pass earlier. Its code (8 warps as a [4, 2] grid over [128 tokens, 64 channels]) has no barrier in
+    that loop, so the warps holding tokens 0-95 may read h0 before the warp holding token 127 has
+    stored it, and get the chunk-local value without the carry of earlier chunks. The term lost is
+    the state at the end of chunk i - 2 times exp(sum of the 129-224 log a since): nothing at strong
+    decays (fla's tests: log a = logsigmoid(N(0, 1)), at most 300 tokens), a large share of y for
+    samu's gate inputs (radii up to 0.9999). Under TRITON_INTERPRET=1, which runs programs serially,
+    the kernel matches a float64 scan to 3.6e-7 on samu's inputs (log a from -0.68 to -3e-5, 16
+    chunks), and this adapter matches the reference to the bf16 rounding of y (1.66e-3 both). On a GPU the race shows as bits that
+    differ between two calls on the same inputs, with the errors in tokens 0-95 of each chunk.
+    """
+    chunk_hgrn = peer_module("fla-chunk_hgrn").chunk_hgrn
     a, b = rglru_gates(x.float(), w_a, b_a, w_x, b_x, a_param, RGLRU_C)
     y, _ = chunk_hgrn(b, torch.log(a))
     return y.to(x.dtype)
 
 
 def rglru_ascan(x, w_a, b_a, w_x, b_x, a_param):
-    """RG-LRU: PyTorch gate ops + accelerated-scan's real (scalar) scan, ``accelerated_scan.triton.scan``
-    (layout [B, D, L]; its CUDA twin ``accelerated_scan.warp`` compiles with nvcc at import and needs
-    power-of-two lengths, so the Triton one is the peer)."""
-    from accelerated_scan.triton import scan
+    """RG-LRU: PyTorch gate ops + accelerated-scan's real scan, layout [B, D, L], fp32, contiguous.
 
+    ``accelerated_scan.scalar.scan`` (0.3.1) is a Triton kernel, compiled on first call, that walks
+    the sequence in blocks of 2048 tokens and takes any L. 0.2.0 named it ``accelerated_scan.triton``;
+    that one holds a whole sequence in one block, so L must be a power of two (``unavailable`` says so).
+    The CUDA twin ``accelerated_scan.warp`` compiles with nvcc at import, so the Triton scan is the peer.
+    """
+    scan = peer_module("ascan-scalar").scan
     a, b = rglru_gates(x.float(), w_a, b_a, w_x, b_x, a_param, RGLRU_C)
     h = scan(a.transpose(1, 2).contiguous(), b.transpose(1, 2).contiguous())
     return h.transpose(1, 2).to(x.dtype)
@@ -40,8 +60,7 @@ def rglru_ascan(x, w_a, b_a, w_x, b_x, a_param):
 
 def samu_ascan(x, nu, theta_log, directions, amplitudes):
     """SAMU: PyTorch controller ops + accelerated-scan ``complex.scan`` (layout [B, N, L])."""
-    from accelerated_scan.complex import scan
-
+    scan = peer_module("ascan-complex").scan
     xs = x.float()
     n = xs.shape[-1] // 2
     _, m, phi = samu_controls(xs, directions, amplitudes, RADIAL_BOUND)
@@ -51,11 +70,11 @@ def samu_ascan(x, nu, theta_log, directions, amplitudes):
     return torch.cat([h.real, h.imag], dim=-1).to(x.dtype)
 
 
-# name -> (op, function, module it needs, package that provides it)
+# name -> (op, function, modules that provide its scan (the first importable one is used), package)
 PEERS = {
-    "fla-chunk_hgrn": ("rglru", rglru_fla, "fla.ops.hgrn", "flash-linear-attention"),
-    "ascan-scalar": ("rglru", rglru_ascan, "accelerated_scan.triton", "accelerated-scan"),
-    "ascan-complex": ("samu", samu_ascan, "accelerated_scan.complex", "accelerated-scan"),
+    "fla-chunk_hgrn": ("rglru", rglru_fla, ("fla.ops.hgrn",), "flash-linear-attention"),
+    "ascan-scalar": ("rglru", rglru_ascan, ASCAN_REAL, "accelerated-scan"),
+    "ascan-complex": ("samu", samu_ascan, ("accelerated_scan.complex",), "accelerated-scan"),
 }
 
 
@@ -63,15 +82,28 @@ def peers_of(op: str) -> list[str]:
     return [name for name, (peer_op, *_) in PEERS.items() if peer_op == op]
 
 
-def unavailable(name: str, device) -> "str | None":
-    """None when peer ``name`` can run on ``device``, else the reason it cannot."""
-    _, _, module, package = PEERS[name]
+def peer_module(name: str):
+    """The module peer ``name`` takes its scan from: the first of its modules that imports."""
+    errors = []
+    for module in PEERS[name][2]:
+        try:
+            return importlib.import_module(module)
+        except ImportError as err:
+            errors.append(str(err))
+    raise ImportError("; ".join(errors))
+
+
+def unavailable(name: str, device, shape=None) -> "str | None":
+    """None when peer ``name`` can run on ``device`` (at ``shape`` (B, L, D), if given), else the reason."""
+    package = PEERS[name][3]
     try:
-        importlib.import_module(module)
+        module = peer_module(name)
     except ImportError as err:
         return f"{package} is not installed ({err}); pip install 'samu[peers]'"
-    device = torch.device(device)
-    if device.type != "cuda":
+    if module.__name__ == "accelerated_scan.triton" and shape is not None and shape[1] & (shape[1] - 1):
+        return (f"accelerated-scan 0.2 (accelerated_scan.triton) needs a power-of-two length, got L={shape[1]}; "
+                f"0.3.1 (accelerated_scan.scalar) takes any length")
+    if torch.device(device).type != "cuda":
         if name.startswith("fla") or not dispatch.interpreting():
             return f"{package} needs a CUDA device (its scan is a Triton kernel)"
     return None

@@ -63,6 +63,10 @@ def _x(v) -> str:
     return "n/a" if v is None else f"{v:.2f}"
 
 
+def _e(v) -> str:
+    return "n/a" if v is None else f"{v:.2e}"
+
+
 def _mib(v) -> str:
     return "n/a" if v is None else f"{v / MIB:.1f}"
 
@@ -81,6 +85,12 @@ def _ratio(a, b) -> "float | None":
 
 def _get(row, key):
     return None if row is None else row.get(key)
+
+
+def flagged(row) -> bool:
+    """True for a bench row whose y disagrees with samu's dispatched op's (samu.bench.runner._agreement):
+    it is shown, never ranked by speed."""
+    return bool((_get(row, "agreement") or {}).get("flagged"))
 
 
 def _link(path: str) -> str:
@@ -171,15 +181,17 @@ def peer_table(units) -> list[str]:
             ours = u.rows.get(MAIN[op])
             for name in sorted(n for n, row in u.rows.items() if row["op"] == op and n != MAIN[op]):
                 peer = u.rows[name]
-                agree = (peer.get("agreement") or {}).get("rel_error")
+                agree = peer.get("agreement") or {}
+                ratio = "flagged: output disagrees" if flagged(peer) else _x(
+                    _ratio(peer["median_ms"], _get(ours, "median_ms")))
                 rows.append([shape_str(u.shape), u.dtype, u.scope, OP_LABEL[op], name, _ms(peer["median_ms"]),
-                             _ms(_get(ours, "median_ms")), _x(_ratio(peer["median_ms"], _get(ours, "median_ms"))),
+                             _ms(_get(ours, "median_ms")), ratio,
                              _pair(peer.get("peak_alloc"), _get(ours, "peak_alloc"), _mib),
-                             "n/a" if agree is None else f"{agree:.2e}", _link(u.path)])
+                             _pair(agree.get("rel_error"), agree.get("threshold"), _e), _link(u.path)])
     if not rows:
         return ["No peer rows in the records.", ""]
     return _table(["shape", "dtype", "scope", "mixer", "peer", "peer ms", "samu ms (dispatch)", "peer / samu",
-                   "peak alloc MiB (peer / samu)", "y rel. error vs samu", "record"], rows)
+                   "peak alloc MiB (peer / samu)", "y rel. error vs samu / limit", "record"], rows)
 
 
 def scratch_lines(units) -> list[str]:
@@ -269,7 +281,9 @@ def render(units, gate_rows, records, figures) -> str:
     out += ["## Width sweep (mixer forward + backward)", ""] + mixer_table(units, "fb", WIDTH)
     out += ["## Peers side by side", "",
             "Each peer (and any other candidate) is timed in the same run as the dispatched samu op on the same "
-            "inputs; the ratio is its time over samu's.", ""] + peer_table(units)
+            "inputs; the ratio is its time over samu's. Its y is checked against samu's on those inputs after the "
+            "timing: a candidate further off than two results within the bf16/fp16 gate of y can be (`limit`) is "
+            "marked `flagged: output disagrees`, gets no ratio and is left out of the figures.", ""] + peer_table(units)
     named = tuple(dict.fromkeys(PRIMARY + LENGTH + WIDTH + BLOCK + STEP + GEN))
     for scope in ("block", "step", "model", "gen"):
         shapes = named + tuple(sorted({k[1] for k in units if k[0] == scope} - set(named)))
@@ -293,13 +307,16 @@ def render(units, gate_rows, records, figures) -> str:
 
 
 def _sweeps(units, axis: int) -> dict:
-    """fb series along one shape axis: {(fixed dims, dtype): {candidate: [(x, ms)]}} with >= 2 points."""
+    """fb series along one shape axis: {(fixed dims, dtype): {candidate: [(x, ms)]}} with >= 2 points;
+    flagged rows are left out."""
     groups: dict = {}
     for (scope, shape, dtype), u in sorted(units.items()):
         if scope != "fb":
             continue
         fixed = tuple(v for i, v in enumerate(shape) if i != axis)
         for name, row in sorted(u.rows.items()):
+            if flagged(row):
+                continue
             groups.setdefault((fixed, dtype), {}).setdefault(name, []).append((shape[axis], row["median_ms"], u.path))
     return {k: v for k, v in groups.items() if max(len(points) for points in v.values()) >= 2}
 
@@ -381,7 +398,8 @@ def brief(units, gate_rows) -> str:
     lines = [f"{'scope':5} {'shape':13} {'dtype':8} {'SAMU ms':>8} {'RG ms':>8} {'S/R':>5} {'xfloor S/R':>13}  others / ours"]
     for (scope, shape, dtype), u in sorted(units.items()):
         s, r = u.rows.get(MAIN["samu"]), u.rows.get(MAIN["rglru"])
-        others = [f"{name}={_x(_ratio(row['median_ms'], _get(u.rows.get(MAIN[row['op']]), 'median_ms')))}"
+        others = [f"{name}=" + ("flagged" if flagged(row) else
+                                _x(_ratio(row['median_ms'], _get(u.rows.get(MAIN[row['op']]), 'median_ms'))))
                   for name, row in sorted(u.rows.items()) if name not in MAIN.values()]
         lines.append(f"{scope:5} {shape_str(shape):13} {dtype:8} {_ms(_get(s, 'median_ms')):>8} "
                      f"{_ms(_get(r, 'median_ms')):>8} {_x(_ratio(_get(s, 'median_ms'), _get(r, 'median_ms'))):>5} "

@@ -8,13 +8,13 @@ import torch
 from tqdm import tqdm
 
 from samu.bench import peers
-from samu.bench.scopes import PEER_IMPLS
 from samu.bench.records import end_unit, environment, new_record, write_record
-from samu.bench.scopes import MIXER_SCOPES, OPS, SCOPES, memory_floor, mixer_candidates, module_candidate
+from samu.bench.report import flagged
+from samu.bench.scopes import MIXER_SCOPES, OPS, PEER_IMPLS, SCOPES, memory_floor, mixer_candidates, module_candidate
 from samu.bench.shapes import shape_str
 from samu.bench.timing import Clock, copy_bandwidth, count_launches, peak_memory, time_side_by_side
 from samu.gates.inputs import derive_seed
-from samu.gates.rules import rel_error
+from samu.gates.rules import LOW_PRECISION, load_rules, rel_error
 from samu.ops import dispatch
 from samu.ops.checks import set_check_finite
 
@@ -49,8 +49,26 @@ def _candidates(scope, shape, dtype, device, impls, with_peers, seed, preset):
     return found, skipped
 
 
-def _agreement(candidates) -> dict:
-    """Relative error of each candidate's y against its op's dispatched candidate (mixer scopes)."""
+def agreement_threshold(dtype: torch.dtype) -> float:
+    """The largest relative y difference two results that pass the low-precision gate of y can have.
+
+    The gate (SPEC §7) allows each result r = low_factor * rho + low_floor of the float64 truth T,
+    rho being the error of T rounded to the I/O dtype. At benchmark sizes there is no T, so rho takes
+    its bound, the dtype's unit roundoff eps / 2 (rounding to nearest moves no normal number further).
+    Both within r of T: |peer - samu| <= 2 r |T| <= 2 r / (1 - r) |samu|. A peer beyond that is not
+    within the gate wherever samu's dispatched op is. fp32 I/O has no such rule (its rule needs the
+    serial fp32 error, i.e. T): it takes bf16's, far above any correct fp32 result's error, so it
+    flags only a peer that computes something else.
+    """
+    low = dtype if dtype in LOW_PRECISION else torch.bfloat16
+    r, _ = load_rules().threshold("y", low, 0.0, torch.finfo(low).eps / 2)
+    return 2 * r / (1 - r)
+
+
+def _agreement(candidates, dtype) -> dict:
+    """Each candidate's y against its op's dispatched candidate's, on the timed inputs after the timing
+    (mixer scopes); ``flagged`` when the difference passes ``agreement_threshold``."""
+    limit = agreement_threshold(dtype)
     out = {}
     for op in OPS:
         base = next((c for c in candidates if c.op == op and c.impl == "auto" and c.output), None)
@@ -60,7 +78,9 @@ def _agreement(candidates) -> dict:
         for c in candidates:
             if c.op == op and c is not base and c.output is not None:
                 err = rel_error(c.output(), y)
-                out[c.name] = {"against": base.name, "rel_error": err if math.isfinite(err) else None}
+                finite = math.isfinite(err)
+                out[c.name] = {"against": base.name, "rel_error": err if finite else None, "threshold": limit,
+                               "flagged": not (finite and err <= limit)}
         del y
     return out
 
@@ -91,6 +111,9 @@ def _run_bench(scopes, shapes, dtype, device, impls, with_peers, warmup, samples
                         timing={**clock.describe(), "warmup": warmup, "samples": samples, "rounds": 2,
                                 "check_finite": check_finite},
                         skipped=[], failed=[], complete=False)
+    if out is not None:
+        # written before the first unit too, so a run stopped there still leaves a record (complete: false)
+        write_record(record, out)
     bandwidth = record["copy_bandwidth"]["bytes_per_s"]
     dname = str(dtype).replace("torch.", "")
     units = [(scope, tuple(shape)) for shape in shapes for scope in scopes]
@@ -117,9 +140,14 @@ def _run_bench(scopes, shapes, dtype, device, impls, with_peers, warmup, samples
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
         if not ready:
+            end_unit(record, out, device)
             continue
         timings = time_side_by_side({c.name: c.run for c in ready}, clock, warmup=warmup, samples=samples)
-        agreement = _agreement(ready) if scope in MIXER_SCOPES else {}
+        agreement = _agreement(ready, dtype) if scope in MIXER_SCOPES else {}
+        for name, a in agreement.items():
+            if a["flagged"]:
+                tqdm.write(f"flagged {name} {scope} {shape_str(shape)}: y differs from {a['against']}'s by "
+                           f"{a['rel_error'] or math.inf:.2e} > {a['threshold']:.2e}; it is not ranked")
         floor_formula, floor_bytes = memory_floor(scope, shape, dtype)
         floor_ms = floor_bytes / bandwidth * 1e3 if floor_bytes else None
         for position, c in enumerate(ready):
@@ -149,7 +177,8 @@ def summary(record: dict) -> str:
     """A short fixed-width table of a bench record, for the end of a run."""
     lines = [f"{'scope':6} {'shape':16} {'candidate':26} {'median ms':>10} {'x floor':>8} {'launches':>8}"]
     for r in record["rows"]:
-        ratio = f"{r['floor_ratio']:.1f}" if r["floor_ratio"] else "-"
+        # a candidate whose output disagrees with samu's is no alternative at any speed
+        ratio = "flagged" if flagged(r) else f"{r['floor_ratio']:.1f}" if r["floor_ratio"] else "-"
         launches = str(r["launches"]["total"]) if r["launches"] else "-"
         lines.append(f"{r['scope']:6} {shape_str(r['shape']):16} {r['candidate']:26} {r['median_ms']:10.3f} "
                      f"{ratio:>8} {launches:>8}")

@@ -90,7 +90,7 @@ def mixer_candidates(scope: str, op: str, impls: list[str], shape, dtype, device
     for impl in impls:
         name = f"{op}/{impl}"
         if impl in peers.PEERS:
-            reason = peers.unavailable(impl, device)
+            reason = peers.unavailable(impl, device, shape)
             if reason:
                 skipped.append(Skip(name, reason))
                 continue

@@ -2,13 +2,18 @@
 
 For each (op, shape, dtype) the float64 serial reference and the serial fp32 evaluation run once
 on the same inputs; each backend is then compared with the reference for the output, the final
-state, the input gradient, the initial-state gradient and every parameter gradient.
+state, the input gradient, the initial-state gradient and every parameter gradient. On CUDA the
+units run in a worker process, so a kernel fault fails its own row and the run goes on in a fresh one.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
+import multiprocessing as mp
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -136,11 +141,9 @@ def _warm_one(item) -> tuple:
 def warm(ops, shapes, dtypes, backends, device, jobs: int, budget_s: float = 300.0, seed: int = 0,
          heads: "int | None" = None, progress: bool = True) -> list:
     """Compile every Triton variant's kernels for the gate units in ``jobs`` processes at once, so the
-    gates that follow (one process, in order) find them in Triton's cache. Runs each unit's backend on
+    gates that follow (in order, one unit at a time) find them in Triton's cache. Runs each unit's backend on
     the gate's own inputs, hence the same specialisation. Returns [(item, seconds, error or None)];
     units still running when ``budget_s`` is spent are reported as not compiled."""
-    import multiprocessing as mp
-
     rules = load_rules()
     device = torch.device(device)
     items = []
@@ -167,76 +170,272 @@ def warm(ops, shapes, dtypes, backends, device, jobs: int, budget_s: float = 300
     return done + [(item, None, "not compiled within the warm-up budget") for item in items if item not in finished]
 
 
+def _failed(row: dict, error: str) -> dict:
+    """``row`` (its header: op, variant, shape, class) as the failed row of a backend that raised or
+    took its process down; status_from_records blocks its class like any other failure."""
+    return {**row, "errors": {}, "thresholds": {}, "rules": {}, "passed": {}, "pass": False, "exception": error}
+
+
+def _sync(device: torch.device) -> None:
+    # a kernel fault surfaces at the next synchronisation: here, inside the try of its own backend
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _context_lost(device: torch.device) -> "str | None":
+    """After an error on CUDA: None when the context still works, else the error saying it does not.
+    A sticky fault (illegal address, misaligned access, device-side assert) fails every later CUDA
+    call of the process, so one small op and a synchronize find it; an out-of-memory or a launch the
+    driver refused leaves the context usable, and gating goes on without a fresh process (a torch
+    import, a CUDA context and the unit's reference again)."""
+    if device.type != "cuda":
+        return None
+    try:
+        torch.ones(1, device=device).add_(1)
+        torch.cuda.synchronize(device)
+    except Exception as err:  # noqa: BLE001  (any failure here means the context is gone)
+        return f"{type(err).__name__}: {err}"[:500]
+    return None
+
+
+def gate_unit(op: str, shape, dtype: torch.dtype, heads: int, backends: list, device, seed: int = 0,
+              rules=None, done=()):
+    """Gate one (op, shape, dtype) unit, yielding events as it goes: ("skip", entry) for what cannot
+    run, ("reference", None) before the float64 and serial fp32 evaluations, ("start", row header)
+    before each backend and ("row", row) after it; when an error left the CUDA context unusable,
+    ("lost", error) is the last event. ``done``: backend names already gated (a fresh worker resuming
+    the unit). The one code path of a gate, in process and in run_gates' worker."""
+    rules = rules or load_rules()
+    device = torch.device(device)
+    B, L, D = shape
+    dname = str(dtype).replace("torch.", "")
+    runnable, unrunnable = resolve_backends(op, backends, shape, dtype, device, heads)
+    for name, reason in unrunnable:
+        yield "skip", {"op": op, "backend": name, "reason": reason}
+    runnable = [(name, variant) for name, variant in runnable if name not in done]
+    if not runnable:
+        return
+    yield "reference", None
+    s = derive_seed(seed, op, B, L, D, dname)
+    try:
+        inputs = _inputs(op, shape, dtype, device, seed, heads, rules)
+        ref = evaluate(op, inputs, ref_dtype=torch.float64)
+        serial = evaluate(op, inputs, ref_dtype=torch.float32)
+        _sync(device)
+        failure = None
+    except Exception as err:  # noqa: BLE001  (e.g. out of memory: no reference, no gate; say so and go on)
+        failure = f"reference failed: {type(err).__name__}: {err}"[:500]
+    if failure is not None:
+        inputs = ref = serial = None  # freed before the cache is emptied
+        yield "skip", {"op": op, "backend": "*", "shape": list(shape), "dtype": dname, "reason": failure}
+        lost = _context_lost(device)
+        if lost:
+            yield "lost", lost
+        elif device.type == "cuda":
+            torch.cuda.empty_cache()
+        return
+    serial_err = {q: rel_error(serial[q], ref[q]) for q in quantities(op)}
+    del serial
+    rounded_err = ({q: rel_error(ref[q].to(dtype), ref[q]) for q in rules.stored_in_io_dtype}
+                   if dtype in LOW_PRECISION else {})
+    baselines = {"serial_fp32": {q: _finite(v) for q, v in serial_err.items()},
+                 "rounded_float64": {q: _finite(v) for q, v in rounded_err.items()}}
+    for name, variant in runnable:
+        cls = (dispatch.gate_class(variant, B, L, D, heads, dtype) if variant is not None
+               else dispatch.shape_class(L, D, dtype))
+        row = {"op": op, "backend": name, "variant": variant.name if variant is not None else name,
+               "shape": list(shape), "shape_class": cls, "dtype": dname, "seed": s, "baselines": baselines,
+               "heads": heads if op == "rglru" else None}
+        yield "start", dict(row)
+        start, lost = time.perf_counter(), None
+        try:
+            out = evaluate(op, inputs, backend=name)
+            _sync(device)
+            row.update(judge(op, dtype, out, ref, serial_err, rounded_err, rules))
+        except Exception as err:  # noqa: BLE001  (a backend that crashes fails its gate; the run goes on)
+            row = _failed(row, f"{type(err).__name__}: {err}")
+            lost = _context_lost(device)
+        # freed before the next backend runs, or the cache is emptied
+        out = None
+        if "exception" in row and not lost and device.type == "cuda":
+            torch.cuda.empty_cache()
+        row["seconds"] = round(time.perf_counter() - start, 3)
+        yield "row", row
+        if lost:
+            yield "lost", lost
+            return
+
+
+def _serve(conn, device: str, preload: tuple) -> None:
+    """run_gates' worker process: gates each unit it receives (gate_unit's keyword arguments), sending
+    every event back and ("done", None) after the unit, until it receives None."""
+    for module in preload:
+        importlib.import_module(module)
+    rules = load_rules()
+    while (unit := conn.recv()) is not None:
+        for event in gate_unit(**unit, device=device, rules=rules):
+            conn.send(event)
+            if event[0] == "lost":
+                # a faulted context can be neither reused nor always torn down cleanly: leave at once
+                conn.close()
+                os._exit(0)
+        conn.send(("done", None))
+
+
+class _Worker:
+    """The child process run_gates gates in (spawned, so it starts with a CUDA context of its own);
+    started when a unit needs it, and again after it died or left with a lost context."""
+
+    def __init__(self, device, preload=()):
+        self.device, self.preload = str(device), tuple(preload)
+        self.process = self.conn = None
+        self.busy = False
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_serve, args=(child, self.device, self.preload), daemon=True,
+                                   name="samu-gate-worker")
+        self.process.start()
+        # the parent holds no handle on the child's end, so the child's exit reads as EOF here
+        child.close()
+
+    def _reap(self) -> str:
+        """Wait for the child that closed its end; the words for how it ended."""
+        self.conn.close()
+        self.process.join(60)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        code = self.process.exitcode
+        self.process = self.conn = None
+        try:
+            signame = f" ({signal.Signals(-code).name})" if code < 0 else ""
+        except ValueError:
+            signame = ""
+        return f"worker process died with exit code {code}{signame}"
+
+    def gate(self, **unit):
+        """gate_unit's events for ``unit``, gated in the child. A child that dies without reporting
+        (a segfault, os._exit, a kill) fails the backend it was running, and a fresh child resumes
+        the unit after it; a death in the reference skips the unit, as a reference that raises does."""
+        done, self.busy = [], True
+        shape, dname = list(unit["shape"]), str(unit["dtype"]).replace("torch.", "")
+        while True:
+            if self.process is None:
+                self._start()
+            # what the child was doing when it died: None (not started), "reference", the header of
+            # the backend it was running, "resume" (between backends) or "over" (no reference)
+            state, started = None, time.perf_counter()
+            try:
+                self.conn.send({**unit, "done": tuple(done)})
+                while (event := self.conn.recv())[0] != "done":
+                    kind, payload = event
+                    if kind in ("reference", "start"):
+                        state, started = payload or "reference", time.perf_counter()
+                    elif kind == "row":
+                        done.append(payload["backend"])
+                        state = "resume"
+                    elif kind == "skip" and payload["backend"] == "*":
+                        state = "over"
+                    yield event
+                self.busy = False
+                return
+            except (EOFError, OSError):
+                death = self._reap()
+            if isinstance(state, dict):
+                row = _failed(state, f"{death} while running {state['backend']}")
+                row["seconds"] = round(time.perf_counter() - started, 3)
+                done.append(row["backend"])
+                yield "row", row
+                continue
+            if state == "resume":
+                continue
+            if state == "reference":
+                yield "skip", {"op": unit["op"], "backend": "*", "shape": shape, "dtype": dname,
+                               "reason": f"reference failed: {death} while running the reference"}
+            elif state is None:
+                # it died before reporting anything: a fresh one would likely too, so the unit ends
+                yield "skip", {"op": unit["op"], "backend": "*", "shape": shape, "dtype": dname,
+                               "reason": f"{death} before gating"}
+            self.busy = False
+            return
+
+    def close(self) -> None:
+        """Let an idle child finish; kill one cut off in the middle of a unit."""
+        if self.process is None:
+            return
+        if not self.busy:
+            try:
+                self.conn.send(None)
+            except OSError:
+                pass
+            self.process.join(30)
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+        self.conn.close()
+        self.process = self.conn = None
+
+
 def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bool = True,
-              command: str = "samu gate", out=None, heads: "int | None" = None) -> dict:
+              command: str = "samu gate", out=None, heads: "int | None" = None, isolate: "bool | None" = None,
+              preload=()) -> dict:
     """Run every gate asked for and return the record; with ``out``, the record is rewritten after
     every (op, shape, dtype), so a run stopped early keeps its finished rows (``complete`` false).
-    ``heads``: RG-LRU's head count (default: gates.toml's, or the largest divisor of D below it)."""
+    ``heads``: RG-LRU's head count (default: gates.toml's, or the largest divisor of D below it).
+    ``isolate`` (default: on CUDA) gates in a child process: a kernel fault fails the row of the
+    backend it happened in (blocking its class) and a fresh child goes on, since a faulted CUDA
+    context cannot be reused; this process only keeps the record. ``preload``: modules the gating
+    process imports first (variants that register on import, such as a test's)."""
     rules = load_rules()
     device = torch.device(device)
+    isolate = device.type == "cuda" if isolate is None else isolate
     record = new_record("gate", environment(device), command, gates_version=rules.version,
                         gates_file="samu/gates/gates.toml", skipped=[], complete=False)
+    worker = _Worker(device, preload) if isolate else None
+    if not isolate:
+        for module in preload:
+            importlib.import_module(module)
     units = list(_units(ops, shapes, dtypes, heads, rules))
     bar = tqdm(units, desc="gates", disable=not progress, dynamic_ncols=True)
-    for op, shape, dtype, heads_here, reason in bar:
-        B, L, D = shape
-        if reason is not None:
-            entry = {"op": op, "backend": "*", "reason": reason}
-            if entry not in record["skipped"]:
-                record["skipped"].append(entry)
-            continue
-        dname = str(dtype).replace("torch.", "")
-        runnable, skipped = resolve_backends(op, backends, shape, dtype, device, heads_here)
-        for name, reason in skipped:
-            entry = {"op": op, "backend": name, "reason": reason}
-            if entry not in record["skipped"]:
-                record["skipped"].append(entry)
-                tqdm.write(f"skip {op} {name}: {reason}")
-        if not runnable:
-            continue
-        bar.set_postfix_str(f"{op} {B}x{L}x{D} {dname} reference")
-        s = derive_seed(seed, op, B, L, D, dname)
-        inputs = _inputs(op, shape, dtype, device, seed, heads_here, rules)
-        try:
-            ref = evaluate(op, inputs, ref_dtype=torch.float64)
-            serial = evaluate(op, inputs, ref_dtype=torch.float32)
-        except Exception as err:  # noqa: BLE001  (e.g. out of memory: no reference, no gate; say so and go on)
-            entry = {"op": op, "backend": "*", "shape": list(shape), "dtype": dname,
-                     "reason": f"reference failed: {type(err).__name__}: {err}"[:500]}
-            record["skipped"].append(entry)
-            tqdm.write(f"skip {op} {B}x{L}x{D} {dname}: {entry['reason']}")
-            inputs = None  # freed before the cache is emptied
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            continue
-        serial_err = {q: rel_error(serial[q], ref[q]) for q in quantities(op)}
-        del serial
-        rounded_err = ({q: rel_error(ref[q].to(dtype), ref[q]) for q in rules.stored_in_io_dtype}
-                       if dtype in LOW_PRECISION else {})
-        baselines = {"serial_fp32": {q: _finite(v) for q, v in serial_err.items()},
-                     "rounded_float64": {q: _finite(v) for q, v in rounded_err.items()}}
-        for name, variant in runnable:
-            bar.set_postfix_str(f"{op} {B}x{L}x{D} {dname} {name}")
-            cls = (dispatch.gate_class(variant, B, L, D, heads_here, dtype) if variant is not None
-                   else dispatch.shape_class(L, D, dtype))
-            row = {"op": op, "backend": name, "variant": variant.name if variant is not None else name,
-                   "shape": list(shape), "shape_class": cls, "dtype": dname, "seed": s, "baselines": baselines,
-                   "heads": heads_here if op == "rglru" else None}
-            start = time.perf_counter()
-            try:
-                row.update(judge(op, dtype, evaluate(op, inputs, backend=name), ref, serial_err, rounded_err, rules))
-            except Exception as err:  # noqa: BLE001  (a backend that crashes fails its gate; the run goes on)
-                row.update({"errors": {}, "thresholds": {}, "rules": {}, "passed": {}, "pass": False,
-                            "exception": f"{type(err).__name__}: {err}"})
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-            row["seconds"] = round(time.perf_counter() - start, 3)
-            record["rows"].append(row)
-            failed = [q for q, ok in row["passed"].items() if not ok] or (["crashed"] if "exception" in row else [])
-            tqdm.write(f"{'PASS' if row['pass'] else 'FAIL'} {op} {name} {B}x{L}x{D} {dname}"
-                       + (f" ({', '.join(failed)})" if failed else ""))
-        del ref, inputs
-        end_unit(record, out, device)
+    try:
+        for op, shape, dtype, heads_here, reason in bar:
+            B, L, D = shape
+            if reason is not None:
+                entry = {"op": op, "backend": "*", "reason": reason}
+                if entry not in record["skipped"]:
+                    record["skipped"].append(entry)
+                continue
+            dname = str(dtype).replace("torch.", "")
+            unit = {"op": op, "shape": shape, "dtype": dtype, "heads": heads_here, "backends": list(backends),
+                    "seed": seed}
+            events = worker.gate(**unit) if isolate else gate_unit(**unit, device=device, rules=rules)
+            for kind, payload in events:
+                if kind in ("reference", "start"):
+                    bar.set_postfix_str(f"{op} {B}x{L}x{D} {dname} {payload['backend'] if payload else 'reference'}")
+                elif kind == "skip":
+                    if payload not in record["skipped"]:
+                        record["skipped"].append(payload)
+                        where = f"{B}x{L}x{D} {dname}" if "shape" in payload else payload["backend"]
+                        tqdm.write(f"skip {op} {where}: {payload['reason']}")
+                elif kind == "row":
+                    record["rows"].append(payload)
+                    failed = ([q for q, ok in payload["passed"].items() if not ok]
+                              or (["crashed"] if "exception" in payload else []))
+                    tqdm.write(f"{'PASS' if payload['pass'] else 'FAIL'} {op} {payload['backend']} {B}x{L}x{D} {dname}"
+                               + (f" ({', '.join(failed)})" if failed else ""))
+                elif isolate:
+                    tqdm.write(f"CUDA context lost ({payload}): a fresh worker process goes on")
+                else:
+                    if out is not None:
+                        write_record(record, out)
+                    raise RuntimeError(f"the CUDA context is lost ({payload}); no later gate can run in this "
+                                       "process: gate in a worker process (isolate, the default on CUDA)")
+            end_unit(record, out, device)
+    finally:
+        if worker is not None:
+            worker.close()
     record["complete"] = True
     return record
 
@@ -264,12 +463,21 @@ def status_from_records(records: list, version: "int | None" = None) -> dict:
             "sources": sorted({stamp[1] for stamp, _ in latest.values()})}
 
 
-def update_status(results, extra: "list | None" = None, path: "Path | None" = None) -> tuple[Path, dict]:
-    """Rebuild the status file from every non-quarantined gate record (plus ``extra``) and reload it."""
+def update_status(results, extra: "list | None" = None, path: "Path | None" = None,
+                  merge: bool = False) -> tuple[Path, dict]:
+    """Rebuild the status file from every non-quarantined gate record (plus ``extra``) and reload it.
+    ``merge``: keep the file's verdicts on the triples those records do not speak for (dispatch's
+    first-use gating adds a class this way without dropping what ``samu gate`` wrote there)."""
     records = load_records(results, kind="gate")
     records += [(p, r) for p, r in extra or [] if all(r != known for _, known in records)]
     status = status_from_records(records, load_rules().version)
     path = Path(path) if path else status_path()
+    if merge and path.exists():
+        old = json.loads(path.read_text())
+        new = {tuple(k) for kind in ("passed", "blocked") for k in status[kind]}
+        for kind in ("passed", "blocked"):
+            status[kind] = sorted(status[kind] + [k for k in old.get(kind, []) if tuple(k) not in new])
+        status["sources"] = sorted(set(status["sources"]) | set(old.get("sources", [])))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(status, indent=1, sort_keys=True) + "\n")
     reload()
@@ -290,12 +498,14 @@ def gate_command(args) -> int:
         print(f"warm-up: {len(warmed)} units in {args.jobs} processes, {len(errors)} with errors"
               + "".join(f"\n  {item[0]} {item[1]} {item[2]} {item[3]}: {err}" for item, err in errors))
     record = run_gates(args.ops, args.shapes, args.dtypes, args.backends, args.device, seed=args.seed,
-                       progress=not args.quiet, command=args.command_line, out=args.out, heads=args.heads)
+                       progress=not args.quiet, command=args.command_line, out=args.out, heads=args.heads,
+                       isolate=False if args.no_isolate else None)
     out = write_record(record, args.out)
     print(f"record: {out}")
     failed = [r for r in record["rows"] if not r["pass"]]
     print(f"{len(record['rows']) - len(failed)} passed, {len(failed)} failed")
     if not args.no_status:
-        path, status = update_status(args.results, extra=[(out.as_posix(), record)], path=status_file)
+        path, status = update_status(args.results, extra=[(out.as_posix(), record)], path=status_file,
+                                     merge=args.merge_status)
         print(f"status: {path} ({len(status['blocked'])} blocked)")
     return 1 if failed and args.strict else 0

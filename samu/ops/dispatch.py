@@ -1,22 +1,31 @@
-"""Backend and variant selection per shape, gate-aware (SPEC §5, §6).
+"""Backend and variant selection per shape, gate-aware (spec §5, §6).
 
 Backends: ``"reference"`` (serial, exact, slow), ``"torch"`` (chunked PyTorch, any device),
 ``"triton"`` (the dispatched Triton variant) or a named Triton variant. ``"auto"`` picks Triton on
 CUDA when it is importable and a variant has passed its gate for the shape class, else ``"torch"``.
 
 Triton variants register themselves here (``register``) with their own preference rule. ``"auto"``
-and ``"triton"`` choose only among variants whose latest gate record for the shape class passed
-(``samu.gates.passed``): a variant that failed there, or was never gated there, is not chosen.
-A variant named explicitly runs regardless, so it can be gated.
+and ``"triton"`` choose only among variants whose gate status for the shape class is "passed"
+(``samu.ops.gate_status``): a variant that failed there is never chosen. A class no status covers
+is gated once, on first use, in a child process (``samu gate`` at the call's own shape; the
+result goes to the user's status file and one line on stderr says so); ``SAMU_AUTO_GATE=0`` turns
+that off (a one-time warning names the command instead), and inside a torch.compile trace or a
+CUDA-graph capture an ungated class is an error naming the command. A variant named explicitly
+runs regardless, so it can be gated.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+
+from samu.ops import gate_status
 
 OPS = ("samu", "rglru")
 BASE_BACKENDS = ("auto", "reference", "torch", "triton")
@@ -117,11 +126,91 @@ def gate_class(variant: Variant, B: int, L: int, D: int, H: int, dtype: torch.dt
     return _classes[key]
 
 
-def _gated(op: str, variant: Variant, B: int, L: int, D: int, H: int, dtype: torch.dtype) -> bool:
-    from samu.gates import blocked, passed
+def _dname(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
-    key = (op, variant.name, gate_class(variant, B, L, D, H, dtype))
-    return key in passed() and key not in blocked()
+
+def gate_command(op: str, B: int, L: int, D: int, dtype: torch.dtype, heads: int, names=None) -> list[str]:
+    """The ``samu gate`` arguments that gate ``op``'s variants (all, or ``names``) at one shape."""
+    cmd = ["samu", "gate", "--ops", op, "--shapes", f"{B}x{L}x{D}", "--dtypes", _dname(dtype)]
+    cmd += ["--backends", ",".join(names) if names else "variants"]
+    return cmd + (["--heads", str(heads)] if op == "rglru" else [])
+
+
+def auto_gate_enabled() -> "str | None":
+    """None when ``auto`` may gate an uncovered class itself, else why not."""
+    if os.environ.get("SAMU_AUTO_GATE", "1") == "0":
+        return "SAMU_AUTO_GATE=0"
+    if gate_status.override() is not None:
+        return f"SAMU_GATE_STATUS names the one status file in use ({gate_status.override()})"
+    return None
+
+
+def _in_trace_or_capture() -> bool:
+    return torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+_auto_tried: dict = {}  # (op, B, L, D, H, dtype) -> outcome of this process's attempt to gate it
+
+
+def _gate_now(op: str, B: int, L: int, D: int, H: int, dtype: torch.dtype, device: torch.device, names) -> None:
+    """Gate ``names`` at this shape in a child process (a kernel fault there cannot poison this
+    one), record the result in the user's status file and reload the status. One process gates a
+    class at a time (a lock in the cache folder): ranks of one job wait for the first."""
+    key = (op, B, L, D, H, dtype)
+    if key in _auto_tried:
+        return
+    records = gate_status.cache_dir() / "gates"
+    records.mkdir(parents=True, exist_ok=True)
+    shown = " ".join(gate_command(op, B, L, D, dtype, H, names))
+    with _Lock(records / ".lock"):
+        gate_status.reload()
+        if all(gate_status.verdict(op, n, gate_class(_VARIANTS[op][n], B, L, D, H, dtype)) for n in names):
+            _auto_tried[key] = "gated by another process"
+            return
+        print(f"samu: gating {op} {', '.join(names)} at ({B}, {L}, {D}) {_dname(dtype)} on {device} once "
+              f"(`{shown}`); the result goes to {gate_status.user_file()}", file=sys.stderr, flush=True)
+        cmd = [sys.executable, "-m", "samu.bench", *gate_command(op, B, L, D, dtype, H, names)[1:], "--quiet",
+               "--device", str(device), "--out", str(records), "--results", str(records),
+               "--status", str(gate_status.user_file()), "--merge-status"]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
+                                  env=dict(os.environ, SAMU_AUTO_GATE="0"))
+            failed = done.returncode != 0 and (done.stderr.strip().splitlines() or ["no output"])[-1]
+        except (OSError, subprocess.TimeoutExpired) as err:
+            failed = f"{type(err).__name__}: {err}"
+        gate_status.reload()
+    if failed:
+        _auto_tried[key] = failed
+        print(f"samu: gating failed ({failed}); {op} uses the chunked PyTorch path at this shape",
+              file=sys.stderr, flush=True)
+        return
+    verdicts = {n: gate_status.verdict(op, n, gate_class(_VARIANTS[op][n], B, L, D, H, dtype)) for n in names}
+    _auto_tried[key] = verdicts
+    print("samu: gate result: " + ", ".join(f"{n} {v or 'not gated'}" for n, v in verdicts.items()),
+          file=sys.stderr, flush=True)
+
+
+class _Lock:
+    """An exclusive advisory lock on a file (none where fcntl is missing)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self):
+        self.file = open(self.path, "a")
+        try:
+            import fcntl
+            fcntl.flock(self.file, fcntl.LOCK_EX)
+        except ImportError:  # pragma: no cover - not POSIX
+            pass
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+
+_warned: set = set()
 
 
 def _triton_usable(device: torch.device) -> "str | None":
@@ -161,27 +250,43 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
         raise TypeError(f"backend={backend!r} supports bf16, fp16 and fp32 inputs, not float64")
     if backend in named:
         return Choice("triton", named[backend], f"variant {backend!r} requested")
-    ranked = []
-    for v in named.values():
-        score = v.preference(B, L, D, heads)
-        if score is None:
-            continue
-        if not _gated(op, v, B, L, D, heads, dtype):
-            continue
-        ranked.append((score, v.name, v))
+    applicable = [v for v in named.values() if v.preference(B, L, D, heads) is not None]
+    classes = {v.name: gate_class(v, B, L, D, heads, dtype) for v in applicable}
+
+    def verdicts():
+        return {v.name: gate_status.verdict(op, v.name, classes[v.name]) for v in applicable}
+
+    status = verdicts()
+    ungated = [n for n, s in status.items() if s is None]
+    if ungated and "passed" not in status.values():
+        command = " ".join(gate_command(op, B, L, D, dtype, heads, ungated))
+        where = "; ".join(f"{n} in {classes[n]}" for n in ungated)
+        if _in_trace_or_capture():
+            raise RuntimeError(f"no gate record covers {op} at (B={B}, L={L}, D={D}) {_dname(dtype)} ({where}), and "
+                               f"samu never gates inside torch.compile or a CUDA-graph capture: run `{command}` "
+                               f"first (or one eager call), or pass a backend")
+        why_not = auto_gate_enabled()
+        if why_not is None and device.type == "cuda":
+            _gate_now(op, B, L, D, heads, dtype, device, ungated)
+            status = verdicts()
+        elif backend == "auto" and (op, classes[ungated[0]]) not in _warned:
+            _warned.add((op, classes[ungated[0]]))
+            warnings.warn(f"samu: no gate record covers {op} at (B={B}, L={L}, D={D}) {_dname(dtype)} ({where}) and "
+                          f"{why_not or 'the device is not CUDA'}, so {op} uses the chunked PyTorch path there, "
+                          f"~100x slower; `{command}` gates it", stacklevel=3)
+    ranked = sorted((v.preference(B, L, D, heads), v.name, v) for v in applicable if status[v.name] == "passed")
     if not ranked:
-        wanted = "; ".join(f"{v.name} in {gate_class(v, B, L, D, heads, dtype)}" for v in named.values()
-                           if v.preference(B, L, D, heads) is not None) or "no variant applies"
-        command = f"samu gate --ops {op} --shapes {B}x{L}x{D}" + (f" --heads {heads}" if op == "rglru" else "")
+        wanted = "; ".join(f"{n} in {classes[n]}: {status[n] or 'not gated'}" for n in status) or "no variant applies"
+        command = " ".join(gate_command(op, B, L, D, dtype, heads))
         if backend == "triton":
             raise ValueError(f"no Triton variant of {op} has passed its gate here ({wanted}); run "
                              f"`{command}`, or name a variant")
         return Choice("torch", None, f"auto: no Triton variant has passed its gate here ({wanted}; "
                                      f"`{command}` gates it); using the chunked PyTorch path")
-    score, name, v = min(ranked, key=lambda r: (r[0], r[1]))
-    others = ", ".join(n for _, n, _ in sorted(ranked, key=lambda r: (r[0], r[1]))[1:]) or "none"
+    score, name, v = ranked[0]
+    others = ", ".join(n for _, n, _ in ranked[1:]) or "none"
     return Choice("triton", v, f"{backend}: {name} ranks first for (B={B}, L={L}, D={D}) "
-                               f"in {gate_class(v, B, L, D, heads, dtype)}; gated alternatives: {others}")
+                               f"in {classes[name]}; gated alternatives: {others}")
 
 
 def explain(shape, op: str = "samu", dtype: torch.dtype = torch.bfloat16, device="cuda",

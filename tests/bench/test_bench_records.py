@@ -29,6 +29,7 @@ def test_bench_record_matches_schema(cpu_record):
     assert row["floor_bytes"] == 2 * 16 * 8 * 4
     assert row["floor_ratio"] == pytest.approx(row["median_ms"] / row["floor_ms"])
     assert row["agreement"]["against"] == "samu/auto" and row["agreement"]["rel_error"] < 1e-6
+    assert row["agreement"]["flagged"] is False and row["agreement"]["threshold"] > 1e-6
     assert row["choice"] == "torch" and row["choice_reason"] and row["peer"]
     assert not cpu_record["rows"][0]["peer"]
     # every peer is either timed or listed with the reason it could not run, never silently dropped

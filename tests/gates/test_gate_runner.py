@@ -1,5 +1,4 @@
 import json
-import os
 
 import pytest
 import torch
@@ -57,7 +56,11 @@ def test_failing_variant_is_recorded_and_never_dispatched_for_its_shape_class(du
     assert bad["errors"]["y"] == pytest.approx(1e-3, rel=1e-3)
     assert set(bad["thresholds"]) == set(quantities("samu"))
     crash = rows["test_gate_crash"]
-    assert not crash["pass"] and "kernel launch failed" in crash["exception"]
+    # an exception row carries what status_from_records reads, so it blocks its class below
+    assert crash["exception"] == "RuntimeError: kernel launch failed"
+    assert crash["pass"] is False and crash["passed"] == {}
+    assert (crash["op"], crash["variant"], crash["shape_class"], crash["shape"]) == (
+        "samu", "test_gate_crash", CLASS, list(SHAPE))
 
     path = write_record(record, tmp_path / "results" / "gates")
     status_path, status = update_status(tmp_path / "results")
@@ -138,30 +141,6 @@ def test_quarantined_gate_records_never_reach_the_status(tmp_path):
     reload()
 
 
-def test_user_status_overlays_the_packaged_one(tmp_path, monkeypatch):
-    import samu.gates as gates
-
-    packaged = tmp_path / "pkg" / "status.json"
-    packaged.parent.mkdir()
-    packaged.write_text(json.dumps({"passed": [["samu", "v", "c"], ["samu", "w", "c"]], "blocked": []}))
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    (cache / "gate_status.json").write_text(json.dumps({"passed": [], "blocked": [["samu", "v", "c"]]}))
-    monkeypatch.delenv("SAMU_GATE_STATUS", raising=False)
-    monkeypatch.setenv("SAMU_CACHE", str(cache))
-    monkeypatch.setattr(gates, "STATUS_FILE", packaged)
-    reload()
-    try:
-        assert gates.passed() == {("samu", "w", "c")}
-        assert gates.blocked() == {("samu", "v", "c")}
-        packaged.parent.chmod(0o500)
-        if not os.access(packaged.parent, os.W_OK):  # root may write anyway
-            assert gates.status_path() == cache / "gate_status.json"
-    finally:
-        packaged.parent.chmod(0o700)
-        reload()
-
-
 def test_a_gate_speaks_only_for_the_numerics_it_ran_with(tmp_path, monkeypatch):
     """A variant whose group size follows L: passing at L = 33 does not clear L = 70, although both
     lengths fall in one length bucket, because the group size (its parenthesisation) differs."""
@@ -211,3 +190,39 @@ def test_gates_run_with_the_head_count_asked_for():
     (row,) = record["rows"]
     assert row["shape"] == [1, 9, 8] and row["heads"] == 4 and row["pass"]
     assert {"op": "rglru", "backend": "*", "reason": "heads=4 does not divide D=6"} in record["skipped"]
+
+
+def test_a_worker_that_dies_or_loses_its_context_fails_that_row_and_the_run_goes_on(tmp_path, monkeypatch):
+    """Isolated gates (the default on CUDA), here on CPU: at L = 33 one variant takes its worker down
+    and the next raises an illegal-address error that leaves the context unusable; each becomes a failed
+    row naming its error, a fresh worker gates the rest of the unit, and the next unit runs."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    backends = ["test_gate_exit", "test_gate_sticky", "test_gate_fine", "torch"]
+    record = run_gates(["samu"], [SHAPE, (1, 17, 8)], [torch.float32], backends, "cpu", progress=False,
+                       out=tmp_path / "gates.json", isolate=True, preload=["tests.gates.faulty_variants"])
+    assert record["complete"] and record["skipped"] == []
+    rows = {(r["backend"], r["shape"][1]): r for r in record["rows"]}
+    assert sorted(rows) == sorted((b, L) for b in backends for L in (33, 17))
+    died, lost = rows["test_gate_exit", 33], rows["test_gate_sticky", 33]
+    assert died["exception"] == "worker process died with exit code 3 while running test_gate_exit"
+    assert lost["exception"] == "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert not died["pass"] and not lost["pass"] and died["shape_class"] == CLASS
+    assert all(r["pass"] for key, r in rows.items() if key not in {("test_gate_exit", 33), ("test_gate_sticky", 33)})
+    assert json.loads((tmp_path / "gates.json").read_text())["rows"] == json.loads(json.dumps(record["rows"]))
+    status = status_from_records([("gates.json", record)])
+    assert ["samu", "test_gate_exit", CLASS] in status["blocked"]
+    assert ["samu", "test_gate_sticky", CLASS] in status["blocked"]
+    assert ["samu", "test_gate_fine", CLASS] in status["passed"]
+    # the faulty variants (and their context probe) exist in the workers only
+    assert "test_gate_exit" not in dispatch.variants("samu")
+
+
+def test_in_process_gates_stop_at_a_lost_context_and_keep_its_row(dummy_variants, tmp_path, monkeypatch):
+    from samu.gates import runner
+
+    monkeypatch.setattr(runner, "_context_lost", lambda device: "RuntimeError: CUDA error: an illegal memory access")
+    with pytest.raises(RuntimeError, match="CUDA context is lost"):
+        run_gates(["samu"], [SHAPE], [torch.float32], ["test_gate_crash", "test_gate_good"], "cpu",
+                  progress=False, out=tmp_path / "gates.json")
+    (row,) = json.loads((tmp_path / "gates.json").read_text())["rows"]
+    assert row["backend"] == "test_gate_crash" and row["exception"] == "RuntimeError: kernel launch failed"

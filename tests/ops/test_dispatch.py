@@ -54,3 +54,108 @@ def test_unknown_op_and_backend_type():
         dispatch.choose("mamba", 1, 4, 8, torch.float32, "cpu")
     with pytest.raises(TypeError, match="backend must be a string"):
         dispatch.choose("samu", 1, 4, 8, torch.float32, "cpu", 3)
+
+
+# First-use gating: a class no status covers is gated once in a child process (spec §6: a variant
+# that failed a gate is never dispatched; one never gated is gated before it is).
+
+needs_triton = pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
+
+
+@pytest.fixture
+def empty_status(tmp_path, monkeypatch):
+    """No packaged verdicts, the user's status under tmp_path; restored afterwards."""
+    from samu.ops import gate_status
+
+    monkeypatch.setattr(gate_status, "PACKAGED", tmp_path / "packaged.json")
+    monkeypatch.setenv("SAMU_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("SAMU_GATE_STATUS", raising=False)
+    monkeypatch.delenv("SAMU_AUTO_GATE", raising=False)
+    monkeypatch.setattr(dispatch, "_auto_tried", {})
+    monkeypatch.setattr(dispatch, "_warned", set())
+    gate_status.reload()
+    yield gate_status
+    monkeypatch.undo()
+    gate_status.reload()
+
+
+@needs_triton
+def test_ungated_class_is_gated_once_in_a_child_and_then_dispatched(empty_status, monkeypatch, capsys):
+    import json
+
+    calls = []
+
+    def fake_gate(cmd, **kw):
+        # what `samu gate --merge-status` leaves behind: the user's status with the class passed
+        calls.append(cmd)
+        status = {"passed": [["samu", n, dispatch.gate_class(dispatch.variants("samu")[n], 1, 64, 8, 16,
+                                                              torch.bfloat16)] for n in cmd[cmd.index("--backends") + 1].split(",")],
+                  "blocked": []}
+        empty_status.user_file().write_text(json.dumps(status))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(dispatch.subprocess, "run", fake_gate)
+    choice = dispatch.choose("samu", 1, 64, 8, torch.bfloat16, "cuda")
+    assert choice.backend == "triton"
+    (cmd,) = calls
+    assert cmd[1:4] == ["-m", "samu.bench", "gate"] and "--merge-status" in cmd
+    assert cmd[cmd.index("--status") + 1] == str(empty_status.user_file())
+    assert cmd[cmd.index("--shapes") + 1] == "1x64x8" and cmd[cmd.index("--dtypes") + 1] == "bfloat16"
+    err = capsys.readouterr().err
+    assert "samu: gating samu" in err and "gate result" in err and "passed" in err
+    dispatch.choose("samu", 1, 64, 8, torch.bfloat16, "cuda")
+    assert len(calls) == 1
+
+
+@needs_triton
+def test_failed_first_use_gate_falls_back_once_and_says_so(empty_status, monkeypatch, capsys):
+    calls = []
+
+    def broken(cmd, **kw):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "RuntimeError: no GPU\n")
+
+    monkeypatch.setattr(dispatch.subprocess, "run", broken)
+    for _ in range(2):
+        assert dispatch.choose("rglru", 1, 64, 32, torch.bfloat16, "cuda", heads=2).backend == "torch"
+    assert len(calls) == 1 and cmd_has_heads(calls[0], 2)
+    assert "gating failed (RuntimeError: no GPU)" in capsys.readouterr().err
+
+
+def cmd_has_heads(cmd, heads):
+    return cmd[cmd.index("--heads") + 1] == str(heads)
+
+
+@needs_triton
+def test_auto_gate_off_warns_once_with_the_command(empty_status, monkeypatch):
+    monkeypatch.setenv("SAMU_AUTO_GATE", "0")
+    monkeypatch.setattr(dispatch.subprocess, "run", lambda *a, **k: pytest.fail("must not gate"))
+    with pytest.warns(UserWarning, match=r"SAMU_AUTO_GATE=0.*samu gate --ops samu --shapes 1x64x8"):
+        assert dispatch.choose("samu", 1, 64, 8, torch.bfloat16, "cuda").backend == "torch"
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dispatch.choose("samu", 1, 64, 8, torch.bfloat16, "cuda")
+
+
+@needs_triton
+def test_ungated_class_inside_a_trace_is_an_error_naming_the_command(empty_status, monkeypatch):
+    monkeypatch.setattr(dispatch.subprocess, "run", lambda *a, **k: pytest.fail("must not gate in a trace"))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with pytest.raises(RuntimeError, match=r"never gates inside torch.compile.*samu gate --ops samu"):
+        dispatch.choose("samu", 1, 64, 8, torch.bfloat16, "cuda")
+
+
+@needs_triton
+def test_blocked_class_is_never_dispatched_nor_regated(empty_status, monkeypatch):
+    import json
+
+    classes = {n: dispatch.gate_class(v, 1, 64, 8, 16, torch.bfloat16) for n, v in dispatch.variants("samu").items()}
+    empty_status.user_file().parent.mkdir(parents=True)
+    empty_status.user_file().write_text(json.dumps({"passed": [], "blocked": [["samu", n, c] for n, c in classes.items()]}))
+    empty_status.reload()
+    monkeypatch.setattr(dispatch.subprocess, "run", lambda *a, **k: pytest.fail("must not gate a blocked class"))
+    choice = dispatch.choose("samu", 1, 64, 8, torch.bfloat16, "cuda")
+    assert choice.backend == "torch" and "blocked" in choice.reason
+    with pytest.raises(ValueError, match="no Triton variant of samu has passed"):
+        dispatch.choose("samu", 1, 64, 8, torch.bfloat16, "cuda", backend="triton")

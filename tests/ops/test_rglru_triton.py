@@ -230,12 +230,14 @@ def test_gpu_cuda_graph_capture():
     assert torch.equal(y_graph, y_eager)
 
 
-def test_gate_class_names_head_dim_and_group_count():
+def test_gate_class_names_head_dim_and_steps_per_group():
     from samu.ops.dispatch import gate_class
 
     v = samu.dispatch.variants("rglru")["triton_chunked"]
     one, eight = (gate_class(v, B, 8192, 1024, 16, torch.bfloat16) for B in (1, 8))
-    assert "n=64" in one and one != eight  # more batch rows, fewer groups per row: other numerics
+    assert "n=64" in one and one != eight  # more batch rows, fewer and longer groups: other numerics
+    # a shorter sequence with the same steps per group is the same parenthesisation, so the same class
+    assert gate_class(v, 1, 256, 1024, 16, torch.bfloat16) == gate_class(v, 1, 320, 1024, 16, torch.bfloat16)
     assert "n=128" in gate_class(v, 1, 8192, 1024, 8, torch.bfloat16)
-    with pytest.raises(ValueError, match=r"samu gate --ops rglru --shapes 1x8192x1024 --heads 8"):
+    with pytest.raises(ValueError, match=r"samu gate --ops rglru --shapes 1x8192x1024 --dtypes bfloat16 --backends variants --heads 8"):
         samu.dispatch.choose("rglru", 1, 8192, 1024, torch.bfloat16, "cpu", "triton", heads=8)

@@ -154,11 +154,17 @@ def run(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, config: Config):
     return y, h
 
 
-def _groups(config: Config, B: int, L: int, D: int, H: int) -> int:
-    """Groups of steps per batch row (and channel tile) at this shape: with K and WC, what fixes the
-    variant's parenthesisation."""
+def _group_steps(config: Config, B: int, L: int, D: int, H: int) -> int:
+    """Steps per group of the chunk-parallel kernels at this shape: with K and WC, what fixes the
+    variant's parenthesisation. (The number of groups only lengthens the sequence of groups: the
+    folds over group maps run on a fixed width, where groups not present are exact identities.)"""
     n = D // H
-    return cdiv(cdiv(cdiv(L, config.K), config.WC), config.steps_per_program(B, L, H * cdiv(n, channel_block(n))))
+    return config.steps_per_program(B, L, H * cdiv(n, channel_block(n)))
+
+
+def _groups(config: Config, B: int, L: int, D: int, H: int) -> int:
+    """Groups of steps per batch row (and channel tile) at this shape."""
+    return cdiv(cdiv(cdiv(L, config.K), config.WC), _group_steps(config, B, L, D, H))
 
 
 def scratch(config: Config):
@@ -188,10 +194,11 @@ def _register(name, config, score, description):
         run=lambda x, w_a, b_a, w_x, b_x, a_param, h0, c: run(x, w_a, b_a, w_x, b_x, a_param, h0, c, config),
         preference=lambda B, L, D, H: score if D % H == 0 else None,
         scratch=lambda B, L, D: scratch(config)(B, L, D), description=description,
-        settings=lambda B, L, D, H: f"{config}, H={H}, {_groups(config, B, L, D, H)} groups per batch row",
-        # chunk length, chunks per step, the head dim (tile shapes, weight parts) and the group count
+        settings=lambda B, L, D, H: (f"{config}, H={H}, {_groups(config, B, L, D, H)} groups of "
+                                     f"{_group_steps(config, B, L, D, H)} steps per batch row"),
+        # chunk length, chunks per step, the head dim (tile shapes, weight parts) and the steps per group
         numerics=lambda B, L, D, H: (f"K={config.K},WC={config.WC},n={D // H},"
-                                     f"NG={_groups(config, B, L, D, H)}")))
+                                     f"G={_group_steps(config, B, L, D, H)}")))
 
 
 CHUNKED = Config()

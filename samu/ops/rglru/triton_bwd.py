@@ -298,16 +298,19 @@ def _rglru_bwd_dw_kernel(
         b_dba += tl.sum(b_dza, axis=2)
         b_dbx += tl.sum(b_dzx, axis=2)
         b_dsp += tl.sum(b_dlga, axis=2)
-        # dW[:, J] += x^T dz over the step's tokens: x in its exact parts, dz in three bf16 parts
+        # dW[:, J] += x^T dz over the step's tokens: x in its exact parts, dz in three bf16 parts.
+        # Each step's product starts from zero and joins the running sum by an fp32 add: the tensor
+        # cores truncate when they accumulate, so a running sum kept in their accumulator drifts
+        # with the number of steps (measured: d w_a outside the fp32 rule at L = 131,072)
         dza = _split3(_rows(b_dza, WC, K, BJ))
         dzx = _split3(_rows(b_dzx, WC, K, BJ))
         xat = _trans3(xa)
-        b_dwa = _parts_dot(xat, dza, b_dwa, X_PARTS, 3, 2, MATH)
-        b_dwx = _parts_dot(xat, dzx, b_dwx, X_PARTS, 3, 2, MATH)
+        b_dwa += _parts_dot(xat, dza, tl.zeros([NPA, BJ], dtype=tl.float32), X_PARTS, 3, 2, MATH)
+        b_dwx += _parts_dot(xat, dzx, tl.zeros([NPA, BJ], dtype=tl.float32), X_PARTS, 3, 2, MATH)
         if NPB > 0:
             xbt = _trans3(xb)
-            b_dwa_b = _parts_dot(xbt, dza, b_dwa_b, X_PARTS, 3, 2, MATH)
-            b_dwx_b = _parts_dot(xbt, dzx, b_dwx_b, X_PARTS, 3, 2, MATH)
+            b_dwa_b += _parts_dot(xbt, dza, tl.zeros([NPB, BJ], dtype=tl.float32), X_PARTS, 3, 2, MATH)
+            b_dwx_b += _parts_dot(xbt, dzx, tl.zeros([NPB, BJ], dtype=tl.float32), X_PARTS, 3, 2, MATH)
         p_x += WC * K * D
         p_dy += WC * K * D
 
