@@ -178,16 +178,16 @@ def main():
     ap.add_argument("--wc-dx", type=int, default=4)
     ap.add_argument("--stages", default="auto")
     ap.add_argument("--order", default="auto")
-    ap.add_argument("--skip-samu", action="store_true")
+    ap.add_argument("--only", choices=("rglru", "samu", "fla"), default=None, help="run one part only")
     args = ap.parse_args()
     if args.child:
         return child(args)
     path = os.path.join(args.out, "diag.json")
     out: list = []
-    run_rglru(args, out, path)
-    if not args.skip_samu:
-        run_samu(out, path)
-        run_fla(out, path)
+    for name, part in (("rglru", lambda: run_rglru(args, out, path)), ("samu", lambda: run_samu(out, path)),
+                       ("fla", lambda: run_fla(out, path))):
+        if args.only in (None, name):
+            part()
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ main() {
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 
   # the gates-marked tests run the same gates as the gate stage below (through the CLI there)
-  stage tests 80 $PY -m pytest -m "gpu and not gates" -q -p no:cacheprovider
+  stage tests 240 $PY -m pytest -m "gpu and not gates" -q -p no:cacheprovider
   stage gate 480 $SAMU gate --quiet --jobs "${GATE_JOBS:-12}" --warm-budget 240 $EXTRA --shapes "${GATE_SHAPES:-gate}" --dtypes "${GATE_DTYPES:-bf16,fp16,fp32}" \
     --backends torch,variants --out "$OUT/gates.json" --results "$OUT"
   stage primary 130 $SAMU bench --quiet $EXTRA $BENCH_EXTRA --scopes fwd,fb --shapes "${PRIMARY_SHAPES:-primary}" \

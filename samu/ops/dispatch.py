@@ -43,11 +43,10 @@ class Variant:
     # scratch(B, L, D) -> (formula, bytes): transient prefix/summary scratch of one forward+backward
     scratch: Callable[[int, int, int], "tuple[str, int]"] = field(compare=False, repr=False)
     description: str = ""
-    # settings(B, L, D, H) -> the launch settings (tile sizes, groups) this variant uses at that shape
-    settings: Callable[[int, int, int, int], str] = field(compare=False, repr=False, default=lambda B, L, D, H: "")
-    # numerics(B, L, D, H) -> the settings that fix its parenthesisation there (part of the gate class)
-    numerics: Callable[[int, int, int, int], str] = field(compare=False, repr=False,
-                                                          default=lambda B, L, D, H: "")
+    # settings(B, L, D, H, dtype) -> the launch settings (tile sizes, groups) it uses for such a call
+    settings: Callable[..., str] = field(compare=False, repr=False, default=lambda B, L, D, H, dtype: "")
+    # numerics(B, L, D, H, dtype) -> the settings that fix its parenthesisation there (part of the gate class)
+    numerics: Callable[..., str] = field(compare=False, repr=False, default=lambda B, L, D, H, dtype: "")
 
 
 @dataclass(frozen=True)
@@ -117,12 +116,12 @@ def gate_class(variant: Variant, B: int, L: int, D: int, H: int, dtype: torch.dt
     """The shape class of ``variant`` at (B, L, D) with H heads (H matters to RG-LRU only)."""
     if torch.compiler.is_compiling():
         # traced once per graph; a memo lookup there would add a guard and a recompile per shape
-        return shape_class(L, D, dtype, variant.numerics(B, L, D, H))
+        return shape_class(L, D, dtype, variant.numerics(B, L, D, H, dtype))
     key = (variant.op, variant.name, B, L, D, H, dtype)
     if key not in _classes:
         if len(_classes) > 4096:
             _classes.clear()
-        _classes[key] = shape_class(L, D, dtype, variant.numerics(B, L, D, H))
+        _classes[key] = shape_class(L, D, dtype, variant.numerics(B, L, D, H, dtype))
     return _classes[key]
 
 
@@ -294,6 +293,6 @@ def explain(shape, op: str = "samu", dtype: torch.dtype = torch.bfloat16, device
     """Say which implementation ``op`` uses for ``shape`` = (B, L, D), with which launch settings, and why."""
     B, L, D = shape
     c = choose(op, B, L, D, dtype, device, backend, heads)
-    settings = f"; launch settings: {c.variant.settings(B, L, D, heads)}" if c.variant is not None else ""
+    settings = f"; launch settings: {c.variant.settings(B, L, D, heads, dtype)}" if c.variant is not None else ""
     return (f"{op} {tuple(shape)} {str(dtype).replace('torch.', '')} on {torch.device(device).type}: "
             f"{c.name} ({c.reason}{settings})")

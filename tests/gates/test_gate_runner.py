@@ -37,7 +37,7 @@ def dummy_variants(tmp_path, monkeypatch):
     for name, (run, score) in names.items():
         dispatch.register(dispatch.Variant("samu", name, run, lambda B, L, D, H, s=score: s,
                                            lambda B, L, D: ("0", 0), "test dummy",
-                                           settings=lambda B, L, D, H: f"tile {min(L, 8)}"))
+                                           settings=lambda B, L, D, H, dtype: f"tile {min(L, 8)}"))
     reload()
     yield list(names)
     for name in names:
@@ -149,7 +149,7 @@ def test_a_gate_speaks_only_for_the_numerics_it_ran_with(tmp_path, monkeypatch):
     dispatch.variants("samu")
     variant = dispatch.register(dispatch.Variant(
         "samu", "test_gate_groups", _good, lambda B, L, D, H: -4e9, lambda B, L, D: ("0", 0), "test dummy",
-        numerics=lambda B, L, D, H: f"G={1 + L // 64}"))
+        numerics=lambda B, L, D, H, dtype: f"G={1 + L // 64}"))
     reload()
     try:
         record = run_gates(["samu"], [SHAPE], [torch.float32], ["test_gate_groups"], "cpu", progress=False)

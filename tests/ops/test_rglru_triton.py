@@ -241,3 +241,14 @@ def test_gate_class_names_head_dim_and_steps_per_group():
     assert "n=128" in gate_class(v, 1, 8192, 1024, 8, torch.bfloat16)
     with pytest.raises(ValueError, match=r"samu gate --ops rglru --shapes 1x8192x1024 --dtypes bfloat16 --backends variants --heads 8"):
         samu.dispatch.choose("rglru", 1, 8192, 1024, torch.bfloat16, "cpu", "triton", heads=8)
+
+
+def test_fp32_wide_heads_take_the_two_warp_dx_kernel_and_say_so():
+    from samu.ops.dispatch import gate_class
+    from samu.ops.rglru.function import CHUNKED, dx_chunks
+
+    assert dx_chunks(CHUNKED, 160, torch.float32) == 2
+    assert dx_chunks(CHUNKED, 160, torch.bfloat16) == dx_chunks(CHUNKED, 128, torch.float32) == CHUNKED.WC
+    v = samu.dispatch.variants("rglru")["triton_chunked"]
+    assert gate_class(v, 1, 32768, 2560, 16, torch.float32).endswith(",WCdx=2")
+    assert "WCdx" not in gate_class(v, 1, 32768, 2560, 16, torch.bfloat16)

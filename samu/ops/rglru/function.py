@@ -110,11 +110,11 @@ class _Eager(torch.autograd.Function):
 
 @dataclass(frozen=True)
 class Config:
-    """Launch settings of one variant; K, WC and the group count (from target_programs and the
-    shape) fix its numerics, WC_dx only the work split.
+    """Launch settings of one variant; K, WC and the steps per group (from target_programs and the
+    shape) fix its numerics, and so do the dx kernel's warps (they choose its tensor-core instruction).
 
     K: chunk length (the tokens one thread walks; a power of two, WC * K >= 16); WC: chunks per
-    program step, one per warp; WC_dx: the same for the dx kernel (0: WC). Programs take whole
+    program step, one per warp; WC_dx: the same for the dx kernel (0: see ``dx_chunks``). Programs take whole
     steps; the chunk-parallel kernels aim at ``target_programs`` programs in all. fast: hardware
     approximations of exp, reciprocal and square root (a few ulp) instead of libdevice.
     """
@@ -136,6 +136,17 @@ class Config:
         return cdiv(n_steps, n_groups)
 
 
+def dx_chunks(config: Config, n: int, dtype: torch.dtype) -> int:
+    """Chunks per step (= warps) of the dx kernel: config.WC_dx, else WC, except 2 for fp32 inputs
+    at head dims above 128. There Triton 3.6 miscompiles the 4-warp (wgmma) form of the fp32 input
+    gradient's mid x mid part product: dx came out wrong by 190% at (1, 2100, 2560) and memcheck
+    finds an out-of-range shared read at that tl.dot, while 2 warps (mma.sync) are exact (H200,
+    scripts/gpu_diag.py, results/dev/gpu_diag_1.json)."""
+    if config.WC_dx:
+        return config.WC_dx
+    return 2 if dtype == torch.float32 and n > 128 else config.WC
+
+
 def run(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, config: Config):
     """Differentiable RG-LRU forward with one Triton configuration: (y [B, L, D] x.dtype, h [B, D] fp32)."""
     B, L, D = x.shape
@@ -144,7 +155,7 @@ def run(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, config: Config):
     params = [p.float().contiguous() for p in (w_a, b_a, w_x, b_x, a_param)]
     h0 = None if initial_state is None else initial_state.float().contiguous()
     G = config.steps_per_program(B, L, H * cdiv(n, channel_block(n)))
-    WC_dx = config.WC_dx or config.WC
+    WC_dx = dx_chunks(config, n, x.dtype)
     G_dx = config.steps_per_program(B, L, H, grouped=False, WC=WC_dx)
     args = (x.contiguous(), *params, h0, float(c), config.K, config.WC, G, G_dx, WC_dx, config.fast)
     if torch.compiler.is_compiling():
@@ -194,11 +205,18 @@ def _register(name, config, score, description):
         run=lambda x, w_a, b_a, w_x, b_x, a_param, h0, c: run(x, w_a, b_a, w_x, b_x, a_param, h0, c, config),
         preference=lambda B, L, D, H: score if D % H == 0 else None,
         scratch=lambda B, L, D: scratch(config)(B, L, D), description=description,
-        settings=lambda B, L, D, H: (f"{config}, H={H}, {_groups(config, B, L, D, H)} groups of "
-                                     f"{_group_steps(config, B, L, D, H)} steps per batch row"),
-        # chunk length, chunks per step, the head dim (tile shapes, weight parts) and the steps per group
-        numerics=lambda B, L, D, H: (f"K={config.K},WC={config.WC},n={D // H},"
-                                     f"G={_group_steps(config, B, L, D, H)}")))
+        settings=lambda B, L, D, H, dtype: (f"{config}, H={H}, {_groups(config, B, L, D, H)} groups of "
+                                            f"{_group_steps(config, B, L, D, H)} steps per batch row, "
+                                            f"{dx_chunks(config, D // H, dtype)} chunks per dx step"),
+        numerics=lambda B, L, D, H, dtype: _numerics(config, B, L, D, H, dtype)))
+
+
+def _numerics(config: Config, B: int, L: int, D: int, H: int, dtype: torch.dtype) -> str:
+    # chunk length, chunks per step, the head dim (tile shapes, weight parts), the steps per group
+    # and, where they differ from WC, the dx kernel's warps
+    text = f"K={config.K},WC={config.WC},n={D // H},G={_group_steps(config, B, L, D, H)}"
+    WC_dx = dx_chunks(config, D // H, dtype)
+    return text + (f",WCdx={WC_dx}" if WC_dx != config.WC else "")
 
 
 CHUNKED = Config()

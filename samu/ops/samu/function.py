@@ -188,8 +188,8 @@ def _variant(name, config_of, preference, description):
         op="samu", name=name,
         run=lambda x, nu, th, u, a, h0, kappa: run(x, nu, th, u, a, h0, kappa, config_of(*x.shape)),
         preference=lambda B, L, D, H: preference(B, L, D), scratch=_scratch(config_of), description=description,
-        settings=lambda B, L, D, H: str(config_of(B, L, D)),
-        numerics=lambda B, L, D, H: _numerics(config_of(B, L, D))))
+        settings=lambda B, L, D, H, dtype: str(config_of(B, L, D)),
+        numerics=lambda B, L, D, H, dtype: _numerics(config_of(B, L, D))))
 
 
 def _numerics(c: Config) -> str:

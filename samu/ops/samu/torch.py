@@ -157,11 +157,15 @@ class SAMUTorchFunction(torch.autograd.Function):
             u = directions.to(sdt)
             r = torch.rsqrt((u * u).sum(dim=1, keepdim=True))
             u_hat = u * r
-            c0 = p @ A[0]
+            # The [B, L, 2]-sized products are written out elementwise, not as matrix products: on
+            # an H200 this path's fp32 dx was 1.3e-4 from the float64 result (4e-6 on a CPU), enough
+            # to put fp16 dx outside its gate (results/dev/gpu_diag_1.json), and dp @ u_hat (K = 2,
+            # through cuBLAS) was the one library product on dx's path; multiply-adds are exact here.
+            c0 = p[..., 0] * A[0, 0] + p[..., 1] * A[0, 1]
             dc = torch.stack([dm * m * (1.0 - torch.tanh(c0 / kappa) ** 2), dphi], dim=-1)
             dA = torch.einsum("bli,blj->ij", dc, p)
-            dp = dc @ A
-            dx = dx + dp @ u_hat
+            dp = dc[..., :1] * A[0] + dc[..., 1:] * A[1]
+            dx = torch.addcmul(torch.addcmul(dx, dp[..., :1], u_hat[0]), dp[..., 1:], u_hat[1])
             # dL/du_j = r_j sum_t dp_{t,j} (x_t - p_{t,j} u_hat_j)
             du = r * (torch.einsum("blj,bld->jd", dp, xs) - (dp * p).sum(dim=(0, 1))[:, None] * u_hat)
             dtheta_log = torch.exp(theta_log.to(sdt)) * dpsi_sum
