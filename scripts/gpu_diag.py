@@ -113,13 +113,29 @@ def run_samu(out: list, path: str) -> None:
                       rules.inputs)
     ref = evaluate("samu", inp, ref_dtype=torch.float64)
     got = evaluate("samu", inp, backend="torch")
-    # the same computation on fp32 copies of the fp16 values: dx before its rounding to fp16
-    x32 = inp["x"].float().requires_grad_()
-    params = [p.clone().requires_grad_() for p in inp["params"].values()]
-    h0 = inp["initial_state"].clone().requires_grad_()
-    y, h = samu_mixer_torch(x32, *params, h0, 2.0)
-    (dx32,) = torch.autograd.grad([y, h], [x32], [inp["dy"].float(), inp["dh"]])
-    row = {"shape": [B, L, D], "dx_error_fp16": rel_error(got["dx"], ref["dx"]),
+    from samu.ops.samu import torch as samu_torch
+
+    def fp32(rotation):
+        # the same computation on fp32 copies of the fp16 values: y and dx before their rounding
+        saved, samu_torch.polar = samu_torch.polar, rotation
+        try:
+            x32 = inp["x"].float().requires_grad_()
+            params = [p.clone().requires_grad_() for p in inp["params"].values()]
+            h0 = inp["initial_state"].clone().requires_grad_()
+            y, h = samu_mixer_torch(x32, *params, h0, 2.0)
+            (dx,) = torch.autograd.grad([y, h], [x32], [inp["dy"].float(), inp["dh"]])
+        finally:
+            samu_torch.polar = saved
+        return y, dx
+
+    y64p, dx64p = fp32(samu_torch.polar)
+    y32p, dx32p = fp32(torch.polar)
+    serial = evaluate("samu", inp, ref_dtype=torch.float32)
+    dx32 = dx64p
+    row = {"shape": [B, L, D], "rotation_float64": {"y": rel_error(y64p, ref["y"]), "dx": rel_error(dx64p, ref["dx"])},
+           "rotation_fp32": {"y": rel_error(y32p, ref["y"]), "dx": rel_error(dx32p, ref["dx"])},
+           "serial_fp32": {"y": rel_error(serial["y"], ref["y"]), "dx": rel_error(serial["dx"], ref["dx"])},
+           "dx_error_fp16": rel_error(got["dx"], ref["dx"]),
            "dx_rounded_ref": rel_error(ref["dx"].to(torch.float16), ref["dx"]),
            "dx32_error": rel_error(dx32, ref["dx"]), "dx32_rounded_error": rel_error(dx32.half(), ref["dx"]),
            "y_error_fp16": rel_error(got["y"], ref["y"]), "y_rounded_ref": rel_error(ref["y"].half(), ref["y"]),
@@ -182,7 +198,7 @@ def main():
     args = ap.parse_args()
     if args.child:
         return child(args)
-    path = os.path.join(args.out, "diag.json")
+    path = os.path.join(args.out, f"diag_{args.only}.json" if args.only else "diag.json")
     out: list = []
     for name, part in (("rglru", lambda: run_rglru(args, out, path)), ("samu", lambda: run_samu(out, path)),
                        ("fla", lambda: run_fla(out, path))):

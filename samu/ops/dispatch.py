@@ -273,7 +273,9 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
             warnings.warn(f"samu: no gate record covers {op} at (B={B}, L={L}, D={D}) {_dname(dtype)} ({where}) and "
                           f"{why_not or 'the device is not CUDA'}, so {op} uses the chunked PyTorch path there, "
                           f"~100x slower; `{command}` gates it", stacklevel=3)
-    ranked = sorted((v.preference(B, L, D, heads), v.name, v) for v in applicable if status[v.name] == "passed")
+    # sorted by a key of constants: torch.compile cannot sort the tuples with their Variant
+    ranked = sorted(((v.preference(B, L, D, heads), v.name, v) for v in applicable if status[v.name] == "passed"),
+                    key=lambda r: (r[0], r[1]))
     if not ranked:
         wanted = "; ".join(f"{n} in {classes[n]}: {status[n] or 'not gated'}" for n in status) or "no variant applies"
         command = " ".join(gate_command(op, B, L, D, dtype, heads))

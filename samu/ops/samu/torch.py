@@ -38,7 +38,17 @@ class _Transitions:
         rho = torch.exp(-w)
         psi = self.theta + self.phi_c[:, :, k, None]
         gamma = torch.sqrt(-torch.expm1(-2.0 * w))
-        return w, rho, psi, torch.polar(rho, psi), gamma
+        return w, rho, psi, polar(rho, psi), gamma
+
+
+def polar(rho: torch.Tensor, psi: torch.Tensor) -> torch.Tensor:
+    """rho e^{i psi}, the rotation evaluated in float64 for fp32 state. On an H200 the fp32
+    torch.polar made this path (and the serial fp32 evaluation, which uses it too) 10-60x less
+    accurate than the kernels, enough to put fp16 dx outside its gate: phase errors of every token
+    accumulate over the memory of the slow modes (results/dev/gpu_diag_2.json)."""
+    if rho.dtype == torch.float64:
+        return torch.polar(rho, psi)
+    return torch.polar(rho.double(), psi.double()).to(torch.complex64)
 
 
 def _setup(xs, m, phi, nu, theta_log):
@@ -130,7 +140,7 @@ class SAMUTorchFunction(torch.autograd.Function):
                 zk = z_c[:, :, k]
                 g_lam_conj = d.conj() * h_prev
                 dpsi = (g_lam_conj * lam * 1j).real
-                drho = (g_lam_conj * torch.polar(torch.ones_like(psi), psi)).real
+                drho = (g_lam_conj * polar(torch.ones_like(psi), psi)).real
                 dgamma = (d.conj() * zk).real
                 # w dL/dw = -w rho dL/drho + (w / gamma) rho^2 dL/dgamma; w / gamma -> 0 as w -> 0
                 # (w itself is 0 where exp(nu) underflows)
@@ -157,15 +167,11 @@ class SAMUTorchFunction(torch.autograd.Function):
             u = directions.to(sdt)
             r = torch.rsqrt((u * u).sum(dim=1, keepdim=True))
             u_hat = u * r
-            # The [B, L, 2]-sized products are written out elementwise, not as matrix products: on
-            # an H200 this path's fp32 dx was 1.3e-4 from the float64 result (4e-6 on a CPU), enough
-            # to put fp16 dx outside its gate (results/dev/gpu_diag_1.json), and dp @ u_hat (K = 2,
-            # through cuBLAS) was the one library product on dx's path; multiply-adds are exact here.
-            c0 = p[..., 0] * A[0, 0] + p[..., 1] * A[0, 1]
+            c0 = p @ A[0]
             dc = torch.stack([dm * m * (1.0 - torch.tanh(c0 / kappa) ** 2), dphi], dim=-1)
             dA = torch.einsum("bli,blj->ij", dc, p)
-            dp = dc[..., :1] * A[0] + dc[..., 1:] * A[1]
-            dx = torch.addcmul(torch.addcmul(dx, dp[..., :1], u_hat[0]), dp[..., 1:], u_hat[1])
+            dp = dc @ A
+            dx = dx + dp @ u_hat
             # dL/du_j = r_j sum_t dp_{t,j} (x_t - p_{t,j} u_hat_j)
             du = r * (torch.einsum("blj,bld->jd", dp, xs) - (dp * p).sum(dim=(0, 1))[:, None] * u_hat)
             dtheta_log = torch.exp(theta_log.to(sdt)) * dpsi_sum
