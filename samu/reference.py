@@ -1,4 +1,4 @@
-"""Serial references of the SAMU and RG-LRU mixers (SPEC §3 and §4): the ground truth.
+"""Serial references of the SAMU and RG-LRU mixers (spec §3 and §4): the ground truth.
 
 Every quantity is evaluated in ``dtype`` (float64 by default) with plain PyTorch ops; the
 recurrence runs one token at a time. Outputs are returned in ``dtype``. Both functions are
@@ -6,7 +6,7 @@ differentiable: the pointwise parts through autograd, the recurrence through a s
 scan whose backward is the serial adjoint recurrence (checked against autograd in the tests).
 
 Passing ``dtype=torch.float32`` gives the "serial fp32 evaluation of the same definition" that
-the correctness gates (SPEC §7) scale their thresholds by.
+the correctness gates (spec §7) scale their thresholds by.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def linear_scan(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor) -> torch.Ten
 
 
 def samu_controls(x, directions, amplitudes, radial_bound):
-    """Controller of SPEC §3 steps 1-5: returns p [B, L, 2], m [B, L], phi [B, L]."""
+    """Controller of spec §3 steps 1-5: returns p [B, L, 2], m [B, L], phi [B, L]."""
     u_hat = directions / directions.norm(dim=1, keepdim=True)
     p = x @ u_hat.t()
     c = p @ amplitudes.t()
@@ -69,7 +69,7 @@ def samu_controls(x, directions, amplitudes, radial_bound):
 
 
 def samu_transitions(m, phi, nu, theta_log):
-    """Mode transitions of SPEC §3 step 6: lambda (complex) and gamma (real), [B, L, N]."""
+    """Mode transitions of spec §3 step 6: lambda (complex) and gamma (real), [B, L, N]."""
     w = m.unsqueeze(-1) * torch.exp(nu)
     rho = torch.exp(-w)
     psi = torch.exp(theta_log) + phi.unsqueeze(-1)
@@ -80,7 +80,7 @@ def samu_transitions(m, phi, nu, theta_log):
 
 def samu_mixer(x, nu, theta_log, directions, amplitudes, *, initial_state=None,
                output_final_state=False, radial_bound=2.0, dtype=torch.float64):
-    """Serial SAMU mixer (SPEC §3).
+    """Serial SAMU mixer (spec §3).
 
     x: [B, L, D] (D even); nu, theta_log: [N]; directions: [2, D]; amplitudes: [2, 2];
     initial_state: [B, D] in fused coordinates (real parts, then imaginary parts) or None.
@@ -129,7 +129,7 @@ def sqrt_bound_derivative(u: torch.Tensor) -> torch.Tensor:
 
 
 def rglru_gates(x, w_a, b_a, w_x, b_x, a_param, c):
-    """Gates of SPEC §4: returns a_t and the scan input multiplier_t * gate_x_t * x_t, [B, L, D]."""
+    """Gates of spec §4: returns a_t and the scan input multiplier_t * gate_x_t * x_t, [B, L, D]."""
     B, L, D = x.shape
     H = w_a.shape[0]
     xh = x.reshape(B, L, H, D // H)
@@ -144,7 +144,7 @@ def rglru_gates(x, w_a, b_a, w_x, b_x, a_param, c):
 
 def rglru_mixer(x, w_a, b_a, w_x, b_x, a_param, *, initial_state=None, output_final_state=False,
                 c=8.0, dtype=torch.float64):
-    """Serial RG-LRU mixer (SPEC §4).
+    """Serial RG-LRU mixer (spec §4).
 
     x: [B, L, D]; w_a, w_x: [H, D/H, D/H]; b_a, b_x, a_param: [D]; initial_state: [B, D] or None.
     Returns (y [B, L, D], final_state [B, D] or None), both in ``dtype``.

@@ -5,7 +5,7 @@ The next run after the v2 rewrite (chunk-parallel kernels):
 
 Usage: python scripts/gpu_rglru.py [--out DIR] [--budget SECONDS] [--jobs N] [--phases LIST]
 Phases (default all, in this order): warm (compile every config in parallel worker processes so
-the Triton cache serves the rest), gate (SPEC §7 gates at realistic shapes), time (fwd and
+the Triton cache serves the rest), gate (spec §7 gates at realistic shapes), time (fwd and
 fwd+bwd medians, peak memory, bf16), profile (per-kernel CUDA times of one fwd+bwd).
 Writes rglru_dev.json under --out (default $OUT or .) after every item, so a run cut short keeps
 what it measured; compile or launch errors are recorded per item, never fatal. Prints a table last.
@@ -128,8 +128,8 @@ def gate(name, shape, dtype):
         return run_cfg(cfg, x, [w_a, b_a, w_x, b_x, a_param], initial_state, c)
 
     B, L, D = shape
-    res = gate_check("rglru", mixer, getattr(torch, dtype), B, L, D, H=H, seed=L, device="cuda")
-    return {k: {"error": e, "threshold": t, "pass": bool(e <= t)} for k, (e, t) in res.items()}
+    v = gate_check("rglru", mixer, getattr(torch, dtype), B, L, D, H=H, seed=L, device="cuda")
+    return {q: {"error": v["errors"][q], "threshold": v["thresholds"][q], "pass": v["passed"][q]} for q in v["passed"]}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Shared test inputs and error measures (SPEC §7 conventions)."""
+"""Shared test inputs and error measures (spec §7 conventions)."""
 
 from __future__ import annotations
 
@@ -42,54 +42,31 @@ def randn(shape, seed: int, dtype=torch.float32, device="cpu", requires_grad=Tru
     return torch.randn(shape, generator=g).to(device=device, dtype=dtype).requires_grad_(requires_grad)
 
 
-def grads(outputs, cotangents, inputs):
-    """Gradients of sum(<output, cotangent>) with respect to every input that requires grad."""
-    loss = sum((o.double() * c.double()).sum() for o, c in zip(outputs, cotangents))
-    wanted = [t for t in inputs if t is not None and t.requires_grad]
-    return torch.autograd.grad(loss, wanted)
-
-
-SAMU_PARAMS = ("nu", "theta_log", "directions", "amplitudes")
-RGLRU_PARAMS = ("w_a", "b_a", "w_x", "b_x", "a_param")
-
-
 def gate_check(op: str, run, x_dtype, B, L, D, H=4, seed=0, with_state=True, device="cpu"):
-    """Run ``run`` (same signature as samu.samu_mixer / samu.rglru_mixer) and the SPEC §7 gate.
+    """Run ``run`` (same signature as samu.samu_mixer / samu.rglru_mixer) through the spec §7 gate,
+    judged by the gate runner's own functions on these test inputs.
 
-    Returns {quantity: (error, threshold)}; every quantity is compared with the float64 reference:
-    y, final_state, dx, d_initial_state and every parameter gradient.
+    Returns the runner's verdict: {"errors", "thresholds", "passed", "pass", ...} over y,
+    final_state, dx, d_initial_state (with_state) and every parameter gradient.
     """
-    from samu import reference
-    from samu.gates.rules import LOW_PRECISION, load_rules
+    from samu.gates.inputs import PARAMS
+    from samu.gates.rules import LOW_PRECISION, load_rules, rel_error
+    from samu.gates.runner import evaluate, judge
 
     rules = load_rules()
-    x = randn((B, L, D), seed, dtype=torch.float32, device=device).detach().to(x_dtype).requires_grad_()
     params = samu_params(D, seed + 1, device=device) if op == "samu" else rglru_params(D, H, seed + 1, device=device)
-    h0 = randn((B, D), seed + 2, device=device) if with_state else None
-    ref_fn = reference.samu_mixer if op == "samu" else reference.rglru_mixer
-    names = ("y", "final_state", "dx") + (("d_initial_state",) if with_state else ()) + (
-        SAMU_PARAMS if op == "samu" else RGLRU_PARAMS)
-    inputs = [x] + ([h0] if with_state else []) + params
-    # cotangents in the output's dtype; the final state is fp32
-    gy = randn((B, L, D), seed + 3, device=device, requires_grad=False).to(x_dtype)
-    gh = randn((B, D), seed + 4, device=device, requires_grad=False)
-
-    def evaluate(fn, leaves, **kw):
-        x_, h0_, *params_ = leaves if with_state else [leaves[0], None, *leaves[1:]]
-        y, h = fn(x_, *params_, initial_state=h0_, output_final_state=True, **kw)
-        return [y, h, *grads([y, h], [gy, gh], leaves)]
-
-    # the references see the same (rounded) values as float64 leaves, so their gradients stay exact
-    wide = [t.detach().double().requires_grad_() for t in inputs]
-    exact = evaluate(ref_fn, wide)
-    serial32 = evaluate(ref_fn, wide, dtype=torch.float32)
-    fast = evaluate(run, inputs)
-    result = {}
-    for i, name in enumerate(names):
-        rounded = rel_err(exact[i].to(x_dtype), exact[i]) if x_dtype in LOW_PRECISION else None
-        threshold, _ = rules.threshold(name, x_dtype, rel_err(serial32[i], exact[i]), rounded)
-        result[name] = (rel_err(fast[i], exact[i]), threshold)
-    return result
+    inputs = {"x": randn((B, L, D), seed, dtype=torch.float32, device=device, requires_grad=False).to(x_dtype),
+              "params": {name: p.detach() for name, p in zip(PARAMS[op], params)},
+              "initial_state": randn((B, D), seed + 2, device=device, requires_grad=False) if with_state else None,
+              # cotangents in the output's dtype; the final state is fp32
+              "dy": randn((B, L, D), seed + 3, device=device, requires_grad=False).to(x_dtype),
+              "dh": randn((B, D), seed + 4, device=device, requires_grad=False)}
+    ref = evaluate(op, inputs, ref_dtype=torch.float64)
+    serial = evaluate(op, inputs, ref_dtype=torch.float32)
+    serial_err = {q: rel_error(serial[q], ref[q]) for q in ref}
+    rounded_err = ({q: rel_error(ref[q].to(x_dtype), ref[q]) for q in rules.stored_in_io_dtype}
+                   if x_dtype in LOW_PRECISION else {})
+    return judge(op, x_dtype, evaluate(op, inputs, run=run), ref, serial_err, rounded_err, rules)
 
 
 def assert_float64_matches_reference(mixer, reference_mixer, x, params, h0):
@@ -104,6 +81,7 @@ def assert_float64_matches_reference(mixer, reference_mixer, x, params, h0):
         assert rel_err(a, b) < 1e-12
 
 
-def assert_gate(result):
-    failed = {k: v for k, v in result.items() if not v[0] <= v[1]}
-    assert not failed, "gate failed (error, threshold): " + ", ".join(f"{k}={v}" for k, v in failed.items())
+def assert_gate(verdict):
+    failed = {q: (verdict["errors"][q], verdict["thresholds"][q]) for q, ok in verdict["passed"].items() if not ok}
+    assert verdict["pass"] and not failed, "gate failed (error, threshold): " + ", ".join(
+        f"{q}={v}" for q, v in failed.items())

@@ -19,7 +19,7 @@ def test_serial_scan_gradcheck(dtype):
 
 
 def _samu_by_definition(x, nu, theta_log, directions, amplitudes, h0, kappa=2.0):
-    """SPEC §3 written out token by token with real arithmetic, differentiated by autograd."""
+    """spec §3 written out token by token with real arithmetic, differentiated by autograd."""
     B, L, D = x.shape
     n = D // 2
     u_hat = [directions[j] / directions[j].norm() for j in range(2)]

@@ -1,4 +1,4 @@
-"""Measurement harness (SPEC §8): ``samu bench``, ``samu gate`` and ``samu report``.
+"""Measurement harness (spec §8): ``samu bench``, ``samu gate`` and ``samu report``.
 
 ``shapes`` names the shape sets, ``timing`` is the one timing/memory/launch path, ``scopes``
 builds what a timed call does, ``peers`` the third-party builds, ``runner`` runs a bench,

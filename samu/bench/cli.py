@@ -77,7 +77,7 @@ def _common(p: argparse.ArgumentParser):
 def add_commands(subparsers) -> None:
     """Add ``bench``, ``gate`` and ``report`` to an argparse subparsers object."""
     b = subparsers.add_parser("bench", help="time mixers, blocks and training steps (JSON record)",
-                              description="Counterbalanced timing, memory, launches and memory floor (SPEC §8).")
+                              description="Counterbalanced timing, memory, launches and memory floor (docs/spec.md §8).")
     b.add_argument("--scopes", type=_names(SCOPES), default=["fwd", "fb"],
                    help=f"comma list of {', '.join(SCOPES)} or all (default: fwd,fb)")
     b.add_argument("--shapes", type=_shapes, default=parse_shapes("primary"),
@@ -88,8 +88,8 @@ def add_commands(subparsers) -> None:
                    help="samu backends to time: auto, torch, triton, variants (all registered) or variant names")
     b.add_argument("--peers", type=_names(PEER_IMPLS + ("none",)), default=list(PEER_IMPLS),
                    help=f"peers timed beside the mixers: {', '.join(PEER_IMPLS)}, all (default) or none")
-    b.add_argument("--warmup", type=_at_least(3, "SPEC §8 asks for "), default=3, help="warm-ups per round (>= 3)")
-    b.add_argument("--samples", type=_at_least(5, "SPEC §8 asks for "), default=5, help="timed samples per round (>= 5)")
+    b.add_argument("--warmup", type=_at_least(3, "docs/spec.md §8 asks for "), default=3, help="warm-ups per round (>= 3)")
+    b.add_argument("--samples", type=_at_least(5, "docs/spec.md §8 asks for "), default=5, help="timed samples per round (>= 5)")
     b.add_argument("--check-finite", action="store_true",
                    help="keep samu's per-call parameter finiteness check (a host sync) in the timed calls")
     b.add_argument("--preset", default="400m", help="LMConfig preset of the model scope (its width must be D)")
@@ -97,7 +97,7 @@ def add_commands(subparsers) -> None:
     _common(b)
     b.set_defaults(func=_bench)
 
-    g = subparsers.add_parser("gate", help="run the SPEC §7 correctness gates (JSON record + dispatch status)",
+    g = subparsers.add_parser("gate", help="run the docs/spec.md §7 correctness gates (JSON record + dispatch status)",
                               description="Compare backends with the float64 reference; thresholds from gates.toml.")
     g.add_argument("--ops", type=_names(("samu", "rglru")), default=["samu", "rglru"])
     g.add_argument("--shapes", type=_shapes, default=parse_shapes("gate"),

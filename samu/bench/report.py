@@ -294,7 +294,7 @@ def render(units, gate_rows, records, figures) -> str:
         for scope in ("fb", "fwd"):
             out += [f"### {_title(SCOPE_TITLE[scope])}", ""] + mixer_table(units, scope, other)
     out += ["## Analytic scratch of the dispatched variants", ""] + scratch_lines(units)
-    out += ["## Correctness gates", "", "Thresholds from `samu/gates/gates.toml` (SPEC §7).", ""]
+    out += ["## Correctness gates", "", "Thresholds from `samu/gates/gates.toml` (docs/spec.md §7).", ""]
     out += gate_tables(gate_rows) + status_lines(gate_records)
     out += ["## Figures", ""]
     if not figures:

@@ -52,7 +52,7 @@ def _candidates(scope, shape, dtype, device, impls, with_peers, seed, preset):
 def agreement_threshold(dtype: torch.dtype) -> float:
     """The largest relative y difference two results that pass the low-precision gate of y can have.
 
-    The gate (SPEC §7) allows each result r = low_factor * rho + low_floor of the float64 truth T,
+    The gate (spec §7) allows each result r = low_factor * rho + low_floor of the float64 truth T,
     rho being the error of T rounded to the I/O dtype. At benchmark sizes there is no T, so rho takes
     its bound, the dtype's unit roundoff eps / 2 (rounding to nearest moves no normal number further).
     Both within r of T: |peer - samu| <= 2 r |T| <= 2 r / (1 - r) |samu|. A peer beyond that is not

@@ -1,4 +1,4 @@
-"""Benchmark scopes (SPEC §8): what one timed call does, for each candidate implementation.
+"""Benchmark scopes (spec §8): what one timed call does, for each candidate implementation.
 
 * ``fwd``   mixer forward (under ``torch.no_grad``).
 * ``fb``    mixer forward + backward: dense output cotangent, input and all parameter gradients.
@@ -53,7 +53,7 @@ class Skip:
 
 
 def memory_floor(scope: str, shape, dtype: torch.dtype) -> tuple:
-    """(formula, bytes) a mixer must move at least (SPEC §6); (None, None) outside the mixer scopes."""
+    """(formula, bytes) a mixer must move at least (spec §6); (None, None) outside the mixer scopes."""
     B, L, D = shape
     s = torch.empty((), dtype=dtype).element_size()
     if scope == "fwd":

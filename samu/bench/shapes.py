@@ -1,4 +1,4 @@
-"""Named shape sets (SPEC §8) and the ``--shapes`` syntax: set names or literal ``BxLxD``."""
+"""Named shape sets (spec §8) and the ``--shapes`` syntax: set names or literal ``BxLxD``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The one measurement path every scope uses (SPEC §8): counterbalanced timing, memory, launches."""
+"""The one measurement path every scope uses (spec §8): counterbalanced timing, memory, launches."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def time_side_by_side(fns: dict[str, Callable], clock: Callable[[Callable], floa
                       samples: int = SAMPLES, rounds: int = ROUNDS) -> dict[str, Timing]:
     """Time every candidate in counterbalanced rounds; each round warms a candidate up, then samples it."""
     if warmup < WARMUP or samples < SAMPLES or rounds < ROUNDS:
-        raise ValueError(f"SPEC §8 needs >= {WARMUP} warm-ups, >= {SAMPLES} samples and >= {ROUNDS} rounds; "
+        raise ValueError(f"docs/spec.md §8 needs >= {WARMUP} warm-ups, >= {SAMPLES} samples and >= {ROUNDS} rounds; "
                          f"got warmup={warmup}, samples={samples}, rounds={rounds}")
     per_round: dict[str, list[list[float]]] = {name: [] for name in fns}
     for order in counterbalanced_order(list(fns), rounds):

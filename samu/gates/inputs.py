@@ -35,7 +35,7 @@ def make_inputs(op: str, shape, dtype: torch.dtype, device, seed: int, spec: "di
     """Inputs of one mixer call and its cotangents.
 
     Returns {"x": [B, L, D] in ``dtype``, "params": {name: fp32 tensor}, "initial_state": [B, D] fp32,
-    "dy": [B, L, D] in ``dtype`` (the output's dtype, SPEC §7), "dh": [B, D] fp32}.
+    "dy": [B, L, D] in ``dtype`` (the output's dtype, spec §7), "dh": [B, D] fp32}.
     """
     spec = spec or load_rules().inputs
     B, L, D = shape

@@ -1,4 +1,4 @@
-"""The gate rules of ``gates.toml`` (SPEC §7): loading, relative errors and threshold arithmetic."""
+"""The gate rules of ``gates.toml`` (spec §7): loading, relative errors and threshold arithmetic."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Griffin's RecurrentBlock and the residual layer a language model stacks (SPEC §9)."""
+"""Griffin's RecurrentBlock and the residual layer a language model stacks (spec §9)."""
 
 from __future__ import annotations
 

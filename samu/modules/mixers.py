@@ -1,4 +1,4 @@
-"""nn.Module wrappers of the two mixers, with their SPEC initialisations and a one-token step."""
+"""nn.Module wrappers of the two mixers, with their spec initialisations (docs/spec.md) and a one-token step."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _step(serial, x_t, params, state, *config):
 
 
 class _FP32Parameters(nn.Module):
-    """Mixer parameters stay fp32 (SPEC §3) when the model around them is cast to bf16 or fp16."""
+    """Mixer parameters stay fp32 (spec §3) when the model around them is cast to bf16 or fp16."""
 
     def _apply(self, fn, recurse=True):
         def keep_fp32(t):

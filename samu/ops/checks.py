@@ -1,4 +1,4 @@
-"""Input validation shared by every backend: clear errors that name the argument (SPEC §5)."""
+"""Input validation shared by every backend: clear errors that name the argument (spec §5)."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def _check_state(initial_state, B, D, device, name):
 
 def check_samu_inputs(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound,
                       state_name="initial_state", x_name="x", finite=True):
-    """Raise a ValueError/TypeError naming the argument for any bad input (SPEC §5); the step API
+    """Raise a ValueError/TypeError naming the argument for any bad input (spec §5); the step API
     passes its own argument names (x_t, state) and skips the parameter finiteness check (a host
     synchronisation per layer per token; decoding checks it once, in the prompt's forward)."""
     B, L, D = _check_input(x, x_name)

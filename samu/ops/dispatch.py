@@ -101,7 +101,7 @@ def _load_triton() -> None:
 
 def shape_class(L: int, D: int, dtype: torch.dtype, numerics: str = "") -> str:
     """The unit a gate record speaks for: dtype, a length bucket, a width bucket and, for a Triton
-    variant, the settings that fix its parenthesisation at that shape (SPEC §6: numerics are part of
+    variant, the settings that fix its parenthesisation at that shape (spec §6: numerics are part of
     the variant, so a gate passed with other settings does not speak for these)."""
     length = "L<=8192" if L <= 8192 else "L<=32768" if L <= 32768 else "L>32768"
     width = "D<=1024" if D <= 1024 else "D>1024"

@@ -1,4 +1,4 @@
-"""Public functional API of the two mixers (SPEC §5): validation, then the chosen backend."""
+"""Public functional API of the two mixers (spec §5): validation, then the chosen backend."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""RecurrentBlock and ResidualLayer: SPEC §9 wiring, step decoding, carried state, counts, bad inputs."""
+"""RecurrentBlock and ResidualLayer: spec §9 wiring, step decoding, carried state, counts, bad inputs."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Every documented bad input raises a clear error naming the argument (SPEC §5)."""
+"""Every documented bad input raises a clear error naming the argument (spec §5)."""
 
 import math
 

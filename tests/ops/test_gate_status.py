@@ -36,3 +36,28 @@ def test_status_files_user_overrides_packaged_and_env_replaces_both(tmp_path, mo
     finally:
         monkeypatch.undo()
         gate_status.reload()
+
+
+def test_packaged_status_lets_auto_take_triton_at_every_benchmark_and_training_shape(tmp_path, monkeypatch):
+    """A fresh install on CUDA: the committed H200 status covers every primary, length, width and
+    training shape in every dtype, for both mixers (RG-LRU with its default 16 heads)."""
+    import torch
+
+    from samu.bench.shapes import LENGTH, PRIMARY, TRAIN, WIDTH
+    from samu.ops import dispatch
+
+    if not dispatch.triton_available():
+        pytest.skip("triton is not installed")
+    monkeypatch.setenv("SAMU_CACHE", str(tmp_path))
+    monkeypatch.delenv("SAMU_GATE_STATUS", raising=False)
+    monkeypatch.setattr(dispatch.subprocess, "run", lambda *a, **k: pytest.fail(f"gated {a}"))
+    gate_status.reload()
+    try:
+        missing = [(op, shape, dtype) for op in ("samu", "rglru") for shape in dict.fromkeys(PRIMARY + LENGTH + WIDTH + TRAIN)
+                   for dtype in (torch.bfloat16, torch.float16, torch.float32)
+                   if dispatch.choose(op, *shape, dtype, "cuda").backend != "triton"]
+        assert not missing
+        assert "triton_" in dispatch.explain((1, 65536, 2048), "rglru", torch.bfloat16, "cuda")
+    finally:
+        monkeypatch.undo()
+        gate_status.reload()

@@ -1,7 +1,7 @@
 """RG-LRU Triton kernels against the float64 reference (the Triton interpreter on CPU, CUDA with -m gpu).
 
 Every check compares y, the final state, dx, d(initial_state) and every parameter gradient with
-the float64 reference under the SPEC §7 gate rule (tests/helpers.gate_check).
+the float64 reference under the spec §7 gate rule (tests/helpers.gate_check).
 """
 
 import pytest

@@ -1,4 +1,4 @@
-"""RG-LRU backward in Triton: adjoint scan, input and parameter gradients (SPEC §4, §6).
+"""RG-LRU backward in Triton: adjoint scan, input and parameter gradients (spec §4, §6).
 
 Read bottom-up: ``rglru_bwd`` (host) runs the reverse maps of the adjoint per group of chunks, the
 weight-gradient kernel (one tile of output channels per program; it also fixes the adjoint

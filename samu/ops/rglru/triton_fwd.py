@@ -1,5 +1,5 @@
 """RG-LRU forward in Triton: block-diagonal gates on tensor cores fused with a chunked linear scan
-(SPEC §4, §6).
+(spec §4, §6).
 
 Read bottom-up: ``rglru_fwd`` (host) runs ``_rglru_chunk_kernel`` twice: the summary pass (each
 program composes the affine maps of its group of chunks, keeping the map from the group's start

@@ -1,4 +1,4 @@
-"""SAMU mixer in chunked PyTorch with the hand-written backward of SPEC §3.1.
+"""SAMU mixer in chunked PyTorch with the hand-written backward of spec §3.1.
 
 This is the structure the Triton kernels follow, written with torch ops: the forward saves only
 p, (m, phi) and the chunk-boundary states; the backward replays states from those boundaries,
@@ -38,17 +38,7 @@ class _Transitions:
         rho = torch.exp(-w)
         psi = self.theta + self.phi_c[:, :, k, None]
         gamma = torch.sqrt(-torch.expm1(-2.0 * w))
-        return w, rho, psi, polar(rho, psi), gamma
-
-
-def polar(rho: torch.Tensor, psi: torch.Tensor) -> torch.Tensor:
-    """rho e^{i psi}, the rotation evaluated in float64 for fp32 state. On an H200 the fp32
-    torch.polar made this path (and the serial fp32 evaluation, which uses it too) 10-60x less
-    accurate than the kernels, enough to put fp16 dx outside its gate: phase errors of every token
-    accumulate over the memory of the slow modes (results/dev/gpu_diag_2.json)."""
-    if rho.dtype == torch.float64:
-        return torch.polar(rho, psi)
-    return torch.polar(rho.double(), psi.double()).to(torch.complex64)
+        return w, rho, psi, torch.polar(rho, psi), gamma
 
 
 def _setup(xs, m, phi, nu, theta_log):
@@ -140,7 +130,7 @@ class SAMUTorchFunction(torch.autograd.Function):
                 zk = z_c[:, :, k]
                 g_lam_conj = d.conj() * h_prev
                 dpsi = (g_lam_conj * lam * 1j).real
-                drho = (g_lam_conj * polar(torch.ones_like(psi), psi)).real
+                drho = (g_lam_conj * torch.polar(torch.ones_like(psi), psi)).real
                 dgamma = (d.conj() * zk).real
                 # w dL/dw = -w rho dL/drho + (w / gamma) rho^2 dL/dgamma; w / gamma -> 0 as w -> 0
                 # (w itself is 0 where exp(nu) underflows)

@@ -1,4 +1,4 @@
-"""SAMU backward in Triton (SPEC §3.1): adjoint summaries, reverse prefix, replay, reductions.
+"""SAMU backward in Triton (spec §3.1): adjoint summaries, reverse prefix, replay, reductions.
 
 Kernels, in launch order:
   _adjoint_summary_kernel  per chunk: the map of delta_t = conj(lambda_{t+1}) delta_{t+1} + g_t over it
@@ -46,7 +46,7 @@ def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, L, D, N, n_chunk
                             U: tl.constexpr):
     """Map (Q, F) from the adjoint entering chunk i_c from its right to the adjoint at its first token.
 
-    The forward's trig planes are not saved (SPEC §3.1): this walk evaluates cos and sin of phi
+    The forward's trig planes are not saved (spec §3.1): this walk evaluates cos and sin of phi
     itself, and the first mode tile's program rebuilds trig for its chunk for the later kernels."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)

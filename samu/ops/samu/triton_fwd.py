@@ -6,7 +6,7 @@ controls (m, cos phi, sin phi) are scalar loads shared by all modes.
 
 Layouts (fp32 unless noted; complex quantities in fused coordinates, real parts then imaginary):
   x, y      [B, L, D]       input dtype
-  ctl       [B, 4, L]       p0, p1, m, phi per token (planar; saved for backward, SPEC §3.1)
+  ctl       [B, 4, L]       p0, p1, m, phi per token (planar; saved for backward, spec §3.1)
   trig      [B, 2, L]       cos phi, sin phi per token (transient: the backward rebuilds it)
   rnorm     [2]             1 / ||u_j||
   csum      [B, nC, 2, D]   per chunk: (prod lambda, state reached from zero)
@@ -317,7 +317,7 @@ def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, L, D
 def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *, K, BN, G,
         num_warps=1, unroll=1, want_final=True, empty=torch.empty):
     """Forward pass. Returns y [B, L, D] (x.dtype), final [B, D] fp32 (or None), and the saved
-    tensors for backward: ctl [B, 4, L], rnorm [2], bound [B, nC, D] (SPEC §3.1's list).
+    tensors for backward: ctl [B, 4, L], rnorm [2], bound [B, nC, D] (spec §3.1's list).
 
     ``empty`` allocates every output (tests pass one that fills NaN, so unwritten elements show).
     """
