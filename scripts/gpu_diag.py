@@ -4,7 +4,8 @@
 
 RG-LRU: each configuration (head dim, dtype, dx-kernel warps, pipelining stages, dx product order)
 runs fwd+bwd in a child process of its own (a fault poisons a CUDA context), once plainly at a
-shape that faulted and once under compute-sanitizer memcheck at a small one, and reports dx's relative error against the float64
+shape that faulted and once under compute-sanitizer memcheck at a small one, and reports dx's
+relative error against the float64
 reference. SAMU: the torch path's dx at (1, 16384, 1024) fp16 on the gate's inputs, with the fp32
 result before rounding and its controller term apart. Writes diag.json as it goes, prints a table.
 """
@@ -80,7 +81,8 @@ def _one(case, L: int, sanitize: bool, timeout: float) -> dict:
     errors = [line.strip() for line in text.splitlines() if "Out-of-range" in line or "Invalid" in line
               or "illegal" in line.lower() or (" at " in line and ".py:" in line)][:6]
     return {"case": dict(n=n, dtype=dtype, WC_dx=wc_dx, stages=stages, order=order, L=L), "sanitize": sanitize,
-            "rc": rc, "result": result, "errors": errors, "tail": text[-1500:], "seconds": round(time.time() - start, 1)}
+            "rc": rc, "result": result, "errors": errors, "tail": text[-1500:],
+            "seconds": round(time.time() - start, 1)}
 
 
 def run_rglru(args, out: list, path: str) -> None:
@@ -113,11 +115,9 @@ def run_samu(out: list, path: str) -> None:
                       rules.inputs)
     ref = evaluate("samu", inp, ref_dtype=torch.float64)
     got = evaluate("samu", inp, backend="torch")
-    from samu.ops.samu import torch as samu_torch
-
     def fp32(rotation):
         # the same computation on fp32 copies of the fp16 values: y and dx before their rounding
-        saved, samu_torch.polar = samu_torch.polar, rotation
+        saved, torch.polar = torch.polar, rotation
         try:
             x32 = inp["x"].float().requires_grad_()
             params = [p.clone().requires_grad_() for p in inp["params"].values()]
@@ -125,11 +125,12 @@ def run_samu(out: list, path: str) -> None:
             y, h = samu_mixer_torch(x32, *params, h0, 2.0)
             (dx,) = torch.autograd.grad([y, h], [x32], [inp["dy"].float(), inp["dh"]])
         finally:
-            samu_torch.polar = saved
+            torch.polar = saved
         return y, dx
 
-    y64p, dx64p = fp32(samu_torch.polar)
-    y32p, dx32p = fp32(torch.polar)
+    fp32_polar = torch.polar
+    y64p, dx64p = fp32(lambda rho, psi: fp32_polar(rho.double(), psi.double()).to(torch.complex64))
+    y32p, dx32p = fp32(fp32_polar)
     serial = evaluate("samu", inp, ref_dtype=torch.float32)
     dx32 = dx64p
     row = {"shape": [B, L, D], "rotation_float64": {"y": rel_error(y64p, ref["y"]), "dx": rel_error(dx64p, ref["dx"])},

@@ -100,7 +100,8 @@ def main():
                 res = {q: (v["errors"][q], v["thresholds"][q]) for q in v["passed"]}
                 record["gates"].append({"variant": name, "dtype": str(dtype), "pass": v["pass"], "errors": res})
                 print(f"gate {name} {dtype}: {'PASS' if v['pass'] else 'FAIL'} "
-                      + " ".join(f"{k}={e}/{t}" for k, (e, t) in res.items()), flush=True)
+                      + " ".join(f"{k}={e:.1e}/{t:.1e}" if e is not None and t is not None else f"{k}=inf"
+                                 for k, (e, t) in res.items()), flush=True)
             except Exception:
                 record["gates"].append({"variant": name, "dtype": str(dtype), "error": traceback.format_exc()})
                 print(f"gate {name} {dtype}: ERROR\n{traceback.format_exc()}", flush=True)

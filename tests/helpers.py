@@ -50,8 +50,8 @@ def gate_check(op: str, run, x_dtype, B, L, D, H=4, seed=0, with_state=True, dev
     final_state, dx, d_initial_state (with_state) and every parameter gradient.
     """
     from samu.gates.inputs import PARAMS
-    from samu.gates.rules import LOW_PRECISION, load_rules, rel_error
-    from samu.gates.runner import evaluate, judge
+    from samu.gates.rules import load_rules
+    from samu.gates.runner import baselines, evaluate, judge
 
     rules = load_rules()
     params = samu_params(D, seed + 1, device=device) if op == "samu" else rglru_params(D, H, seed + 1, device=device)
@@ -62,10 +62,7 @@ def gate_check(op: str, run, x_dtype, B, L, D, H=4, seed=0, with_state=True, dev
               "dy": randn((B, L, D), seed + 3, device=device, requires_grad=False).to(x_dtype),
               "dh": randn((B, D), seed + 4, device=device, requires_grad=False)}
     ref = evaluate(op, inputs, ref_dtype=torch.float64)
-    serial = evaluate(op, inputs, ref_dtype=torch.float32)
-    serial_err = {q: rel_error(serial[q], ref[q]) for q in ref}
-    rounded_err = ({q: rel_error(ref[q].to(x_dtype), ref[q]) for q in rules.stored_in_io_dtype}
-                   if x_dtype in LOW_PRECISION else {})
+    serial_err, rounded_err = baselines(ref, evaluate(op, inputs, ref_dtype=torch.float32), x_dtype, rules)
     return judge(op, x_dtype, evaluate(op, inputs, run=run), ref, serial_err, rounded_err, rules)
 
 

@@ -88,8 +88,10 @@ def add_commands(subparsers) -> None:
                    help="samu backends to time: auto, torch, triton, variants (all registered) or variant names")
     b.add_argument("--peers", type=_names(PEER_IMPLS + ("none",)), default=list(PEER_IMPLS),
                    help=f"peers timed beside the mixers: {', '.join(PEER_IMPLS)}, all (default) or none")
-    b.add_argument("--warmup", type=_at_least(3, "docs/spec.md §8 asks for "), default=3, help="warm-ups per round (>= 3)")
-    b.add_argument("--samples", type=_at_least(5, "docs/spec.md §8 asks for "), default=5, help="timed samples per round (>= 5)")
+    b.add_argument("--warmup", type=_at_least(3, "docs/spec.md §8 asks for "), default=3,
+                   help="warm-ups per round (>= 3)")
+    b.add_argument("--samples", type=_at_least(5, "docs/spec.md §8 asks for "), default=5,
+                   help="timed samples per round (>= 5)")
     b.add_argument("--check-finite", action="store_true",
                    help="keep samu's per-call parameter finiteness check (a host sync) in the timed calls")
     b.add_argument("--preset", default="400m", help="LMConfig preset of the model scope (its width must be D)")

@@ -24,19 +24,10 @@ ASCAN_REAL = ("accelerated_scan.scalar", "accelerated_scan.triton")
 def rglru_fla(x, w_a, b_a, w_x, b_x, a_param):
     """RG-LRU: PyTorch gate ops + flash-linear-attention ``chunk_hgrn`` (h = exp(g) h + x, layout [B, L, D]).
 
-    With fla-core 0.6.0 on an H200 its y is 4-15% off samu's, so the bench flags it. The cause, read
-    from the kernel and its sm_90 code, is a race in the kernel, not this adapter. ``chunk_hgrn``
-    scans each 128-token chunk from zero; then ``chunk_hgrn_fwd_kernel_o`` walks the chunks in one
-    program per 64 channels and, at chunk i, reads the carry h0 = o[128 i - 1] that it stored one loop
-    pass earlier. Its code (8 warps as a [4, 2] grid over [128 tokens, 64 channels]) has no barrier in
-    that loop, so the warps holding tokens 0-95 may read h0 before the warp holding token 127 has
-    stored it, and get the chunk-local value without the carry of earlier chunks. The term lost is
-    the state at the end of chunk i - 2 times exp(sum of the 129-224 log a since): nothing at strong
-    decays (fla's tests: log a = logsigmoid(N(0, 1)), at most 300 tokens), a large share of y for
-    samu's gate inputs (radii up to 0.9999). Under TRITON_INTERPRET=1, which runs programs serially,
-    the kernel matches a float64 scan to 3.6e-7 on samu's inputs (log a from -0.68 to -3e-5, 16
-    chunks), and this adapter matches the reference to the bf16 rounding of y (1.66e-3 both). On a GPU the race shows as bits that
-    differ between two calls on the same inputs, with the errors in tokens 0-95 of each chunk.
+    fla-core 0.6.0's kernel races on an H200: two calls on the same inputs differ in bits, its first
+    128-token chunk is exact and later chunks are ~3% off at samu's gate inputs, 4-11% in y, so the
+    bench flags it (evidence and the likely cause in docs/performance.md; the adapter matches the
+    reference to bf16 rounding when the kernel runs serially in the Triton interpreter).
     """
     chunk_hgrn = peer_module("fla-chunk_hgrn").chunk_hgrn
     a, b = rglru_gates(x.float(), w_a, b_a, w_x, b_x, a_param, RGLRU_C)

@@ -190,3 +190,9 @@ def load_records(root=RESULTS, kind: "str | None" = None) -> list[tuple[str, dic
         if kind is None or record["kind"] == kind:
             found.append((path.relative_to(root).as_posix(), record))
     return found
+
+
+def flagged(row) -> bool:
+    """True for a bench row whose y disagrees with samu's dispatched op's (samu.bench.runner._agreement):
+    it is shown, never ranked by speed."""
+    return bool(((row or {}).get("agreement") or {}).get("flagged"))

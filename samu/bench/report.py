@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from samu.bench.records import load_records
+from samu.bench.records import flagged, load_records
 from samu.bench.shapes import BLOCK, GEN, LENGTH, PRIMARY, STEP, WIDTH, shape_str
 
 OP_LABEL = {"samu": "SAMU", "rglru": "RG-LRU"}
@@ -85,12 +85,6 @@ def _ratio(a, b) -> "float | None":
 
 def _get(row, key):
     return None if row is None else row.get(key)
-
-
-def flagged(row) -> bool:
-    """True for a bench row whose y disagrees with samu's dispatched op's (samu.bench.runner._agreement):
-    it is shown, never ranked by speed."""
-    return bool((_get(row, "agreement") or {}).get("flagged"))
 
 
 def _link(path: str) -> str:

@@ -8,8 +8,7 @@ import torch
 from tqdm import tqdm
 
 from samu.bench import peers
-from samu.bench.records import end_unit, environment, new_record, write_record
-from samu.bench.report import flagged
+from samu.bench.records import end_unit, environment, flagged, new_record, write_record
 from samu.bench.scopes import MIXER_SCOPES, OPS, PEER_IMPLS, SCOPES, memory_floor, mixer_candidates, module_candidate
 from samu.bench.shapes import shape_str
 from samu.bench.timing import Clock, copy_bandwidth, count_launches, peak_memory, time_side_by_side

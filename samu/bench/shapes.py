@@ -10,13 +10,8 @@ BLOCK = tuple(dict.fromkeys(PRIMARY + LENGTH + WIDTH + ((4, 2048, 1664),)))
 # Full-model training steps of the 400m preset: 8192 tokens as 4 x 2048 and as one 8192-token sequence.
 STEP = ((4, 2048, 1664), (1, 8192, 1664))
 
-# Generation with the 400m preset: L = 16 greedy decoding steps per timed call, one and 16 sequences,
-# sized to the suite's 90 s gen stage at today's decode speed. A step is launch-bound, about the same time
-# at batch 1 and 64 (H200: SAMU 14.8 ms, RG-LRU 11.5 ms), so a call costs 16 x 26.3 ms = 0.42 s for the
-# pair. A unit makes each call 20 times (1 untimed, 2 rounds x (3 warm-ups + 5 samples), peak memory, the
-# profiled launch count): 8.4 s; the profiler's ~5,000 events a step (~1,200 ops, their launches and
-# kernels) add ~5 s per candidate: ~18 s a unit, ~37 s for both, ~50 s with start-up and four 400m models.
-# At L = 64 the same count gives ~75 s for the first unit: past the old 60 s limit before any record.
+# Generation with the 400m preset: L = 16 greedy decoding steps per timed call, one and 16 sequences;
+# sized so the suite's gen stage (90 s) finishes at today's ~15 ms per step (docs/measurement.md).
 GEN = ((1, 16, 1664), (16, 16, 1664))
 
 # The mixer shapes of the presets' default training runs (batch 16 of 256 tokens: tiny, small, 400m)

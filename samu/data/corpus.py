@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from samu.paths import cache_dir
+
 TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 # Every 100th file of the sorted stdlib listing is validation text: a fixed 99/1 split by file.
 VAL_EVERY = 100
@@ -57,14 +59,6 @@ class TokenData:
     def val_starts(self, seq_len: int, count: int) -> np.ndarray:
         """``count`` fixed window starts spread evenly over the validation split."""
         return np.linspace(0, len(self.val) - seq_len - 1, count).round().astype(np.int64)
-
-
-def cache_dir() -> Path:
-    """$SAMU_CACHE, else $XDG_CACHE_HOME/samu, else ~/.cache/samu."""
-    if os.environ.get("SAMU_CACHE"):
-        return Path(os.environ["SAMU_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "samu"
 
 
 def stdlib_files(root: str | Path | None = None) -> list[Path]:

@@ -9,7 +9,6 @@ a shape class only where the variant passed there.
 
 from __future__ import annotations
 
-from samu.ops.gate_status import PACKAGED as STATUS_FILE
-from samu.ops.gate_status import blocked, passed, reload, status_path, user_file
+from samu.ops.gate_status import reload, status_path
 
-__all__ = ["STATUS_FILE", "blocked", "passed", "reload", "status_path", "user_file"]
+__all__ = ["reload", "status_path"]

@@ -22,7 +22,8 @@ from tqdm import tqdm
 
 from samu import reference
 from samu.bench.records import end_unit, environment, load_records, new_record, write_record
-from samu.gates import reload, status_path
+from samu.ops import gate_status
+from samu.ops.gate_status import reload, status_path
 from samu.gates.inputs import PARAMS, RGLRU_C, derive_seed, make_inputs, rglru_heads
 from samu.gates.rules import LOW_PRECISION, load_rules, rel_error
 from samu.ops import dispatch
@@ -59,6 +60,15 @@ def evaluate(op: str, inputs: dict, *, backend: "str | None" = None, ref_dtype: 
     grads = torch.autograd.grad([y, h], leaves, [inputs["dy"].to(y.dtype), inputs["dh"].to(h.dtype)])
     names = [q for q in quantities(op) if h0 is not None or q != "d_initial_state"]
     return dict(zip(names, (y.detach(), h.detach(), *grads)))
+
+
+def baselines(ref: dict, serial: dict, dtype: torch.dtype, rules) -> tuple[dict, dict]:
+    """What the thresholds scale: the serial fp32 evaluation's error of every result, and (bf16 /
+    fp16 I/O) the error of the float64 results stored in that dtype, rounded to it."""
+    serial_err = {q: rel_error(serial[q], ref[q]) for q in ref}
+    rounded_err = ({q: rel_error(ref[q].to(dtype), ref[q]) for q in rules.stored_in_io_dtype}
+                   if dtype in LOW_PRECISION else {})
+    return serial_err, rounded_err
 
 
 def _finite(value: float) -> "float | None":
@@ -235,17 +245,15 @@ def gate_unit(op: str, shape, dtype: torch.dtype, heads: int, backends: list, de
         elif device.type == "cuda":
             torch.cuda.empty_cache()
         return
-    serial_err = {q: rel_error(serial[q], ref[q]) for q in quantities(op)}
+    serial_err, rounded_err = baselines(ref, serial, dtype, rules)
     del serial
-    rounded_err = ({q: rel_error(ref[q].to(dtype), ref[q]) for q in rules.stored_in_io_dtype}
-                   if dtype in LOW_PRECISION else {})
-    baselines = {"serial_fp32": {q: _finite(v) for q, v in serial_err.items()},
-                 "rounded_float64": {q: _finite(v) for q, v in rounded_err.items()}}
+    recorded = {"serial_fp32": {q: _finite(v) for q, v in serial_err.items()},
+                "rounded_float64": {q: _finite(v) for q, v in rounded_err.items()}}
     for name, variant in runnable:
         cls = (dispatch.gate_class(variant, B, L, D, heads, dtype) if variant is not None
                else dispatch.shape_class(L, D, dtype))
         row = {"op": op, "backend": name, "variant": variant.name if variant is not None else name,
-               "shape": list(shape), "shape_class": cls, "dtype": dname, "seed": s, "baselines": baselines,
+               "shape": list(shape), "shape_class": cls, "dtype": dname, "seed": s, "baselines": recorded,
                "heads": heads if op == "rglru" else None}
         yield "start", dict(row)
         start, lost = time.perf_counter(), None
@@ -392,6 +400,19 @@ def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bo
     rules = load_rules()
     device = torch.device(device)
     isolate = device.type == "cuda" if isolate is None else isolate
+    # the backends gated here must not start gates of their own (dispatch's first-use gating)
+    auto_gate, os.environ["SAMU_AUTO_GATE"] = os.environ.get("SAMU_AUTO_GATE"), "0"
+    try:
+        return _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, out, heads, isolate,
+                          preload, rules)
+    finally:
+        if auto_gate is None:
+            os.environ.pop("SAMU_AUTO_GATE", None)
+        else:
+            os.environ["SAMU_AUTO_GATE"] = auto_gate
+
+
+def _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, out, heads, isolate, preload, rules):
     record = new_record("gate", environment(device), command, gates_version=rules.version,
                         gates_file="samu/gates/gates.toml", skipped=[], complete=False)
     worker = _Worker(device, preload) if isolate else None
@@ -447,9 +468,13 @@ def status_from_records(records: list, version: "int | None" = None) -> dict:
     only a newer run of the same shape (or moving the failing record to quarantine) does. With
     ``version``, records written under another gates.toml version are left out."""
     latest: dict = {}
+    platforms = set()
     for path, record in records:
         if record["kind"] != "gate" or (version is not None and record.get("gates_version") != version):
             continue
+        env = record.get("env", {})
+        if env.get("gpu"):
+            platforms.add(gate_status.platform(env["gpu"], env.get("triton")))
         stamp = (record["created"], path)
         for row in record["rows"]:
             unit = (row["op"], row["variant"], row["shape_class"], tuple(row.get("shape", ())))
@@ -461,7 +486,7 @@ def status_from_records(records: list, version: "int | None" = None) -> dict:
     blocked_keys = sorted({unit[:3] for unit, (_, rows) in latest.items() if not all(r["pass"] for r in rows)})
     passed_keys = sorted(keys - set(blocked_keys))
     return {"blocked": [list(k) for k in blocked_keys], "passed": [list(k) for k in passed_keys],
-            "sources": sorted({stamp[1] for stamp, _ in latest.values()})}
+            "platforms": sorted(platforms), "sources": sorted({stamp[1] for stamp, _ in latest.values()})}
 
 
 def update_status(results, extra: "list | None" = None, path: "Path | None" = None,
@@ -478,9 +503,13 @@ def update_status(results, extra: "list | None" = None, path: "Path | None" = No
         new = {tuple(k) for kind in ("passed", "blocked") for k in status[kind]}
         for kind in ("passed", "blocked"):
             status[kind] = sorted(status[kind] + [k for k in old.get(kind, []) if tuple(k) not in new])
-        status["sources"] = sorted(set(status["sources"]) | set(old.get("sources", [])))
+        for key in ("platforms", "sources"):
+            status[key] = sorted(set(status[key]) | set(old.get(key, [])))
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(status, indent=1, sort_keys=True) + "\n")
+    # written beside and renamed: a process reading the status never sees half a file
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(status, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
     reload()
     return path, status
 
@@ -488,8 +517,10 @@ def update_status(results, extra: "list | None" = None, path: "Path | None" = No
 def gate_command(args) -> int:
     """Entry of ``samu gate`` (argparse namespace from samu.bench.cli)."""
     status_file = Path(args.status) if args.status else None
+    # the user's file collects verdicts from many runs: a rebuild adds to it rather than replacing it
+    merge = args.merge_status or (status_file is None and gate_status.override() is None)
     if args.status_only:
-        path, status = update_status(args.results, path=status_file)
+        path, status = update_status(args.results, path=status_file, merge=merge)
         print(f"status: {path} ({len(status['blocked'])} blocked, {len(status['passed'])} passed)")
         return 0
     if args.jobs > 1:
@@ -507,6 +538,6 @@ def gate_command(args) -> int:
     print(f"{len(record['rows']) - len(failed)} passed, {len(failed)} failed")
     if not args.no_status:
         path, status = update_status(args.results, extra=[(out.as_posix(), record)], path=status_file,
-                                     merge=args.merge_status)
+                                     merge=merge)
         print(f"status: {path} ({len(status['blocked'])} blocked)")
     return 1 if failed and args.strict else 0

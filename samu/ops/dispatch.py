@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 
 from samu.ops import gate_status
+from samu.paths import cache_dir
 
 OPS = ("samu", "rglru")
 BASE_BACKENDS = ("auto", "reference", "torch", "triton")
@@ -145,49 +146,54 @@ def auto_gate_enabled() -> "str | None":
     return None
 
 
+def _can_gate(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_available()
+
+
 def _in_trace_or_capture() -> bool:
     return torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
-_auto_tried: dict = {}  # (op, B, L, D, H, dtype) -> outcome of this process's attempt to gate it
+_auto_tried: dict = {}  # (op, classes tried) -> outcome of this process's attempt to gate them
 
 
 def _gate_now(op: str, B: int, L: int, D: int, H: int, dtype: torch.dtype, device: torch.device, names) -> None:
     """Gate ``names`` at this shape in a child process (a kernel fault there cannot poison this
     one), record the result in the user's status file and reload the status. One process gates a
-    class at a time (a lock in the cache folder): ranks of one job wait for the first."""
-    key = (op, B, L, D, H, dtype)
+    class at a time (a lock in the cache folder): ranks of one job wait for the first. Says so in
+    one line on stderr, and once more only when the gate did not pass."""
+    classes = {n: gate_class(_VARIANTS[op][n], B, L, D, H, dtype) for n in names}
+    key = (op, tuple(sorted(classes.values())))
     if key in _auto_tried:
         return
-    records = gate_status.cache_dir() / "gates"
+    records = cache_dir() / "gates"
     records.mkdir(parents=True, exist_ok=True)
     shown = " ".join(gate_command(op, B, L, D, dtype, H, names))
     with _Lock(records / ".lock"):
         gate_status.reload()
-        if all(gate_status.verdict(op, n, gate_class(_VARIANTS[op][n], B, L, D, H, dtype)) for n in names):
+        if all(gate_status.verdict(op, n, c, device) for n, c in classes.items()):
             _auto_tried[key] = "gated by another process"
             return
-        print(f"samu: gating {op} {', '.join(names)} at ({B}, {L}, {D}) {_dname(dtype)} on {device} once "
-              f"(`{shown}`); the result goes to {gate_status.user_file()}", file=sys.stderr, flush=True)
+        print(f"samu: no gate record covers {op} at ({B}, {L}, {D}) {_dname(dtype)} on this GPU; gating it once "
+              f"(`{shown}`) into {gate_status.user_file()}", file=sys.stderr, flush=True)
         cmd = [sys.executable, "-m", "samu.bench", *gate_command(op, B, L, D, dtype, H, names)[1:], "--quiet",
                "--device", str(device), "--out", str(records), "--results", str(records),
                "--status", str(gate_status.user_file()), "--merge-status"]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
                                   env=dict(os.environ, SAMU_AUTO_GATE="0"))
-            failed = done.returncode != 0 and (done.stderr.strip().splitlines() or ["no output"])[-1]
+            output = (done.stdout + done.stderr).strip().splitlines() or ["no output"]
+            failed = done.returncode != 0 and output[-1]
         except (OSError, subprocess.TimeoutExpired) as err:
-            failed = f"{type(err).__name__}: {err}"
+            output, failed = [], f"{type(err).__name__}: {err}"
         gate_status.reload()
-    if failed:
-        _auto_tried[key] = failed
-        print(f"samu: gating failed ({failed}); {op} uses the chunked PyTorch path at this shape",
-              file=sys.stderr, flush=True)
-        return
-    verdicts = {n: gate_status.verdict(op, n, gate_class(_VARIANTS[op][n], B, L, D, H, dtype)) for n in names}
-    _auto_tried[key] = verdicts
-    print("samu: gate result: " + ", ".join(f"{n} {v or 'not gated'}" for n, v in verdicts.items()),
-          file=sys.stderr, flush=True)
+    verdicts = {n: gate_status.verdict(op, n, c, device) for n, c in classes.items()}
+    _auto_tried[key] = failed or verdicts
+    if failed or "passed" not in verdicts.values():
+        said = failed or "; ".join(f"{n} {v or 'not gated'}" for n, v in verdicts.items())
+        hint = "" if failed or all(verdicts.values()) else f" ({' | '.join(output[-3:])})"
+        print(f"samu: gating {op} at ({B}, {L}, {D}) {_dname(dtype)}: {said}{hint}; it uses the chunked PyTorch "
+              f"path (~100x slower) for that class in this process", file=sys.stderr, flush=True)
 
 
 class _Lock:
@@ -222,9 +228,10 @@ def _triton_usable(device: torch.device) -> "str | None":
 
 
 def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend: str = "auto",
-           heads: int = 16) -> Choice:
+           heads: int = 16, gate: bool = True) -> Choice:
     """Resolve ``backend`` for one call; raises ValueError for an unknown or unusable backend.
-    ``heads``: RG-LRU's head count (its head dim is part of the gate class)."""
+    ``heads``: RG-LRU's head count (its head dim is part of the gate class). ``gate``: gate a class
+    no record covers (False: only say so)."""
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     device = torch.device(device)
@@ -253,7 +260,7 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
     classes = {v.name: gate_class(v, B, L, D, heads, dtype) for v in applicable}
 
     def verdicts():
-        return {v.name: gate_status.verdict(op, v.name, classes[v.name]) for v in applicable}
+        return {v.name: gate_status.verdict(op, v.name, classes[v.name], device) for v in applicable}
 
     status = verdicts()
     ungated = [n for n, s in status.items() if s is None]
@@ -265,13 +272,17 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
                                f"samu never gates inside torch.compile or a CUDA-graph capture: run `{command}` "
                                f"first (or one eager call), or pass a backend")
         why_not = auto_gate_enabled()
-        if why_not is None and device.type == "cuda":
+        if not gate:
+            return Choice("torch", None, f"{backend}: no gate record covers this class ({where}); the first call "
+                                         f"gates it (`{command}`)" + ("" if why_not is None else
+                                                                      f", unless {why_not}"))
+        if why_not is None and _can_gate(device):
             _gate_now(op, B, L, D, heads, dtype, device, ungated)
             status = verdicts()
         elif backend == "auto" and (op, classes[ungated[0]]) not in _warned:
             _warned.add((op, classes[ungated[0]]))
             warnings.warn(f"samu: no gate record covers {op} at (B={B}, L={L}, D={D}) {_dname(dtype)} ({where}) and "
-                          f"{why_not or 'the device is not CUDA'}, so {op} uses the chunked PyTorch path there, "
+                          f"{why_not or 'CUDA is not available'}, so {op} uses the chunked PyTorch path there, "
                           f"~100x slower; `{command}` gates it", stacklevel=3)
     # sorted by a key of constants: torch.compile cannot sort the tuples with their Variant
     ranked = sorted(((v.preference(B, L, D, heads), v.name, v) for v in applicable if status[v.name] == "passed"),
@@ -282,8 +293,10 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
         if backend == "triton":
             raise ValueError(f"no Triton variant of {op} has passed its gate here ({wanted}); run "
                              f"`{command}`, or name a variant")
+        torch_failed = gate_status.verdict(op, "torch", shape_class(L, D, dtype), device) == "blocked"
         return Choice("torch", None, f"auto: no Triton variant has passed its gate here ({wanted}; "
-                                     f"`{command}` gates it); using the chunked PyTorch path")
+                                     f"`{command}` gates it); using the chunked PyTorch path"
+                                     + ("; it failed its own gate in this class" if torch_failed else ""))
     score, name, v = ranked[0]
     others = ", ".join(n for _, n, _ in ranked[1:]) or "none"
     return Choice("triton", v, f"{backend}: {name} ranks first for (B={B}, L={L}, D={D}) "
@@ -292,9 +305,10 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
 
 def explain(shape, op: str = "samu", dtype: torch.dtype = torch.bfloat16, device="cuda",
             backend: str = "auto", heads: int = 16) -> str:
-    """Say which implementation ``op`` uses for ``shape`` = (B, L, D), with which launch settings, and why."""
+    """Say which implementation ``op`` uses for ``shape`` = (B, L, D), with which launch settings, and
+    why. It only looks: a class no record covers is reported, not gated."""
     B, L, D = shape
-    c = choose(op, B, L, D, dtype, device, backend, heads)
+    c = choose(op, B, L, D, dtype, device, backend, heads, gate=False)
     settings = f"; launch settings: {c.variant.settings(B, L, D, heads, dtype)}" if c.variant is not None else ""
     return (f"{op} {tuple(shape)} {str(dtype).replace('torch.', '')} on {torch.device(device).type}: "
             f"{c.name} ({c.reason}{settings})")

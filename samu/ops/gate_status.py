@@ -1,11 +1,13 @@
 """Which Triton variants have passed their correctness gates, as dispatch reads it.
 
 A status file lists (op, variant, shape class) triples under "passed" and "blocked" (the class's
-newest gate row at some shape failed). The packaged ``samu/gates/status.json`` is built from the
-project's committed H200 gate records; the user's own status (``samu gate`` on your GPU, or
-dispatch gating a class on first use) lives in ``gate_status.json`` in the samu cache folder and
-replaces the packaged verdict of every triple it names. ``SAMU_GATE_STATUS`` names one file that
-replaces both (the measurement suite uses it).
+newest gate row at some shape failed), and under "platforms" the GPUs and Triton versions its
+records were made on. The packaged ``samu/gates/status.json`` is built from the project's
+committed H200 gate records and speaks only for those platforms: on another GPU or Triton release
+its verdicts do not apply, and dispatch gates what it meets on first use. The user's own status
+(``samu gate`` on your GPU, or that first-use gating) lives in ``gate_status.json`` in the samu
+cache folder and replaces the packaged verdict of every triple it names. ``SAMU_GATE_STATUS``
+names one file that replaces both (the measurement suite uses it).
 
 Both files are read once, at import and on ``reload()``, never inside a call: a lookup is a
 dict access, which torch.compile traces without a graph break.
@@ -15,16 +17,15 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
+from importlib import metadata
 from pathlib import Path
 
+import torch
+
+from samu.paths import cache_dir
+
 PACKAGED = Path(__file__).resolve().parents[1] / "gates" / "status.json"
-
-
-def cache_dir() -> Path:
-    """$SAMU_CACHE, else $XDG_CACHE_HOME/samu, else ~/.cache/samu."""
-    if os.environ.get("SAMU_CACHE"):
-        return Path(os.environ["SAMU_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "samu"
 
 
 def user_file() -> Path:
@@ -37,11 +38,14 @@ def override() -> "Path | None":
 
 
 def status_path() -> Path:
-    """Where ``samu gate`` writes the status by default: SAMU_GATE_STATUS, else the packaged file
-    when its folder is writable (a source checkout), else the user's file."""
-    if override() is not None:
-        return override()
-    return PACKAGED if os.access(PACKAGED.parent, os.W_OK) else user_file()
+    """Where ``samu gate`` writes the status unless told (``--status``): SAMU_GATE_STATUS, else the
+    user's file. The packaged file is rewritten only when named."""
+    return override() or user_file()
+
+
+def platform(gpu: "str | None", triton: "str | None") -> str:
+    """A platform a verdict speaks for: the GPU's name and Triton's major.minor release."""
+    return f"{gpu}|triton {'.'.join(str(triton).split('.')[:2])}"
 
 
 def _read(path: Path) -> dict:
@@ -50,7 +54,13 @@ def _read(path: Path) -> dict:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as err:
-        raise ValueError(f"gate status file {path} cannot be read ({err}); remove it or run `samu gate`") from None
+        warnings.warn(f"samu: gate status file {path} cannot be read ({err}); its verdicts are ignored "
+                      f"(remove it, or rebuild it with `samu gate --status-only`)", stacklevel=2)
+        return {}
+
+
+def _triples(status: dict, kind: str) -> frozenset:
+    return frozenset(tuple(k) for k in status.get(kind, []))
 
 
 _STATUS: dict = {}
@@ -59,32 +69,55 @@ _STATUS: dict = {}
 def reload() -> None:
     """Read the status files again (after ``samu gate`` rewrote one, or SAMU_GATE_STATUS changed)."""
     one = override()
-    if one is not None:
-        merged = _read(one)
-    else:
-        packaged, user = _read(PACKAGED), _read(user_file())
-        mine = {tuple(k) for k in user.get("passed", []) + user.get("blocked", [])}
-        merged = {kind: [k for k in packaged.get(kind, []) if tuple(k) not in mine] + user.get(kind, [])
-                  for kind in ("passed", "blocked")}
+    mine = _read(one) if one is not None else _read(user_file())
+    packaged = {} if one is not None else _read(PACKAGED)
+    try:
+        triton = metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        triton = None
     _STATUS.clear()
-    _STATUS.update({kind: frozenset(tuple(k) for k in merged.get(kind, [])) for kind in ("passed", "blocked")})
-    _STATUS["source"] = str(one) if one is not None else f"{PACKAGED} + {user_file()}"
+    _STATUS.update(mine={k: _triples(mine, k) for k in ("passed", "blocked")},
+                   packaged={k: _triples(packaged, k) for k in ("passed", "blocked")},
+                   platforms=frozenset(packaged.get("platforms", [])), triton=triton,
+                   source=str(one) if one is not None else f"{PACKAGED} + {user_file()}")
 
 
-def passed() -> frozenset:
-    return _STATUS["passed"]
+_gpus: dict = {}  # device index -> name (read outside a trace; plain dict for torch.compile)
 
 
-def blocked() -> frozenset:
-    return _STATUS["blocked"]
+def _gpu(device) -> "str | None":
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _gpus and not torch.compiler.is_compiling():
+        _gpus[index] = torch.cuda.get_device_name(index)
+    return _gpus.get(index)
 
 
-def verdict(op: str, variant: str, shape_class: str) -> "str | None":
-    """"passed", "blocked" or None (never gated) for one triple."""
+def packaged_applies(device) -> bool:
+    """Whether the packaged verdicts speak for ``device``: a CUDA device whose GPU and installed
+    Triton release are among the packaged platforms. Where the GPU cannot be named (inside a
+    torch.compile trace before any eager call, or without CUDA) only the Triton release is checked."""
+    if torch.device(device).type != "cuda":
+        return False
+    gpu, mine = _gpu(device), platform(_gpu(device), _STATUS["triton"])
+    if gpu is None:
+        # the GPU cannot be named here: the Triton release must still match
+        return any(p.split("|")[1] == mine.split("|")[1] for p in _STATUS["platforms"])
+    return mine in _STATUS["platforms"]
+
+
+def verdict(op: str, variant: str, shape_class: str, device="cuda") -> "str | None":
+    """"passed", "blocked" or None (never gated here) for one triple on ``device``."""
     key = (op, variant, shape_class)
-    if key in _STATUS["blocked"]:
-        return "blocked"
-    return "passed" if key in _STATUS["passed"] else None
+    for status in (_STATUS["mine"], _STATUS["packaged"] if packaged_applies(device) else None):
+        if status is not None:
+            if key in status["blocked"]:
+                return "blocked"
+            if key in status["passed"]:
+                return "passed"
+    return None
 
 
 reload()

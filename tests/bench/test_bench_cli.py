@@ -43,3 +43,27 @@ def test_bad_arguments_are_refused_before_running(argv, capsys):
         main(argv + ["--device", "cpu"])
     assert exit_info.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_samu_gate_adds_to_the_users_status_and_never_touches_the_packaged_one(tmp_path, monkeypatch):
+    from samu.ops import gate_status
+
+    monkeypatch.setenv("SAMU_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("SAMU_GATE_STATUS", raising=False)
+    packaged = gate_status.PACKAGED.read_bytes() if gate_status.PACKAGED.exists() else None
+    user = gate_status.user_file()
+    user.parent.mkdir(parents=True)
+    user.write_text(json.dumps({"passed": [["samu", "mine", "c"]], "blocked": []}))
+    results = tmp_path / "elsewhere"
+    try:
+        assert main(["gate", "--device", "cpu", "--ops", "rglru", "--shapes", "1x12x8", "--dtypes", "fp32",
+                     "--backends", "torch", "--out", str(results / "gates"), "--results", str(results),
+                     "--quiet"]) == 0
+        status = json.loads(user.read_text())
+        assert ["samu", "mine", "c"] in status["passed"]
+        assert ["rglru", "torch", "float32|L<=8192|D<=1024"] in status["passed"]
+        assert (gate_status.PACKAGED.read_bytes() if gate_status.PACKAGED.exists() else None) == packaged
+        assert not list(user.parent.glob(".*.tmp"))
+    finally:
+        monkeypatch.undo()
+        reload()

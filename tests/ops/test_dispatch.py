@@ -16,9 +16,11 @@ def _samu_args(B=2, L=5, D=6):
 
 
 def test_triton_backend_needs_cuda_or_interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
     if not dispatch.triton_available():
         pytest.skip("triton is not installed")
+    # kernels are decorated at import, under the interpreter setting of that moment: import them first
+    dispatch.variants("samu")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="Triton needs CUDA"):
         samu.samu_mixer(*_samu_args(), backend="triton")
 
@@ -73,6 +75,8 @@ def empty_status(tmp_path, monkeypatch):
     monkeypatch.delenv("SAMU_AUTO_GATE", raising=False)
     monkeypatch.setattr(dispatch, "_auto_tried", {})
     monkeypatch.setattr(dispatch, "_warned", set())
+    # CUDA tensors as far as dispatch's choice goes (the gate itself is a stand-in below)
+    monkeypatch.setattr(dispatch, "_can_gate", lambda device: device.type == "cuda")
     gate_status.reload()
     yield gate_status
     monkeypatch.undo()
@@ -88,8 +92,9 @@ def test_ungated_class_is_gated_once_in_a_child_and_then_dispatched(empty_status
     def fake_gate(cmd, **kw):
         # what `samu gate --merge-status` leaves behind: the user's status with the class passed
         calls.append(cmd)
-        status = {"passed": [["samu", n, dispatch.gate_class(dispatch.variants("samu")[n], 1, 64, 8, 16,
-                                                              torch.bfloat16)] for n in cmd[cmd.index("--backends") + 1].split(",")],
+        names = cmd[cmd.index("--backends") + 1].split(",")
+        variants = dispatch.variants("samu")
+        status = {"passed": [["samu", n, dispatch.gate_class(variants[n], 1, 64, 8, 16, torch.bfloat16)] for n in names],
                   "blocked": []}
         empty_status.user_file().write_text(json.dumps(status))
         return subprocess.CompletedProcess(cmd, 0, "", "")
@@ -102,7 +107,8 @@ def test_ungated_class_is_gated_once_in_a_child_and_then_dispatched(empty_status
     assert cmd[cmd.index("--status") + 1] == str(empty_status.user_file())
     assert cmd[cmd.index("--shapes") + 1] == "1x64x8" and cmd[cmd.index("--dtypes") + 1] == "bfloat16"
     err = capsys.readouterr().err
-    assert "samu: gating samu" in err and "gate result" in err and "passed" in err
+    # one line on stderr when the gate passes
+    assert err.count("\n") == 1 and err.startswith("samu: no gate record covers samu at (1, 64, 8) bfloat16")
     dispatch.choose("samu", 1, 64, 8, torch.bfloat16, "cuda")
     assert len(calls) == 1
 
@@ -119,7 +125,7 @@ def test_failed_first_use_gate_falls_back_once_and_says_so(empty_status, monkeyp
     for _ in range(2):
         assert dispatch.choose("rglru", 1, 64, 32, torch.bfloat16, "cuda", heads=2).backend == "torch"
     assert len(calls) == 1 and cmd_has_heads(calls[0], 2)
-    assert "gating failed (RuntimeError: no GPU)" in capsys.readouterr().err
+    assert "(1, 64, 32) bfloat16: RuntimeError: no GPU; it uses the chunked PyTorch path" in capsys.readouterr().err
 
 
 def cmd_has_heads(cmd, heads):
@@ -152,10 +158,32 @@ def test_blocked_class_is_never_dispatched_nor_regated(empty_status, monkeypatch
 
     classes = {n: dispatch.gate_class(v, 1, 64, 8, 16, torch.bfloat16) for n, v in dispatch.variants("samu").items()}
     empty_status.user_file().parent.mkdir(parents=True)
-    empty_status.user_file().write_text(json.dumps({"passed": [], "blocked": [["samu", n, c] for n, c in classes.items()]}))
+    blocked = [["samu", n, c] for n, c in classes.items()]
+    empty_status.user_file().write_text(json.dumps({"passed": [], "blocked": blocked}))
     empty_status.reload()
     monkeypatch.setattr(dispatch.subprocess, "run", lambda *a, **k: pytest.fail("must not gate a blocked class"))
     choice = dispatch.choose("samu", 1, 64, 8, torch.bfloat16, "cuda")
     assert choice.backend == "torch" and "blocked" in choice.reason
     with pytest.raises(ValueError, match="no Triton variant of samu has passed"):
         dispatch.choose("samu", 1, 64, 8, torch.bfloat16, "cuda", backend="triton")
+
+
+@needs_triton
+def test_explain_looks_without_gating(empty_status, monkeypatch):
+    monkeypatch.setattr(dispatch.subprocess, "run", lambda *a, **k: pytest.fail("explain must not gate"))
+    text = dispatch.explain((1, 64, 8), "samu", torch.bfloat16, "cuda")
+    assert "no gate record covers this class" in text and "the first call gates it (`samu gate" in text
+
+
+@needs_triton
+def test_fallback_says_when_the_torch_path_failed_its_own_gate(empty_status):
+    import json
+
+    classes = {n: dispatch.gate_class(v, 1, 64, 8, 16, torch.float16) for n, v in dispatch.variants("samu").items()}
+    blocked = [["samu", n, c] for n, c in classes.items()]
+    blocked.append(["samu", "torch", dispatch.shape_class(64, 8, torch.float16)])
+    empty_status.user_file().parent.mkdir(parents=True)
+    empty_status.user_file().write_text(json.dumps({"passed": [], "blocked": blocked}))
+    empty_status.reload()
+    choice = dispatch.choose("samu", 1, 64, 8, torch.float16, "cuda")
+    assert choice.backend == "torch" and "failed its own gate" in choice.reason

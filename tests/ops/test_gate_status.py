@@ -8,34 +8,62 @@ import pytest
 from samu.ops import gate_status
 
 
-def test_status_files_user_overrides_packaged_and_env_replaces_both(tmp_path, monkeypatch):
+def _here(gpu="NVIDIA H200"):
+    """A platform string for the installed Triton release."""
+    from importlib import metadata
+
+    return gate_status.platform(gpu, metadata.version("triton"))
+
+
+@pytest.fixture
+def status_files(tmp_path, monkeypatch):
     packaged, cache = tmp_path / "pkg" / "status.json", tmp_path / "cache"
     packaged.parent.mkdir()
-    packaged.write_text(json.dumps({"passed": [["samu", "v", "c"], ["samu", "w", "c"]], "blocked": []}))
     cache.mkdir()
-    (cache / "gate_status.json").write_text(json.dumps({"passed": [], "blocked": [["samu", "v", "c"]]}))
     monkeypatch.setattr(gate_status, "PACKAGED", packaged)
     monkeypatch.setenv("SAMU_CACHE", str(cache))
     monkeypatch.delenv("SAMU_GATE_STATUS", raising=False)
-    try:
+    yield packaged, cache / "gate_status.json"
+    monkeypatch.undo()
+    gate_status.reload()
+
+
+def test_user_verdicts_replace_packaged_ones_and_env_replaces_both(status_files, tmp_path, monkeypatch):
+    packaged, user = status_files
+    packaged.write_text(json.dumps({"passed": [["samu", "v", "c"], ["samu", "w", "c"]], "blocked": [],
+                                    "platforms": [_here()]}))
+    user.write_text(json.dumps({"passed": [], "blocked": [["samu", "v", "c"]]}))
+    gate_status.reload()
+    assert gate_status.verdict("samu", "v", "c") == "blocked" and gate_status.verdict("samu", "w", "c") == "passed"
+    assert gate_status.verdict("samu", "x", "c") is None
+    # the packaged file is never the default target of `samu gate`
+    assert gate_status.status_path() == user
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps({"passed": [["rglru", "z", "c"]]}))
+    monkeypatch.setenv("SAMU_GATE_STATUS", str(one))
+    gate_status.reload()
+    assert gate_status.status_path() == one
+    assert gate_status.verdict("rglru", "z", "c") == "passed" and gate_status.verdict("samu", "w", "c") is None
+
+
+def test_packaged_verdicts_speak_only_for_their_triton_release(status_files):
+    packaged, _ = status_files
+    packaged.write_text(json.dumps({"passed": [["samu", "w", "c"]], "platforms": ["NVIDIA H200|triton 0.1"]}))
+    gate_status.reload()
+    assert gate_status.verdict("samu", "w", "c") is None
+    packaged.write_text(json.dumps({"passed": [["samu", "w", "c"]], "platforms": [_here()]}))
+    gate_status.reload()
+    assert gate_status.verdict("samu", "w", "c") == "passed"
+    # never for the interpreter on CPU tensors: its verdicts come from its own gates
+    assert gate_status.verdict("samu", "w", "c", device="cpu") is None
+
+
+def test_an_unreadable_status_file_is_ignored_with_a_warning(status_files):
+    _, user = status_files
+    user.write_text("{not json")
+    with pytest.warns(UserWarning, match="cannot be read"):
         gate_status.reload()
-        assert gate_status.verdict("samu", "v", "c") == "blocked" and gate_status.verdict("samu", "w", "c") == "passed"
-        assert gate_status.verdict("samu", "x", "c") is None
-        packaged.parent.chmod(0o500)
-        if not os.access(packaged.parent, os.W_OK):  # root may write anyway
-            assert gate_status.status_path() == cache / "gate_status.json"
-        packaged.parent.chmod(0o700)
-        one = tmp_path / "one.json"
-        one.write_text(json.dumps({"passed": [["rglru", "z", "c"]]}))
-        monkeypatch.setenv("SAMU_GATE_STATUS", str(one))
-        gate_status.reload()
-        assert gate_status.passed() == {("rglru", "z", "c")} and not gate_status.blocked()
-        one.write_text("{not json")
-        with pytest.raises(ValueError, match="cannot be read"):
-            gate_status.reload()
-    finally:
-        monkeypatch.undo()
-        gate_status.reload()
+    assert gate_status.verdict("samu", "v", "c") is None
 
 
 def test_packaged_status_lets_auto_take_triton_at_every_benchmark_and_training_shape(tmp_path, monkeypatch):
@@ -50,10 +78,12 @@ def test_packaged_status_lets_auto_take_triton_at_every_benchmark_and_training_s
         pytest.skip("triton is not installed")
     monkeypatch.setenv("SAMU_CACHE", str(tmp_path))
     monkeypatch.delenv("SAMU_GATE_STATUS", raising=False)
+    monkeypatch.delenv("SAMU_AUTO_GATE", raising=False)
     monkeypatch.setattr(dispatch.subprocess, "run", lambda *a, **k: pytest.fail(f"gated {a}"))
     gate_status.reload()
     try:
-        missing = [(op, shape, dtype) for op in ("samu", "rglru") for shape in dict.fromkeys(PRIMARY + LENGTH + WIDTH + TRAIN)
+        shapes = dict.fromkeys(PRIMARY + LENGTH + WIDTH + TRAIN)
+        missing = [(op, shape, dtype) for op in ("samu", "rglru") for shape in shapes
                    for dtype in (torch.bfloat16, torch.float16, torch.float32)
                    if dispatch.choose(op, *shape, dtype, "cuda").backend != "triton"]
         assert not missing

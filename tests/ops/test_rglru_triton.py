@@ -239,7 +239,8 @@ def test_gate_class_names_head_dim_and_steps_per_group():
     # a shorter sequence with the same steps per group is the same parenthesisation, so the same class
     assert gate_class(v, 1, 256, 1024, 16, torch.bfloat16) == gate_class(v, 1, 320, 1024, 16, torch.bfloat16)
     assert "n=128" in gate_class(v, 1, 8192, 1024, 8, torch.bfloat16)
-    with pytest.raises(ValueError, match=r"samu gate --ops rglru --shapes 1x8192x1024 --dtypes bfloat16 --backends variants --heads 8"):
+    command = r"samu gate --ops rglru --shapes 1x8192x1024 --dtypes bfloat16 --backends variants --heads 8"
+    with pytest.raises(ValueError, match=command):
         samu.dispatch.choose("rglru", 1, 8192, 1024, torch.bfloat16, "cpu", "triton", heads=8)
 
 
