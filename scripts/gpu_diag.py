@@ -7,7 +7,9 @@ runs fwd+bwd in a child process of its own (a fault poisons a CUDA context), onc
 shape that faulted and once under compute-sanitizer memcheck at a small one, and reports dx's
 relative error against the float64
 reference. SAMU: the torch path's dx at (1, 16384, 1024) fp16 on the gate's inputs, with the fp32
-result before rounding and its controller term apart. Writes diag.json as it goes, prints a table.
+result before rounding, with fp32 and float64 rotations, beside the serial fp32 evaluation's. fla:
+chunk_hgrn against a float64 scan, by position in its chunks, and its repeatability. Writes
+diag[_PART].json as it goes and prints each result.
 """
 
 from __future__ import annotations

@@ -101,7 +101,8 @@ def packaged_applies(device) -> bool:
     torch.compile trace before any eager call, or without CUDA) only the Triton release is checked."""
     if torch.device(device).type != "cuda":
         return False
-    gpu, mine = _gpu(device), platform(_gpu(device), _STATUS["triton"])
+    gpu = _gpu(device)
+    mine = platform(gpu, _STATUS["triton"])
     if gpu is None:
         # the GPU cannot be named here: the Triton release must still match
         return any(p.split("|")[1] == mine.split("|")[1] for p in _STATUS["platforms"])

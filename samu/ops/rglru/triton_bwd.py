@@ -305,12 +305,12 @@ def _rglru_bwd_dw_kernel(
         dza = _split3(_rows(b_dza, WC, K, BJ))
         dzx = _split3(_rows(b_dzx, WC, K, BJ))
         xat = _trans3(xa)
-        b_dwa += _parts_dot(xat, dza, tl.zeros([NPA, BJ], dtype=tl.float32), X_PARTS, 3, 2, MATH)
-        b_dwx += _parts_dot(xat, dzx, tl.zeros([NPA, BJ], dtype=tl.float32), X_PARTS, 3, 2, MATH)
+        b_dwa += _parts_dot(xat, dza, tl.zeros_like(b_dwa), X_PARTS, 3, 2, MATH)
+        b_dwx += _parts_dot(xat, dzx, tl.zeros_like(b_dwx), X_PARTS, 3, 2, MATH)
         if NPB > 0:
             xbt = _trans3(xb)
-            b_dwa_b += _parts_dot(xbt, dza, tl.zeros([NPB, BJ], dtype=tl.float32), X_PARTS, 3, 2, MATH)
-            b_dwx_b += _parts_dot(xbt, dzx, tl.zeros([NPB, BJ], dtype=tl.float32), X_PARTS, 3, 2, MATH)
+            b_dwa_b += _parts_dot(xbt, dza, tl.zeros_like(b_dwa_b), X_PARTS, 3, 2, MATH)
+            b_dwx_b += _parts_dot(xbt, dzx, tl.zeros_like(b_dwx_b), X_PARTS, 3, 2, MATH)
         p_x += WC * K * D
         p_dy += WC * K * D
 
@@ -325,6 +325,24 @@ def _rglru_bwd_dw_kernel(
     tl.store(p_p + 2 * H * n * n + o_d, tl.sum(b_dba, axis=1), mask=m_j)
     tl.store(p_p + 2 * H * n * n + D + o_d, tl.sum(b_dbx, axis=1), mask=m_j)
     tl.store(p_p + 2 * H * n * n + 2 * D + o_d, -c * tl.sum(b_dsp, axis=1), mask=m_j)
+
+
+@triton.jit
+def _start(acc, FRESH: tl.constexpr):
+    """The accumulator a chain of products starts from: zeros when the chain is summed apart (FRESH)."""
+    if FRESH:
+        return tl.zeros_like(acc)
+    else:
+        return acc
+
+
+@triton.jit
+def _joined(acc, chain, FRESH: tl.constexpr):
+    """acc after a chain of products that started from ``_start(acc, FRESH)``."""
+    if FRESH:
+        return acc + chain
+    else:
+        return chain
 
 
 @triton.jit
@@ -401,19 +419,14 @@ def _rglru_bwd_dx_kernel(
             dza = _split3(_rows(b_dza, WC, K, BJ))
             dzx = _split3(_rows(b_dzx, WC, K, BJ))
             ddi = _split3(_rows(b_direct, WC, K, BJ))
-            if DX_ORDER == 2:
-                # fp32 dx: each tile's products start from zero and join by an fp32 add, since the
-                # tensor cores truncate as they accumulate and the error grew with the tile count
-                # (H200: 1.1e-6, 1.5e-6, 1.9e-6 at head dims 96, 128, 160); bf16/fp16 dx are far coarser
-                b_dx += _input_grad(dza, dzx, ddi, wa, o_ia, o_j, tl.zeros([WC * K, NPA], dtype=tl.float32),
-                                    DX_ORDER, MATH)
-                if NPB > 0:
-                    b_dx_b += _input_grad(dza, dzx, ddi, wb, o_ib, o_j, tl.zeros([WC * K, NPB], dtype=tl.float32),
-                                          DX_ORDER, MATH)
-            else:
-                b_dx = _input_grad(dza, dzx, ddi, wa, o_ia, o_j, b_dx, DX_ORDER, MATH)
-                if NPB > 0:
-                    b_dx_b = _input_grad(dza, dzx, ddi, wb, o_ib, o_j, b_dx_b, DX_ORDER, MATH)
+            # fp32 dx: each tile's products start from zero and join by an fp32 add, since the tensor
+            # cores truncate as they accumulate and the error grew with the tile count (H200: 1.1e-6,
+            # 1.5e-6, 1.9e-6 at head dims 96, 128, 160); bf16 / fp16 dx, far coarser, chain them
+            FRESH: tl.constexpr = DX_ORDER == 2
+            b_dx = _joined(b_dx, _input_grad(dza, dzx, ddi, wa, o_ia, o_j, _start(b_dx, FRESH), DX_ORDER, MATH), FRESH)
+            if NPB > 0:
+                b_dx_b = _joined(b_dx_b, _input_grad(dza, dzx, ddi, wb, o_ib, o_j, _start(b_dx_b, FRESH), DX_ORDER,
+                                                     MATH), FRESH)
         p_r = p_dx + o_t[:, None] * D
         tl.store(p_r + o_ia[None, :], _to_store(b_dx, dx.dtype.element_ty, MATH), mask=m_r[:, None] & m_ia[None, :])
         if NPB > 0:
