@@ -111,7 +111,7 @@ def add_commands(subparsers) -> None:
                    help="torch, triton, variants (every registered Triton variant) or variant names")
     g.add_argument("--out", default="results/gates", help="record file (*.json) or folder (default: results/gates)")
     g.add_argument("--results", default="results", help="records folder the status is rebuilt from")
-    g.add_argument("--status", default=None, help="status file (default: samu/gates/status.json or $SAMU_GATE_STATUS)")
+    g.add_argument("--status", default=None, help="status file to write (default: $SAMU_GATE_STATUS, else the user's ~/.cache/samu/gate_status.json, merged; the packaged samu/gates/status.json only when named)")
     g.add_argument("--jobs", type=_at_least(1), default=1,
                    help="compile the Triton variants' kernels for every gate unit in this many processes "
                         "first (Triton caches them for the gates; default 1: no warm-up)")

@@ -187,3 +187,27 @@ def test_fallback_says_when_the_torch_path_failed_its_own_gate(empty_status):
     empty_status.reload()
     choice = dispatch.choose("samu", 1, 64, 8, torch.float16, "cuda")
     assert choice.backend == "torch" and "failed its own gate" in choice.reason
+
+
+_real_can_gate = dispatch._can_gate
+
+
+@pytest.mark.gpu
+def test_first_use_gating_runs_the_real_gate_on_the_gpu_then_dispatches_triton(empty_status, monkeypatch, capsys):
+    """The whole path on a GPU: no record covers the class, the first call gates it in a real child
+    process, the user's status records the verdicts, and the call runs a Triton variant."""
+    import json
+
+    monkeypatch.setattr(dispatch, "_can_gate", _real_can_gate)
+    B, L, D = 1, 300, 64
+    choice = dispatch.choose("samu", B, L, D, torch.bfloat16, torch.device("cuda"))
+    assert choice.backend == "triton", choice.reason
+    status = json.loads(empty_status.user_file().read_text())
+    classes = {dispatch.gate_class(v, B, L, D, 16, torch.bfloat16) for v in dispatch.variants("samu").values()}
+    assert classes <= {row[2] for row in status["passed"] if row[0] == "samu"}
+    assert "gating it once" in capsys.readouterr().err
+    args = [randn((B, L, D), 0, requires_grad=False).cuda().bfloat16(),
+            *[p.detach().cuda() for p in samu_params(D, 1)]]
+    y, _ = samu.samu_mixer(*args)
+    ref, _ = samu.samu_mixer(*args, backend="torch")
+    assert torch.allclose(y.float(), ref.float(), atol=2e-2, rtol=2e-2)
