@@ -4,7 +4,8 @@ This is the structure the Triton kernels follow, written with torch ops: the for
 p, (m, phi) and the chunk-boundary states; the backward replays states from those boundaries,
 runs the conjugated adjoint scan and reduces the controller and parameter gradients. Mode
 transitions are computed for one token per chunk at a time and never stored for all tokens.
-State and accumulation are fp32 (float64 for float64 input).
+State and accumulation are fp32 (float64 for float64 input); the controller and the transitions
+are evaluated in float64 and rounded once (this path is the exact fallback; see _Transitions).
 """
 
 from __future__ import annotations
@@ -28,26 +29,25 @@ def _split(t: torch.Tensor) -> torch.Tensor:
 class _Transitions:
     """lambda and gamma for token k of every chunk, from chunked (m, phi).
 
-    The phase theta + phi and its rotation are evaluated in float64 and rounded once (as the
-    kernels' per-mode (hi, lo) pairs do): theta rounded to fp32 is the same error at every token,
-    and a slow mode's state compounds it over its memory (dx 10x further off the float64
-    reference on the gate inputs).
+    Each transition is evaluated in float64 and rounded once to the state dtype. A rounded theta
+    (or rate) is the same error at every token, and a slow mode's state compounds it over its
+    memory: on the gate inputs dx was 10x further off the float64 reference with them in fp32.
     """
 
     def __init__(self, m_c, phi_c, nu, theta_log):
         self.m_c, self.phi_c = m_c, phi_c
-        self.rate = torch.exp(nu)
+        self.rate = torch.exp(nu.double())
         self.theta = torch.exp(theta_log.double())
-        self.cplx = _complex(m_c.dtype)
+        self.sdt, self.cplx = m_c.dtype, _complex(m_c.dtype)
 
     def __call__(self, k):
         """(w, rho, exp(i psi), lambda, gamma) of token k, [B, n_chunks, N]."""
-        w = self.m_c[:, :, k, None] * self.rate
+        w = self.m_c[:, :, k, None].double() * self.rate
         rho = torch.exp(-w)
-        psi = self.theta + self.phi_c[:, :, k, None].double()
-        unit = torch.polar(torch.ones_like(psi), psi)
+        unit = torch.polar(torch.ones_like(w), self.theta + self.phi_c[:, :, k, None].double())
         gamma = torch.sqrt(-torch.expm1(-2.0 * w))
-        return w, rho, unit.to(self.cplx), (rho.double() * unit).to(self.cplx), gamma
+        return (w.to(self.sdt), rho.to(self.sdt), unit.to(self.cplx), (rho * unit).to(self.cplx),
+                gamma.to(self.sdt))
 
 
 def _setup(xs, m, phi, nu, theta_log):
@@ -66,7 +66,10 @@ class SAMUTorchFunction(torch.autograd.Function):
             n = D // 2
             sdt = state_dtype(x.dtype)
             xs = x.to(sdt)
-            p, m, phi = samu_controls(xs, directions.to(sdt), amplitudes.to(sdt), radial_bound)
+            # the controller in float64 too, rounded once: its fp32 projection was the largest
+            # remaining error of every gradient (d_theta_log 10x the float64 controller's)
+            p, m, phi = (t.to(sdt) for t in samu_controls(xs.double(), directions.double(),
+                                                           amplitudes.double(), radial_bound))
             K, trans, z_c = _setup(xs, m, phi, nu, theta_log)
             h0 = (torch.zeros(B, n, dtype=_complex(sdt), device=x.device) if initial_state is None
                   else _split(initial_state.to(sdt)))
