@@ -22,8 +22,8 @@ TRAIN = ((16, 256, 128), (16, 256, 512), (16, 256, 1664), (1, 8192, 2048), (1, 6
 SETS = {"primary": PRIMARY, "length": LENGTH, "width": WIDTH, "block": BLOCK, "step": STEP, "gen": GEN,
         "train": TRAIN}
 # Every shape a sequence kernel is benchmarked at (a gate speaks only for the numerics of its shape),
-# plus the training shapes above.
-GATE = tuple(dict.fromkeys(PRIMARY + LENGTH + WIDTH + BLOCK + STEP + TRAIN))
+# the generation prompts' prefill, and the training shapes above.
+GATE = tuple(dict.fromkeys(PRIMARY + LENGTH + WIDTH + BLOCK + STEP + GEN + TRAIN))
 SETS["gate"] = GATE
 
 

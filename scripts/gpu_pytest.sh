@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# `pytest -m gpu`, whole, in one device call under its 10-minute limit: the GPU tests in 9 shards run
+# side by side on one GPU (they are launch- and compile-bound, not bandwidth-bound), each shard its own
+# process, so a fault in one cannot poison another.
+#
+#   OUT=DIR bash scripts/gpu_pytest.sh
+#
+# Writes DIR/pytest_<shard>.log and, through SAMU_GPU_GATE_OUT, the gates-marked tests' records as
+# DIR/gates/gates_<op>_<dtype>.json; prints each shard's summary line last. Exit 1 when any shard failed.
+set -u
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/out}"
+LIMIT="${LIMIT:-540}"
+mkdir -p "$OUT/gates"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" SAMU_GPU_GATE_OUT="$OUT/gates"
+G=tests/gates/test_gates_gpu.py::test_every_variant_passes_its_gates_at_the_gate_shapes
+shard() {  # shard NAME PYTEST-ARGS...
+  local name=$1; shift
+  timeout --signal=INT --kill-after=15 "$LIMIT" python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs "$@" \
+    > "$OUT/pytest_$name.log" 2>&1
+}
+for op in samu rglru; do
+  for d in 0 1 2; do shard "gates_${op}_$d" "$G[$op-dtype$d]" & done
+done
+shard rglru_bf16 tests/ops/test_rglru_triton.py -k dtype0 &
+shard rglru_rest tests/ops/test_rglru_triton.py -k "not dtype0" &
+shard rest tests --deselect tests/ops/test_rglru_triton.py --ignore tests/gates/test_gates_gpu.py &
+wait
+rc=0
+for log in "$OUT"/pytest_*.log; do
+  line=$(grep -E "^(=+ )?[0-9]+ (passed|failed|error)|no tests ran|Interrupted" "$log" | tail -1)
+  echo "$(basename "$log" .log): ${line:-no summary (cut short?)}"
+  case "$line" in *failed*|*error*|"") rc=1 ;; esac
+done
+exit $rc
