@@ -6,8 +6,9 @@ RG-LRU: each configuration (head dim, dtype, dx-kernel warps, pipelining stages,
 runs fwd+bwd in a child process of its own (a fault poisons a CUDA context), once plainly at a
 shape that faulted and once under compute-sanitizer memcheck at a small one, and reports dx's
 relative error against the float64
-reference. SAMU: the torch path's dx at (1, 16384, 1024) fp16 on the gate's inputs, with the fp32
-result before rounding, with fp32 and float64 rotations, beside the serial fp32 evaluation's. fla:
+reference. SAMU: the torch path's dx at (1, 16384, 1024) fp16 on the gate's inputs, with its fp32
+result before rounding, beside the serial fp32 evaluation's (results/dev/gpu_diag_3_samu.json is the
+earlier form of this part, with fp32 and float64 rotations patched in, at commit a18596f). fla:
 chunk_hgrn against a float64 scan, by position in its chunks, and its repeatability. Writes
 diag[_PART].json as it goes and prints each result.
 """
@@ -117,30 +118,18 @@ def run_samu(out: list, path: str) -> None:
                       rules.inputs)
     ref = evaluate("samu", inp, ref_dtype=torch.float64)
     got = evaluate("samu", inp, backend="torch")
-    def fp32(rotation):
-        # the same computation on fp32 copies of the fp16 values: y and dx before their rounding
-        saved, torch.polar = torch.polar, rotation
-        try:
-            x32 = inp["x"].float().requires_grad_()
-            params = [p.clone().requires_grad_() for p in inp["params"].values()]
-            h0 = inp["initial_state"].clone().requires_grad_()
-            y, h = samu_mixer_torch(x32, *params, h0, 2.0)
-            (dx,) = torch.autograd.grad([y, h], [x32], [inp["dy"].float(), inp["dh"]])
-        finally:
-            torch.polar = saved
-        return y, dx
-
-    fp32_polar = torch.polar
-    y64p, dx64p = fp32(lambda rho, psi: fp32_polar(rho.double(), psi.double()).to(torch.complex64))
-    y32p, dx32p = fp32(fp32_polar)
+    # the same computation on fp32 copies of the fp16 values: y and dx before their rounding
+    x32 = inp["x"].float().requires_grad_()
+    params = [p.clone().requires_grad_() for p in inp["params"].values()]
+    h0 = inp["initial_state"].clone().requires_grad_()
+    y32, h = samu_mixer_torch(x32, *params, h0, 2.0)
+    (dx32,) = torch.autograd.grad([y32, h], [x32], [inp["dy"].float(), inp["dh"]])
     serial = evaluate("samu", inp, ref_dtype=torch.float32)
-    dx32 = dx64p
-    row = {"shape": [B, L, D], "rotation_float64": {"y": rel_error(y64p, ref["y"]), "dx": rel_error(dx64p, ref["dx"])},
-           "rotation_fp32": {"y": rel_error(y32p, ref["y"]), "dx": rel_error(dx32p, ref["dx"])},
+    row = {"shape": [B, L, D], "torch_fp32": {"y": rel_error(y32, ref["y"]), "dx": rel_error(dx32, ref["dx"])},
            "serial_fp32": {"y": rel_error(serial["y"], ref["y"]), "dx": rel_error(serial["dx"], ref["dx"])},
            "dx_error_fp16": rel_error(got["dx"], ref["dx"]),
            "dx_rounded_ref": rel_error(ref["dx"].to(torch.float16), ref["dx"]),
-           "dx32_error": rel_error(dx32, ref["dx"]), "dx32_rounded_error": rel_error(dx32.half(), ref["dx"]),
+           "dx32_rounded_error": rel_error(dx32.half(), ref["dx"]),
            "y_error_fp16": rel_error(got["y"], ref["y"]), "y_rounded_ref": rel_error(ref["y"].half(), ref["y"]),
            "dx_fp16_vs_dx32_rounded_equal": bool(torch.equal(got["dx"], dx32.half())),
            "dx_max_abs": ref["dx"].abs().max().item(),

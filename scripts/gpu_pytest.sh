@@ -5,11 +5,13 @@
 #
 #   OUT=DIR bash scripts/gpu_pytest.sh
 #
-# Writes DIR/pytest_<shard>.log and, through SAMU_GPU_GATE_OUT, the gates-marked tests' records as
-# DIR/gates/gates_<op>_<dtype>.json; prints each shard's summary line last. Exit 1 when any shard failed.
+# Writes DIR/pytest.tar.gz (one file: the device tool returns at most 8) holding pytest/pytest_<shard>.log
+# and, through SAMU_GPU_GATE_OUT, the gates-marked tests' records pytest/gates/gates_<op>_<dtype>.json;
+# prints each shard's summary line last. Exit 1 when any shard failed.
 set -u
 cd "$(dirname "$0")/.."
-OUT="${OUT:-$PWD/out}"
+DEST="${OUT:-$PWD/out}"
+OUT="$(mktemp -d)/pytest"
 LIMIT="${LIMIT:-540}"
 mkdir -p "$OUT/gates"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" SAMU_GPU_GATE_OUT="$OUT/gates"
@@ -19,17 +21,20 @@ shard() {  # shard NAME PYTEST-ARGS...
   timeout --signal=INT --kill-after=15 "$LIMIT" python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs "$@" \
     > "$OUT/pytest_$name.log" 2>&1
 }
+pids=()
 for op in samu rglru; do
-  for d in 0 1 2; do shard "gates_${op}_$d" "$G[$op-dtype$d]" & done
+  for d in 0 1 2; do shard "gates_${op}_$d" "$G[$op-dtype$d]" & pids+=($!); done
 done
-shard rglru_bf16 tests/ops/test_rglru_triton.py -k dtype0 &
-shard rglru_rest tests/ops/test_rglru_triton.py -k "not dtype0" &
-shard rest tests --deselect tests/ops/test_rglru_triton.py --ignore tests/gates/test_gates_gpu.py &
-wait
+shard rglru_bf16 tests/ops/test_rglru_triton.py -k dtype0 & pids+=($!)
+shard rglru_rest tests/ops/test_rglru_triton.py -k "not dtype0" & pids+=($!)
+shard rest tests --deselect tests/ops/test_rglru_triton.py --ignore tests/gates/test_gates_gpu.py & pids+=($!)
 rc=0
+# a shard passes only when pytest exited 0: a cut-short run (timeout's SIGINT) still prints a summary
+for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
 for log in "$OUT"/pytest_*.log; do
-  line=$(grep -E "^(=+ )?[0-9]+ (passed|failed|error)|no tests ran|Interrupted" "$log" | tail -1)
-  echo "$(basename "$log" .log): ${line:-no summary (cut short?)}"
-  case "$line" in *failed*|*error*|"") rc=1 ;; esac
+  line=$(grep -E "^(=+ )?[0-9]+ (passed|failed|error)|no tests ran" "$log" | tail -1)
+  grep -q KeyboardInterrupt "$log" && line="cut short: $line"
+  echo "$(basename "$log" .log): ${line:-no summary}"
 done
+mkdir -p "$DEST" && tar czf "$DEST/pytest.tar.gz" -C "$(dirname "$OUT")" pytest
 exit $rc

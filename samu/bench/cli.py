@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from pathlib import Path
 
 import torch
 
@@ -57,7 +58,12 @@ def _at_least(minimum: int, why: str = ""):
 
 
 def _device(text: str) -> torch.device:
-    device = torch.device(text)
+    try:
+        device = torch.device(text)
+    except (RuntimeError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise argparse.ArgumentTypeError("--device cuda asked for, but CUDA is not available here")
     return device
@@ -111,7 +117,9 @@ def add_commands(subparsers) -> None:
                    help="torch, triton, variants (every registered Triton variant) or variant names")
     g.add_argument("--out", default="results/gates", help="record file (*.json) or folder (default: results/gates)")
     g.add_argument("--results", default="results", help="records folder the status is rebuilt from")
-    g.add_argument("--status", default=None, help="status file to write (default: $SAMU_GATE_STATUS, else the user's ~/.cache/samu/gate_status.json, merged; the packaged samu/gates/status.json only when named)")
+    g.add_argument("--status", default=None,
+                   help="status file to write (default: $SAMU_GATE_STATUS, else gate_status.json in samu's "
+                        "cache folder, merged; the packaged samu/gates/status.json only when named)")
     g.add_argument("--jobs", type=_at_least(1), default=1,
                    help="compile the Triton variants' kernels for every gate unit in this many processes "
                         "first (Triton caches them for the gates; default 1: no warm-up)")
@@ -161,6 +169,8 @@ def _gate(args) -> int:
 def _report(args) -> int:
     from samu.bench.report import report_command
 
+    if not Path(args.results).is_dir():
+        raise SystemExit(f"samu report: error: --results {args.results}: no such folder of records")
     return report_command(args)
 
 

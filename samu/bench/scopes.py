@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from samu.bench import peers
+from samu.bench.shapes import GEN_PROMPT
 from samu.gates.inputs import make_inputs
 from samu.ops import dispatch
 from samu.ops.functional import rglru_mixer, samu_mixer
@@ -220,10 +221,10 @@ def module_candidate(scope: str, op: str, shape, dtype, device, seed: int, prese
 
 
 def _generation(name, op, model, B, L, gen, cast, n_params, preset) -> Candidate:
-    """L greedy decoding steps for B sequences, from the state of a 16-token prompt (set up untimed)."""
+    """L greedy decoding steps for B sequences, from the state of a GEN_PROMPT-token prompt (set up untimed)."""
     model.eval()
     device = next(model.parameters()).device
-    prompt = torch.randint(int(model.config.vocab_size), (B, 16), generator=gen, device=device)
+    prompt = torch.randint(int(model.config.vocab_size), (B, GEN_PROMPT), generator=gen, device=device)
     with torch.no_grad(), cast:
         logits, state0 = model(prompt, return_state=True)
     first = logits[:, -1].argmax(-1)

@@ -32,6 +32,10 @@ from samu.ops.functional import rglru_mixer, samu_mixer
 RADIAL_BOUND = 2.0
 
 
+# a float64 reference that ran out of GPU memory is tried this many times, waiting 10 s, 20 s, ...
+REFERENCE_ATTEMPTS = 4
+REFERENCE_RETRY_S = 10.0
+
 def quantities(op: str) -> tuple:
     return ("y", "final_state", "dx", "d_initial_state") + tuple(f"d_{p}" for p in PARAMS[op])
 
@@ -228,14 +232,25 @@ def gate_unit(op: str, shape, dtype: torch.dtype, heads: int, backends: list, de
         return
     yield "reference", None
     s = derive_seed(seed, op, B, L, D, dname)
-    try:
-        inputs = _inputs(op, shape, dtype, device, seed, heads, rules)
-        ref = evaluate(op, inputs, ref_dtype=torch.float64)
-        serial = evaluate(op, inputs, ref_dtype=torch.float32)
-        _sync(device)
-        failure = None
-    except Exception as err:  # noqa: BLE001  (e.g. out of memory: no reference, no gate; say so and go on)
-        failure = f"reference failed: {type(err).__name__}: {err}"[:500]
+    failure = None
+    # out of memory while other processes share the GPU: free what this one cached and try again
+    for attempt in range(REFERENCE_ATTEMPTS):
+        try:
+            inputs = _inputs(op, shape, dtype, device, seed, heads, rules)
+            ref = evaluate(op, inputs, ref_dtype=torch.float64)
+            serial = evaluate(op, inputs, ref_dtype=torch.float32)
+            _sync(device)
+            failure = None
+            break
+        except torch.OutOfMemoryError as err:
+            failure = f"reference failed: {type(err).__name__}: {err}"[:500]
+            inputs = ref = serial = None
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            time.sleep(REFERENCE_RETRY_S * (attempt + 1))
+        except Exception as err:  # noqa: BLE001  (no reference, no gate; say so and go on)
+            failure = f"reference failed: {type(err).__name__}: {err}"[:500]
+            break
     if failure is not None:
         inputs = ref = serial = None  # freed before the cache is emptied
         yield "skip", {"op": op, "backend": "*", "shape": list(shape), "dtype": dname, "reason": failure}

@@ -226,3 +226,26 @@ def test_in_process_gates_stop_at_a_lost_context_and_keep_its_row(dummy_variants
                   progress=False, out=tmp_path / "gates.json")
     (row,) = json.loads((tmp_path / "gates.json").read_text())["rows"]
     assert row["backend"] == "test_gate_crash" and row["exception"] == "RuntimeError: kernel launch failed"
+
+
+def test_a_reference_out_of_memory_is_tried_again_then_recorded_as_a_skip(monkeypatch):
+    from samu.gates import runner
+
+    real, calls = runner.evaluate, []
+
+    def short_of_memory(op, inputs, **kw):
+        calls.append(kw.get("ref_dtype"))
+        if len(calls) <= fails:
+            raise torch.OutOfMemoryError("CUDA out of memory (a test stand-in)")
+        return real(op, inputs, **kw)
+
+    monkeypatch.setattr(runner, "evaluate", short_of_memory)
+    monkeypatch.setattr(runner, "REFERENCE_RETRY_S", 0.0)
+    fails = 2
+    record = run_gates(["samu"], [(1, 9, 4)], [torch.float32], ["torch"], "cpu", progress=False)
+    assert [r["pass"] for r in record["rows"]] == [True] and not record["skipped"]
+    calls.clear()
+    fails = runner.REFERENCE_ATTEMPTS
+    record = run_gates(["samu"], [(1, 9, 4)], [torch.float32], ["torch"], "cpu", progress=False)
+    assert not record["rows"] and "reference failed: OutOfMemoryError" in record["skipped"][0]["reason"]
+    assert len(calls) == runner.REFERENCE_ATTEMPTS

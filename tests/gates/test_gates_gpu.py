@@ -1,4 +1,4 @@
-"""The spec §7 gates on the GPU at every gate shape (the primary shapes and L = 65,536 and 131,072),
+"""The spec §7 gates on the GPU at every gate shape (samu/bench/shapes.py: GATE, L up to 131,072),
 for every Triton variant of both mixers, in bf16, fp16 and fp32: the same code as `samu gate`.
 
 Set SAMU_GPU_GATE_OUT to a folder to keep each run's JSON record there.

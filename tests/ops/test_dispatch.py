@@ -193,6 +193,8 @@ _real_can_gate = dispatch._can_gate
 
 
 @pytest.mark.gpu
+@needs_triton
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_first_use_gating_runs_the_real_gate_on_the_gpu_then_dispatches_triton(empty_status, monkeypatch, capsys):
     """The whole path on a GPU: no record covers the class, the first call gates it in a real child
     process, the user's status records the verdicts, and the call runs a Triton variant."""

@@ -67,11 +67,12 @@ def test_an_unreadable_status_file_is_ignored_with_a_warning(status_files):
 
 
 def test_packaged_status_lets_auto_take_triton_at_every_benchmark_and_training_shape(tmp_path, monkeypatch):
-    """A fresh install on CUDA: the committed H200 status covers every primary, length, width and
-    training shape in every dtype, for both mixers (RG-LRU with its default 16 heads)."""
+    """A fresh install on CUDA: the committed H200 status covers every gate shape (the benchmark
+    shapes, the generation prefills and the presets' training shapes) in every dtype, for both
+    mixers (RG-LRU with its default 16 heads)."""
     import torch
 
-    from samu.bench.shapes import LENGTH, PRIMARY, TRAIN, WIDTH
+    from samu.bench.shapes import GATE
     from samu.ops import dispatch
 
     if not dispatch.triton_available():
@@ -82,7 +83,7 @@ def test_packaged_status_lets_auto_take_triton_at_every_benchmark_and_training_s
     monkeypatch.setattr(dispatch.subprocess, "run", lambda *a, **k: pytest.fail(f"gated {a}"))
     gate_status.reload()
     try:
-        shapes = dict.fromkeys(PRIMARY + LENGTH + WIDTH + TRAIN)
+        shapes = GATE
         missing = [(op, shape, dtype) for op in ("samu", "rglru") for shape in shapes
                    for dtype in (torch.bfloat16, torch.float16, torch.float32)
                    if dispatch.choose(op, *shape, dtype, "cuda").backend != "triton"]

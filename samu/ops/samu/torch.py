@@ -4,8 +4,9 @@ This is the structure the Triton kernels follow, written with torch ops: the for
 p, (m, phi) and the chunk-boundary states; the backward replays states from those boundaries,
 runs the conjugated adjoint scan and reduces the controller and parameter gradients. Mode
 transitions are computed for one token per chunk at a time and never stored for all tokens.
-State and accumulation are fp32 (float64 for float64 input); the controller and the transitions
-are evaluated in float64 and rounded once (this path is the exact fallback; see _Transitions).
+State and accumulation are fp32 (float64 for float64 input). The forward controller (p, m, phi) and
+every transition are evaluated in float64 (fp32 on MPS, which has none) and rounded once to the state
+dtype; the backward's controller derivatives stay in the state dtype (see _Transitions).
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from samu.reference import samu_controls
 
 def _complex(dtype: torch.dtype) -> torch.dtype:
     return torch.complex128 if dtype == torch.float64 else torch.complex64
+
+
+def _wide(device: torch.device) -> torch.dtype:
+    """The dtype the controller and transitions are evaluated in: float64 (MPS has none: fp32)."""
+    return torch.float32 if device.type == "mps" else torch.float64
 
 
 def _split(t: torch.Tensor) -> torch.Tensor:
@@ -36,15 +42,16 @@ class _Transitions:
 
     def __init__(self, m_c, phi_c, nu, theta_log):
         self.m_c, self.phi_c = m_c, phi_c
-        self.rate = torch.exp(nu.double())
-        self.theta = torch.exp(theta_log.double())
+        self.wide = _wide(m_c.device)
+        self.rate = torch.exp(nu.to(self.wide))
+        self.theta = torch.exp(theta_log.to(self.wide))
         self.sdt, self.cplx = m_c.dtype, _complex(m_c.dtype)
 
     def __call__(self, k):
         """(w, rho, exp(i psi), lambda, gamma) of token k, [B, n_chunks, N]."""
-        w = self.m_c[:, :, k, None].double() * self.rate
+        w = self.m_c[:, :, k, None].to(self.wide) * self.rate
         rho = torch.exp(-w)
-        unit = torch.polar(torch.ones_like(w), self.theta + self.phi_c[:, :, k, None].double())
+        unit = torch.polar(torch.ones_like(w), self.theta + self.phi_c[:, :, k, None].to(self.wide))
         gamma = torch.sqrt(-torch.expm1(-2.0 * w))
         return (w.to(self.sdt), rho.to(self.sdt), unit.to(self.cplx), (rho * unit).to(self.cplx),
                 gamma.to(self.sdt))
@@ -66,10 +73,10 @@ class SAMUTorchFunction(torch.autograd.Function):
             n = D // 2
             sdt = state_dtype(x.dtype)
             xs = x.to(sdt)
-            # the controller in float64 too, rounded once: its fp32 projection was the largest
-            # remaining error of every gradient (d_theta_log 10x the float64 controller's)
-            p, m, phi = (t.to(sdt) for t in samu_controls(xs.double(), directions.double(),
-                                                           amplitudes.double(), radial_bound))
+            # the controller in float64 too, rounded once (its fp32 projection was the largest error left)
+            wide = _wide(x.device)
+            p, m, phi = (t.to(sdt) for t in samu_controls(xs.to(wide), directions.to(wide), amplitudes.to(wide),
+                                                           radial_bound))
             K, trans, z_c = _setup(xs, m, phi, nu, theta_log)
             h0 = (torch.zeros(B, n, dtype=_complex(sdt), device=x.device) if initial_state is None
                   else _split(initial_state.to(sdt)))
