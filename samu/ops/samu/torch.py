@@ -4,9 +4,9 @@ This is the structure the Triton kernels follow, written with torch ops: the for
 p, (m, phi) and the chunk-boundary states; the backward replays states from those boundaries,
 runs the conjugated adjoint scan and reduces the controller and parameter gradients. Mode
 transitions are computed for one token per chunk at a time and never stored for all tokens.
-State and accumulation are fp32 (float64 for float64 input). The forward controller (p, m, phi) is
-evaluated in float64 (fp32 on MPS, which has none) and rounded once, and the per-mode rotations are
-exact (hi, lo) pairs, as in the kernels (see _Transitions).
+State and accumulation are fp32 (float64 for float64 input). The forward controller (p, m, phi) and
+every transition are evaluated in float64 (fp32 on MPS, which has none) and rounded once to the state
+dtype; the backward's controller derivatives stay in the state dtype (see _Transitions).
 """
 
 from __future__ import annotations
@@ -35,35 +35,26 @@ def _split(t: torch.Tensor) -> torch.Tensor:
 class _Transitions:
     """lambda and gamma for token k of every chunk, from chunked (m, phi).
 
-    The per-mode constants are exact: e^{i theta} is kept as state-dtype (hi, lo) pairs of its
-    float64 value, as the kernels keep it. A rounded theta is the same error at every token, and
-    a slow mode's state compounds it over its memory (on the gate inputs dx was 10x further off
-    the float64 reference with it); the rotation by phi is one per token, shared by every mode.
+    Each transition is evaluated in float64 and rounded once to the state dtype. A rounded theta
+    (or rate) is the same error at every token, and a slow mode's state compounds it over its
+    memory: on the gate inputs dx was 10x further off the float64 reference with them in fp32.
     """
 
     def __init__(self, m_c, phi_c, nu, theta_log):
         self.m_c, self.phi_c = m_c, phi_c
-        sdt, wide = m_c.dtype, _wide(m_c.device)
-        self.cplx = _complex(sdt)
-        self.rate = torch.exp(nu.to(wide)).to(sdt)
-        theta = torch.exp(theta_log.to(wide))
-        pairs = []
-        for v in (torch.cos(theta), torch.sin(theta)):
-            hi = v.to(sdt)
-            pairs += [hi, (v - hi.to(wide)).to(sdt)]
-        self.ch, self.cl, self.sh, self.sl = pairs
+        self.wide = _wide(m_c.device)
+        self.rate = torch.exp(nu.to(self.wide))
+        self.theta = torch.exp(theta_log.to(self.wide))
+        self.sdt, self.cplx = m_c.dtype, _complex(m_c.dtype)
 
     def __call__(self, k):
         """(w, rho, exp(i psi), lambda, gamma) of token k, [B, n_chunks, N]."""
-        w = self.m_c[:, :, k, None] * self.rate
+        w = self.m_c[:, :, k, None].to(self.wide) * self.rate
         rho = torch.exp(-w)
-        phi = self.phi_c[:, :, k, None]
-        c, s = torch.cos(phi), torch.sin(phi)
-        # the lo parts join the smaller products first, so the sums keep them through their last rounding
-        re = self.ch * c + ((self.cl * c - self.sl * s) - self.sh * s)
-        im = self.ch * s + ((self.sl * c + self.cl * s) + self.sh * c)
+        unit = torch.polar(torch.ones_like(w), self.theta + self.phi_c[:, :, k, None].to(self.wide))
         gamma = torch.sqrt(-torch.expm1(-2.0 * w))
-        return w, rho, torch.complex(re, im), torch.complex(rho * re, rho * im), gamma
+        return (w.to(self.sdt), rho.to(self.sdt), unit.to(self.cplx), (rho * unit).to(self.cplx),
+                gamma.to(self.sdt))
 
 
 def _setup(xs, m, phi, nu, theta_log):
