@@ -114,3 +114,14 @@ def test_torch_path_gradients_stay_finite_when_a_rate_underflows():
     y, h = samu.samu_mixer(x, nu, theta_log, directions, amplitudes, output_final_state=True, backend="torch")
     grads = torch.autograd.grad((y * y).sum() + h.sum(), [x, nu, theta_log, directions, amplitudes])
     assert all(bool(torch.isfinite(g).all()) for g in grads)
+
+
+def test_torch_path_widens_its_transitions_on_cuda_only():
+    """float64 where the H200 gates judge the path (CUDA fallback), the state dtype where it is the
+    fast path (CPU, MPS): docs/performance.md, SAMU torch path."""
+    from samu.ops.samu.torch import _wide
+
+    assert _wide(torch.device("cuda"), torch.float32) == torch.float64
+    assert _wide(torch.device("cpu"), torch.float32) == torch.float32
+    assert _wide(torch.device("cpu"), torch.float64) == torch.float64
+    assert _wide(torch.device("mps"), torch.float32) == torch.float32

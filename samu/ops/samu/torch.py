@@ -4,9 +4,9 @@ This is the structure the Triton kernels follow, written with torch ops: the for
 p, (m, phi) and the chunk-boundary states; the backward replays states from those boundaries,
 runs the conjugated adjoint scan and reduces the controller and parameter gradients. Mode
 transitions are computed for one token per chunk at a time and never stored for all tokens.
-State and accumulation are fp32 (float64 for float64 input). The forward controller (p, m, phi) and
-every transition are evaluated in float64 (fp32 on MPS, which has none) and rounded once to the state
-dtype; the backward's controller derivatives stay in the state dtype (see _Transitions).
+State and accumulation are fp32 (float64 for float64 input). On CUDA the forward controller (p, m, phi)
+and every transition are evaluated in float64 and rounded once to the state dtype (see _wide); the
+backward's controller derivatives stay in the state dtype.
 """
 
 from __future__ import annotations
@@ -21,9 +21,12 @@ def _complex(dtype: torch.dtype) -> torch.dtype:
     return torch.complex128 if dtype == torch.float64 else torch.complex64
 
 
-def _wide(device: torch.device) -> torch.dtype:
-    """The dtype the controller and transitions are evaluated in: float64 (MPS has none: fp32)."""
-    return torch.float32 if device.type == "mps" else torch.float64
+def _wide(device: torch.device, sdt: torch.dtype) -> torch.dtype:
+    """The dtype the controller and transitions are evaluated in: float64 on CUDA, where this path is
+    the exact fallback for classes no Triton variant passed (its H200 gates need it: fp16 dx and
+    d_theta_log at long L); the state dtype elsewhere, where it is the fast path (float64 cost the
+    CPU demo a third more time)."""
+    return torch.float64 if device.type == "cuda" else sdt
 
 
 def _split(t: torch.Tensor) -> torch.Tensor:
@@ -35,14 +38,14 @@ def _split(t: torch.Tensor) -> torch.Tensor:
 class _Transitions:
     """lambda and gamma for token k of every chunk, from chunked (m, phi).
 
-    Each transition is evaluated in float64 and rounded once to the state dtype. A rounded theta
-    (or rate) is the same error at every token, and a slow mode's state compounds it over its
+    On CUDA each transition is evaluated in float64 and rounded once to the state dtype. A rounded
+    theta (or rate) is the same error at every token, and a slow mode's state compounds it over its
     memory: on the gate inputs dx was 10x further off the float64 reference with them in fp32.
     """
 
     def __init__(self, m_c, phi_c, nu, theta_log):
         self.m_c, self.phi_c = m_c, phi_c
-        self.wide = _wide(m_c.device)
+        self.wide = _wide(m_c.device, m_c.dtype)
         self.rate = torch.exp(nu.to(self.wide))
         self.theta = torch.exp(theta_log.to(self.wide))
         self.sdt, self.cplx = m_c.dtype, _complex(m_c.dtype)
@@ -74,7 +77,7 @@ class SAMUTorchFunction(torch.autograd.Function):
             sdt = state_dtype(x.dtype)
             xs = x.to(sdt)
             # the controller in float64 too, rounded once (its fp32 projection was the largest error left)
-            wide = _wide(x.device)
+            wide = _wide(x.device, sdt)
             p, m, phi = (t.to(sdt) for t in samu_controls(xs.to(wide), directions.to(wide), amplitudes.to(wide),
                                                            radial_bound))
             K, trans, z_c = _setup(xs, m, phi, nu, theta_log)
