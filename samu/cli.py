@@ -74,6 +74,9 @@ def _add_train_args(p):
     g.add_argument("--eval-every", type=positive_int, help="steps between validations (default 100)")
     g.add_argument("--eval-batches", type=positive_int, help="validation batches (default 8)")
     g.add_argument("--checkpoint-every", type=positive_int, help="steps between checkpoints (default 500)")
+    g.add_argument("--keep", type=positive_int,
+                   help="checkpoints kept: checkpoint.pt and the keep - 1 before it, as checkpoint-<step>.pt "
+                        "(default 2)")
     g.add_argument("--seed", type=nonneg_int, help="seed of the weights and the data order (default 0)")
     g.add_argument("--autocast", choices=("auto", "bf16", "none"), help="bf16 autocast (auto: on CUDA only)")
     g.add_argument("--backend", help="mixer backend: auto, torch, reference, triton or a variant")
@@ -89,7 +92,7 @@ def _add_runtime_args(p, threads=None):
 MODEL_KEYS = ("mixer", "width", "num_layers", "lru_width", "num_heads", "vocab_size")
 TRAIN_KEYS = ("data", "data_format", "steps", "batch_size", "seq_len", "grad_accum", "lr", "min_lr",
               "warmup_steps", "weight_decay", "grad_clip", "eval_every", "eval_batches", "checkpoint_every",
-              "seed", "autocast", "backend", "device", "threads")
+              "keep", "seed", "autocast", "backend", "device", "threads")
 
 
 # Names that messages from below the CLI may use, shown there as the flags that set them.
@@ -121,9 +124,11 @@ def _model_config(args, base=None):
 def cmd_train(args):
     from samu.data import load_data
     from samu.models import load_checkpoint
-    from samu.train import CHECKPOINT, TrainConfig, check_out_dir, is_finished, train
+    from samu.train import CHECKPOINT, TrainConfig, check_data_out, check_out_dir, is_finished, train
 
     out = check_out_dir(args.out)
+    check_data_out(args.data or "stdlib", out)
+    main_rank = int(os.environ.get("RANK", "0")) == 0
     if args.resume:
         payload = load_checkpoint(out / CHECKPOINT)
         if "train" not in payload:
@@ -138,11 +143,14 @@ def cmd_train(args):
         config = TrainConfig(model=_model_config(args), out_dir=str(out), progress=not args.no_progress,
                              **_given(args, TRAIN_KEYS))
         data = load_data(config.data, config.data_format)
+        if config.data_format != "text" and main_rank:
+            print(f"data: {data.name}: {len(data.train) + len(data.val)} {config.data_format} tokens, vocabulary "
+                  f"{data.vocab_size} (the largest id + 1)")
         if config.data_format != "text" and args.vocab_size is None:
             model = dataclasses.replace(config.model, vocab_size=data.vocab_size)
             config = dataclasses.replace(config, model=model)
     train(config, data=data, resume=args.resume)
-    if int(os.environ.get("RANK", "0")) != 0:
+    if not main_rank:
         return
     if args.resume and is_finished(payload, config):
         print(f"{out} holds a finished run ({config.steps} steps); nothing to do, nothing written")
@@ -167,7 +175,9 @@ def _prompt(args, vocab_size):
     else:
         if vocab_size != 256:
             raise ValueError(f"this model has a {vocab_size}-token vocabulary, not bytes; pass --prompt-ids")
-        ids = list(args.prompt.encode("utf-8"))
+        # the prompt's own bytes, even where they are not valid UTF-8 (argv decodes them with
+        # surrogateescape)
+        ids = list(args.prompt.encode("utf-8", "surrogateescape"))
     if not ids:
         raise ValueError("the prompt is empty; give at least one token")
     bad = [i for i in ids if not 0 <= i < vocab_size]
@@ -347,9 +357,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from samu.errors import TrainingDiverged, TrainingInterrupted
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
+    except TrainingInterrupted as stop:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"samu {args.command}: stopped by {stop}; the checkpoint is saved: resume with "
+                  f"`samu train --out {stop.out} --resume`", file=sys.stderr)
+        return 128 + stop.signum
+    except TrainingDiverged as e:
+        print(f"samu {args.command}: error: {with_flags(str(e))}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"samu {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import math
 import os
+import signal
 import tempfile
+import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,8 +30,11 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from samu.data import DATA_FORMATS, TokenData, load_data
+from samu.errors import RunFolderBusy, TrainingDiverged, TrainingInterrupted
 from samu.models import LanguageModel, LMConfig, load_checkpoint, load_model, save_checkpoint
 from samu.models.checkpoint import CheckpointError, atomic_write
+from samu.ops.checks import NonFiniteParameters
+from samu.paths import RUN_MARKER, FileLock
 from samu.validate import finite_number, nonneg_int, positive_int
 
 CHECKPOINT = "checkpoint.pt"
@@ -60,6 +67,8 @@ class TrainConfig:
     eval_every: int = 100
     eval_batches: int = 8
     checkpoint_every: int = 500
+    # checkpoint.pt and the keep - 1 before it (checkpoint-<step>.pt)
+    keep: int = 2
     log_every: int = 10
     seed: int = 0
     device: str = "auto"
@@ -78,7 +87,7 @@ class TrainConfig:
             raise TypeError(f"model must be an LMConfig, got {type(self.model).__name__}")
         self.betas = tuple(self.betas)
         for name in ("steps", "batch_size", "seq_len", "grad_accum", "eval_every", "eval_batches",
-                     "checkpoint_every", "log_every"):
+                     "checkpoint_every", "keep", "log_every"):
             positive_int(name, getattr(self, name))
         if self.threads is not None:
             positive_int("threads", self.threads)
@@ -130,12 +139,18 @@ class _Dist:
     local_rank: int = 0
     owns_group: bool = False
 
-    def all_sum(self, values: list[float], device) -> list[float]:
+    def all_reduce(self, values: list[float], device, op) -> list[float]:
         if self.world == 1:
             return values
         t = torch.tensor(values, dtype=torch.float64, device=device)
-        dist.all_reduce(t)
+        dist.all_reduce(t, op=op)
         return t.tolist()
+
+    def all_sum(self, values: list[float], device) -> list[float]:
+        return self.all_reduce(values, device, dist.ReduceOp.SUM)
+
+    def all_max(self, values: list[float], device) -> list[float]:
+        return self.all_reduce(values, device, dist.ReduceOp.MAX)
 
 
 def parse_device(name: str) -> torch.device:
@@ -231,14 +246,41 @@ class TrainResult:
     log: dict
 
 
-def _check_resumable(saved: dict, config: TrainConfig, path: Path) -> None:
+def _field(config: TrainConfig, name: str):
+    """A run field as a resume compares it: a data path resolved (an older checkpoint may name it
+    relative to the folder it ran in)."""
+    value = getattr(config, name)
+    return str(Path(value).resolve()) if name == "data" and value != "stdlib" else value
+
+
+def _check_resumable(saved: dict, config: TrainConfig, path: Path, has_identity: bool) -> None:
     saved = TrainConfig.from_dict(saved)
     if saved.model != config.model:
         raise CheckpointError(f"{path} holds a model {saved.model} but the run asks for {config.model}")
+    # the data are compared by content where the checkpoint records it (train() checks that)
+    fields = [f for f in RUN_FIELDS if f != "model" and not (f == "data" and has_identity)]
     differ = [f"{name} ({getattr(saved, name)!r} there, {getattr(config, name)!r} here)"
-              for name in RUN_FIELDS if name != "model" and getattr(saved, name) != getattr(config, name)]
+              for name in fields if _field(saved, name) != _field(config, name)]
     if differ:
         raise CheckpointError(f"cannot resume {path} exactly: " + "; ".join(differ))
+
+
+def check_data_out(data: str, out_dir) -> None:
+    """A run folder cannot be its own data folder (it would read its checkpoints as text once it
+    holds them, and then refuse to resume on data that changed)."""
+    if data != "stdlib" and Path(data).is_dir() and Path(data).resolve() == Path(out_dir).resolve():
+        raise ValueError(f"out_dir {str(out_dir)!r} is the data folder: put the run folder elsewhere (a run "
+                         f"folder inside the data folder is never read as text)")
+
+
+def _check_same_data(saved: dict, identity: dict, path: Path) -> None:
+    for split in ("train", "val"):
+        if saved[split] != identity[split]:
+            raise CheckpointError(
+                f"cannot resume {path}: it trained on {saved['name']} ({saved['train']['tokens']} train tokens, "
+                f"{saved['val']['tokens']} validation), but the data given now are {identity['name']} "
+                f"({identity['train']['tokens']} and {identity['val']['tokens']}) and their {split} split differs "
+                f"in content; resume with the same data")
 
 
 def check_out_dir(out_dir) -> Path:
@@ -270,24 +312,110 @@ def is_finished(payload: dict, config: TrainConfig) -> bool:
     return payload["train"]["step"] >= config.steps
 
 
+class _RunFolder:
+    """The run folder, held exclusively for a run's lifetime (rank 0 only; a lock the system drops
+    when its holder dies, so a killed run's folder is taken over at once). Entering removes
+    temporary files a killed save left behind. ``owned``: the folder was a samu run folder before;
+    a run refused before it wrote anything (``wrote`` unset) leaves the folder as it found it."""
+
+    def __init__(self, out: Path, rank: int):
+        self.out, self.rank = out, rank
+        self.owned = (out / RUN_MARKER).exists()
+        self.created = not out.exists()
+        self.lock, self.wrote = None, False
+
+    def __enter__(self):
+        if self.rank != 0:
+            return self
+        marker = self.out / RUN_MARKER
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OSError(f"out_dir {str(self.out)!r} cannot be created: {os.strerror(e.errno or 0)}") from None
+        try:
+            self.lock = FileLock(marker, wait=False).__enter__()
+        except BlockingIOError:
+            raise RunFolderBusy(f"out_dir {str(self.out)!r} is in use by another samu run (it holds {marker} "
+                                f"locked); wait for it to finish or choose another output folder") from None
+        except OSError as e:
+            if e.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise OSError(f"out_dir {str(self.out)!r}: cannot lock {marker}: {os.strerror(e.errno or 0)}") from None
+            # a file system without flock (some NFS, Lustre or FUSE mounts): run, unguarded
+            warnings.warn(f"{marker} cannot be locked here ({os.strerror(e.errno)}): a second run into "
+                          f"{self.out} would not be refused", stacklevel=3)
+            marker.touch()
+        # what atomic_write leaves when killed: .checkpoint.pt.*.tmp, .checkpoint-<n>.pt.copy.tmp, .log.json.*.tmp
+        for tmp in (*self.out.glob(".checkpoint*.tmp"), *self.out.glob(f".{LOG}.*.tmp")):
+            tmp.unlink(missing_ok=True)
+        return self
+
+    def __exit__(self, kind, *exc):
+        if self.rank != 0:
+            return
+        if kind is not None and not self.wrote and not self.owned:
+            # removed while still held, so no later run can find this marker locked by a dead holder
+            (self.out / RUN_MARKER).unlink(missing_ok=True)
+        if self.lock is not None:
+            self.lock.__exit__(kind, *exc)
+        if kind is not None and not self.wrote and not self.owned and self.created:
+            with contextlib.suppress(OSError):
+                self.out.rmdir()
+
+
+class _Signals:
+    """SIGINT and SIGTERM ask the run to stop after its current step (a second one stops it at once)."""
+
+    def __init__(self):
+        self.signum, self.saved = None, {}
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.saved[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self.saved.items():
+            signal.signal(signum, handler)
+
+
 def train(config: TrainConfig, *, data: TokenData | None = None, resume: bool = False,
           overwrite: bool = False) -> TrainResult:
     """Train a LanguageModel as ``config`` says; writes checkpoint.pt and log.json to config.out_dir.
 
     resume: continue from out_dir/checkpoint.pt (same batches, same schedule as an uninterrupted run;
-        so ``steps`` cannot change). A finished run is returned as it is, and nothing is written.
+        so ``steps`` cannot change), on the same data (checked by content). A finished run is
+        returned as it is, and nothing is written.
     overwrite: start afresh even where out_dir already holds a checkpoint (otherwise an error).
+
+    The folder is locked for the run. SIGINT or SIGTERM finishes the current step, saves a checkpoint
+    and raises TrainingInterrupted; a non-finite loss or parameter raises TrainingDiverged before
+    anything is saved. ``log.json`` is rewritten at every log step.
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
     out = check_out_dir(config.out_dir)
+    check_data_out(config.data, out)
+    if config.data != "stdlib":
+        config = dataclasses.replace(config, data=str(Path(config.data).resolve()))
+    rank = int(os.environ.get("RANK", "0"))
+    with _RunFolder(out, rank) as folder:
+        return _train(config, data, resume, overwrite, out, folder)
+
+
+def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
     ckpt_path = out / CHECKPOINT
     payload = None
     if resume:
         payload = load_checkpoint(ckpt_path)
         if "train" not in payload:
             raise CheckpointError(f"{ckpt_path} holds no training state to resume from")
-        _check_resumable(json.loads(payload["train"]["config"]), config, ckpt_path)
+        _check_resumable(json.loads(payload["train"]["config"]), config, ckpt_path, "data" in payload["train"])
         if is_finished(payload, config):
             model = load_model(ckpt_path, device=resolve_device(config.device), backend=config.backend,
                                payload=payload)
@@ -295,36 +423,58 @@ def train(config: TrainConfig, *, data: TokenData | None = None, resume: bool = 
     elif ckpt_path.exists() and not overwrite:
         raise FileExistsError(f"{out} already holds a run ({ckpt_path}); resume it or choose another "
                               f"output folder")
+    elif not ckpt_path.exists() and (out / LOG).exists() and not folder.owned:
+        raise FileExistsError(f"{out} holds a {LOG} that no samu run folder owns; samu never overwrites "
+                              f"files it did not write: choose another output folder")
     data = data if data is not None else load_data(config.data, config.data_format)
     data.check(config.seq_len)
     if data.vocab_size > config.model.vocab_size:
         raise ValueError(f"the data has tokens up to {data.vocab_size - 1} but the model's vocab_size is "
                          f"{config.model.vocab_size}")
+    identity = data.identity()
+    if payload is not None and "data" in payload["train"]:
+        _check_same_data(payload["train"]["data"], identity, ckpt_path)
+    elif payload is not None:
+        # a checkpoint from before data identities: its log still has the token counts
+        known = json.loads(payload["train"]["log"]).get("data", {})
+        counts = {"train_tokens": len(data.train), "val_tokens": len(data.val)}
+        if any(known.get(k, v) != v for k, v in counts.items()):
+            raise CheckpointError(f"cannot resume {ckpt_path}: it trained on {known.get('train_tokens')} train and "
+                                  f"{known.get('val_tokens')} validation tokens, the data given now have "
+                                  f"{counts['train_tokens']} and {counts['val_tokens']}; resume with the same data")
+    if overwrite and payload is None and folder.owned:
+        # a run being replaced (samu demo) takes its kept checkpoints with it
+        for old_kept in out.glob("checkpoint-*.pt"):
+            old_kept.unlink(missing_ok=True)
 
     # train() sets the thread count for its run only.
     threads = torch.get_num_threads()
     ctx = _Dist()
     try:
         ctx, device = _setup_distributed(config)
-        return _run(config, data, payload, ctx, device, out)
+        with _Signals() as signals:
+            return _run(config, data, identity, payload, ctx, device, folder, signals)
     finally:
         torch.set_num_threads(threads)
         if ctx.owns_group:
             dist.destroy_process_group()
 
 
-def _run(config, data, payload, ctx: _Dist, device, out: Path) -> TrainResult:
+def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder, signals: _Signals) -> TrainResult:
+    out = folder.out
     # Every rank builds the same initial weights from the seed.
     torch.manual_seed(config.seed)
     model = LanguageModel(config.model, backend=config.backend).to(device)
     optimizer = _optimizer(model, config)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, CosineSchedule(config.warmup_steps, config.steps, config.min_lr / config.lr))
-    start = 0
+    start, time_before = 0, 0.0
     log = {"config": config.to_dict(), "params": model.num_params(), "world_size": ctx.world,
            "device": str(device), "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
-           "data": {"name": data.name, "train_tokens": len(data.train), "val_tokens": len(data.val)},
+           "data": {"name": data.name, "train_tokens": len(data.train), "val_tokens": len(data.val),
+                    "identity": identity},
            "train": [], "val": [], "checkpoints": []}
+    is_main = ctx.rank == 0
     if payload is not None:
         model.load_state_dict(payload["model"])
         optimizer.load_state_dict(payload["train"]["optimizer"])
@@ -332,14 +482,37 @@ def _run(config, data, payload, ctx: _Dist, device, out: Path) -> TrainResult:
         start = payload["train"]["step"]
         log = json.loads(payload["train"]["log"])
         log["resumed_at"] = log.get("resumed_at", []) + [start]
+        log.update(world_size=ctx.world, device=str(device), cpu_threads=torch.get_num_threads())
+        time_before = payload["train"].get("time_s", log["train"][-1]["time_s"] if log["train"] else 0.0)
+        if is_main:
+            tqdm.write(f"resuming {out} at step {start} of {config.steps}")
     engine = model
     if ctx.world > 1:
         device_ids = [device.index] if device.type == "cuda" else None
         engine = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
     autocast = _autocast(config, device)
-    is_main = ctx.rank == 0
+    ckpt_path = out / CHECKPOINT
+    # the first step (1-based) whose loss or gradient norm was not finite, 0 while none; kept on the
+    # device so that checking it costs a synchronisation only where the loop reads values anyway
+    bad_step = torch.zeros((), dtype=torch.long, device=device)
+
+    def diverged(step):
+        saved = log["checkpoints"][-1] if log["checkpoints"] else None
+        kept = f"{ckpt_path} still holds step {saved}" if saved is not None else "no checkpoint was written"
+        hint = "a lower lr" + ("" if config.grad_clip else " or gradient clipping (grad_clip=1)")
+        return TrainingDiverged(f"training diverged at step {step}: the loss or the parameters became non-finite "
+                                f"(nan or inf); the run stopped before saving them ({kept}). Start again with "
+                                f"{hint}")
+
+    def check_finite(step):
+        first = int(ctx.all_max([float(bad_step)], device)[0])
+        if first:
+            raise diverged(first)
+        if not bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all()):
+            raise diverged(step)
 
     def validate(step):
+        check_finite(step)
         result = {"step": step, **evaluate(model, data, config, device, rank=ctx.rank, world=ctx.world,
                                            autocast=autocast)}
         log["val"].append(result)
@@ -348,13 +521,21 @@ def _run(config, data, payload, ctx: _Dist, device, out: Path) -> TrainResult:
             tqdm.write(f"step {step}: validation loss {result['val_loss']:.4f} nats/token{bpb}")
         return result
 
-    def save(step):
+    def save(step, elapsed):
+        check_finite(step)
         if is_main:
+            previous = log["checkpoints"][-1] if log["checkpoints"] else None
+            keep_as = out / f"checkpoint-{previous}.pt" if config.keep > 1 and previous is not None else None
             log["checkpoints"].append(step)
             state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                     "config": json.dumps(config.to_dict()), "log": json.dumps(log)}
-            save_checkpoint(out / CHECKPOINT, model, state)
+                     "config": json.dumps(config.to_dict()), "log": json.dumps(log), "data": identity,
+                     "time_s": elapsed}
+            folder.wrote = True
+            save_checkpoint(ckpt_path, model, state, keep_as=keep_as)
             write_log(out, log)
+            # only the files this run kept: never another checkpoint-<n>.pt in the folder
+            for step_gone in log["checkpoints"][:-1][::-1][config.keep - 1:]:
+                (out / f"checkpoint-{step_gone}.pt").unlink(missing_ok=True)
         if ctx.world > 1:
             dist.barrier()
 
@@ -374,35 +555,63 @@ def _run(config, data, payload, ctx: _Dist, device, out: Path) -> TrainResult:
             x, y = data.sample(config.batch_size, config.seq_len, rng)
             last = micro == config.grad_accum - 1
             sync = contextlib.nullcontext() if last or ctx.world == 1 else engine.no_sync()
-            with sync:
-                with autocast:
-                    logits, _ = engine(x.to(device))
-                loss = cross_entropy(logits, y.to(device))
-                (loss / config.grad_accum).backward()
+            try:
+                with sync:
+                    with autocast:
+                        logits, _ = engine(x.to(device))
+                    loss = cross_entropy(logits, y.to(device))
+                    (loss / config.grad_accum).backward()
+            except NonFiniteParameters:
+                # the previous update made a parameter non-finite
+                raise diverged(int(bad_step) or step) from None
             loss_sum += loss.detach()
         grad_norm = nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip) if config.grad_clip else None
+        finite = torch.isfinite(loss_sum) if grad_norm is None else torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
+        bad_step = torch.where((bad_step == 0) & ~finite, step + 1, bad_step)
         lr = optimizer.param_groups[0]["lr"]
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         done = step + 1
+        elapsed = time_before + time.perf_counter() - t0
+        saved_now = False
         if done % config.log_every == 0 or done == config.steps:
-            elapsed = time.perf_counter() - t0
-            loss = loss_sum.item() / config.grad_accum
+            check_finite(done)
+            loss = ctx.all_sum([loss_sum.item()], device)[0] / (config.grad_accum * ctx.world)
             log["train"].append({"step": done, "loss": loss, "lr": lr, "time_s": elapsed,
                                  "grad_norm": None if grad_norm is None else float(grad_norm),
-                                 "tokens_per_s": tokens_per_step * (done - start) / elapsed})
+                                 "tokens_per_s": tokens_per_step * (done - start) / (time.perf_counter() - t0)})
             postfix["loss"] = f"{loss:.3f}"
+            if is_main:
+                folder.wrote = True
+                write_log(out, log)
         if done % config.eval_every == 0 or done == config.steps:
             result = validate(done)
             postfix["val"] = f"{result.get('val_bpb', result['val_loss']):.3f}"
         if done == config.steps:
             log["done"] = True
         if done % config.checkpoint_every == 0 or done == config.steps:
-            save(done)
+            save(done, elapsed)
+            saved_now = True
         bar.set_postfix(postfix, refresh=False)
         bar.update(1)
+        stop = signals.signum
+        if ctx.world > 1:
+            # the ranks stop together after the same step (one small collective a step)
+            stop = int(ctx.all_max([float(stop or 0)], device)[0]) or None
+        if stop and done < config.steps:
+            if not saved_now:
+                save(done, elapsed)
+            bar.close()
+            raise TrainingInterrupted(stop, done, config.steps, out)
     bar.close()
+    if is_main and log["train"]:
+        last = log["train"][-1]
+        val = log["val"][-1] if log["val"] else {}
+        bpb = f", {val['val_bpb']:.3f} bits/byte" if "val_bpb" in val else ""
+        tqdm.write(f"done: {config.steps} steps, training loss {last['loss']:.4f}, validation loss "
+                   f"{val.get('val_loss', float('nan')):.4f} nats/token{bpb}, {last['time_s']:.0f} s "
+                   f"({last['tokens_per_s']:.0f} tokens/s in this session)")
     return TrainResult(model, log)
 
 

@@ -205,6 +205,8 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path):
     assert ddp_log["val"][-1]["val_loss"] == pytest.approx(json.loads(ddp["train"]["log"])["val"][-1]["val_loss"])
     single_log = json.loads(single["train"]["log"])
     assert ddp_log["val"][-1]["val_loss"] == pytest.approx(single_log["val"][-1]["val_loss"], rel=1e-4)
+    # the logged training loss is the mean over the ranks, as one process's over its micro-steps
+    assert [e["loss"] for e in ddp_log["train"]] == pytest.approx([e["loss"] for e in single_log["train"]], rel=1e-4)
 
 
 @pytest.mark.gpu

@@ -16,9 +16,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from samu.paths import cache_dir
+from samu.paths import RUN_MARKER, cache_dir
 
 TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+# The largest vocabulary a token file may imply: an embedding of 2^24 rows is already beyond any
+# tokenizer in use; a larger id is a stray value or a file read with the wrong dtype.
+MAX_VOCAB = 2**24
 # Every 100th file of the sorted stdlib listing is validation text: a fixed 99/1 split by file.
 VAL_EVERY = 100
 
@@ -55,6 +58,18 @@ class TokenData:
         """A batch of random training windows drawn with ``rng``."""
         starts = rng.integers(0, len(self.train) - seq_len, size=batch_size)
         return self.windows("train", starts, seq_len)
+
+    def identity(self) -> dict:
+        """What a resumed run checks it trains on: the name, and each split's length and content hash."""
+        out = {"name": self.name}
+        for split in ("train", "val"):
+            tokens = getattr(self, split)
+            digest = hashlib.blake2b(digest_size=16)
+            step = max(1, (64 << 20) // max(1, tokens.itemsize))
+            for i in range(0, len(tokens), step):
+                digest.update(np.ascontiguousarray(tokens[i:i + step]).tobytes())
+            out[split] = {"tokens": len(tokens), "blake2b": digest.hexdigest()}
+        return out
 
     def val_starts(self, seq_len: int, count: int) -> np.ndarray:
         """``count`` fixed window starts spread evenly over the validation split."""
@@ -138,25 +153,57 @@ def _existing(path) -> Path:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"data path not found: {path}")
-    return path
+    return path.resolve()
+
+
+def is_run_folder(folder: Path) -> bool:
+    """Whether ``folder`` is a samu training run's folder (it holds the run marker)."""
+    return (folder / RUN_MARKER).exists()
+
+
+def _text_files(root: Path) -> list[Path]:
+    """Every non-hidden file under ``root``, sorted, never inside a samu run folder."""
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        if is_run_folder(here):
+            dirnames[:] = []
+            continue
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        files += [here / f for f in filenames if not f.startswith(".") and (here / f).is_file()]
+    return sorted(files)
 
 
 def text_corpus(path, val_fraction: float = 0.01) -> TokenData:
-    """Byte-level text from a file, or from every non-hidden file under a folder (sorted paths).
-
-    The last ``val_fraction`` of the bytes is validation text.
-    """
+    """Byte-level text from a file, or from every non-hidden file under a folder (sorted paths;
+    samu run folders inside it are never read). The last ``val_fraction`` of the bytes is validation
+    text. The name is the absolute path."""
     path = _existing(path)
     if path.is_file():
         tokens = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
     else:
-        files = sorted(p for p in path.rglob("*") if p.is_file()
-                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        if is_run_folder(path):
+            raise ValueError(f"data folder {path} is a samu run folder, not text")
+        files = _text_files(path)
         if not files:
             raise ValueError(f"data folder {path} holds no files")
         tokens = np.frombuffer(b"".join(f.read_bytes() for f in files), dtype=np.uint8)
     train, val = _tail_split(tokens, val_fraction)
     return TokenData(str(path), train, val, vocab_size=256, bytes_per_token=1.0)
+
+
+def _looks_like_text(path: Path) -> bool:
+    """Whether the file's first 64 KiB are printable UTF-8 (token ids almost never are)."""
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.start < len(head) - 4:  # a character cut at the end of the window is still text
+            return False
+        text = head[:e.start].decode("utf-8")
+    printable = sum(c.isprintable() or c in "\n\r\t" for c in text)
+    return len(text) > 0 and printable >= 0.98 * len(text)
 
 
 def token_file(path, dtype: str = "uint16", val_fraction: float = 0.01) -> TokenData:
@@ -173,9 +220,32 @@ def token_file(path, dtype: str = "uint16", val_fraction: float = 0.01) -> Token
     size = path.stat().st_size
     if size == 0 or size % itemsize:
         raise ValueError(f"token file {path} has {size} bytes, not a positive multiple of {itemsize} ({dtype})")
+    with open(path, "rb") as f:
+        bom = f.read(2)
+    if _looks_like_text(path) or bom in (b"\xff\xfe", b"\xfe\xff"):
+        raise ValueError(f"token file {path} looks like text (its start is printable UTF-8 or a UTF-16 byte-order "
+                         f"mark), not {dtype} token ids; train on text with data_format='text'")
     tokens = np.memmap(path, dtype=TOKEN_DTYPES[dtype], mode="r")
+    top = int(tokens.max())
+    if top >= MAX_VOCAB:
+        raise ValueError(f"token file {path} holds token id {top} (first id >= {MAX_VOCAB} at position "
+                         f"{_first_at_least(tokens, MAX_VOCAB)}): a vocabulary of {top + 1} is implausible; is the "
+                         f"file {dtype} token ids?")
+    head = np.asarray(tokens[:1 << 16])
+    if dtype == "uint16" and len(head) >= 64 and not head[1::2].any() and head[0::2].any():
+        raise ValueError(f"token file {path}: every second uint16 id is 0, as when a little-endian uint32 file is "
+                         f"read as uint16; is it uint32 token ids?")
     train, val = _tail_split(tokens, val_fraction)
-    return TokenData(str(path), train, val, vocab_size=int(tokens.max()) + 1)
+    return TokenData(str(path), train, val, vocab_size=top + 1)
+
+
+def _first_at_least(tokens: np.ndarray, bound: int, step: int = 1 << 24) -> int:
+    """Index of the first token >= ``bound`` (scanned in slices: no file-sized temporary)."""
+    for i in range(0, len(tokens), step):
+        hits = np.flatnonzero(np.asarray(tokens[i:i + step]) >= bound)
+        if len(hits):
+            return i + int(hits[0])
+    return -1
 
 
 DATA_FORMATS = ("text",) + tuple(TOKEN_DTYPES)

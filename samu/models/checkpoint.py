@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -46,24 +47,80 @@ def _umask() -> int:
     return umask
 
 
-def atomic_write(path, write) -> None:
-    """Call ``write(tmp_path)``, then move the result onto ``path``: readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+class WriteError(OSError):
+    """A file samu could not write (disk full, permissions, a vanished folder), in one line."""
+
+
+def _write_failure(path: Path, err: BaseException) -> WriteError:
+    if isinstance(err, OSError) and err.errno is not None:
+        cause = os.strerror(err.errno)
+    else:
+        # torch.save reports a full disk as a RuntimeError ("unexpected pos ...")
+        cause = f"the write failed ({' '.join(str(err).split())[:120]})"
     try:
+        cause += f"; {shutil.disk_usage(path.parent).free / 2**20:.0f} MiB free there"
+    except OSError:
+        pass
+    return WriteError(f"cannot write {path}: {cause}")
+
+
+def atomic_write(path, write, keep_as=None) -> None:
+    """Call ``write(tmp_path)``, then move the result onto ``path``: readers never see half a file.
+    ``keep_as``: the file ``path`` held before stays there under this name. A failure removes the
+    temporary file and is a WriteError naming ``path`` and the cause."""
+    path = Path(path)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
         write(tmp)
         # mkstemp makes the file private (0600); give it the mode a plain open() would.
         os.chmod(tmp, 0o666 & ~_umask())
+        _fsync(tmp)
+        if keep_as is not None and path.exists():
+            _link_or_copy(path, Path(keep_as))
         os.replace(tmp, path)
+        _fsync(path.parent)
+    except (OSError, RuntimeError) as err:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise _write_failure(path, err) from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def save_checkpoint(path, model: nn.Module, train_state: dict | None = None) -> None:
-    """Write ``model`` (a LanguageModel, possibly wrapped) and optional training state to ``path``."""
+def _fsync(path) -> None:
+    """Flush a file's (or a folder's entries') data to the disk: a power cut leaves no empty file."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems cannot sync a folder
+        pass
+    finally:
+        os.close(fd)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """``dst`` becomes another name of ``src``; where hard links are not supported, a copy that
+    appears under ``dst`` only once complete."""
+    dst.unlink(missing_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        part = dst.with_name(f".{dst.name}.copy.tmp")
+        shutil.copy2(src, part)
+        os.replace(part, dst)
+
+
+def save_checkpoint(path, model: nn.Module, train_state: dict | None = None, keep_as=None) -> None:
+    """Write ``model`` (a LanguageModel, possibly wrapped) and optional training state to ``path``
+    (``keep_as``: the checkpoint it replaces stays under that name)."""
     model = unwrap(model)
     if not isinstance(model, LanguageModel):
         raise TypeError(f"model must be a LanguageModel, got {type(model).__name__}")
@@ -71,7 +128,7 @@ def save_checkpoint(path, model: nn.Module, train_state: dict | None = None) -> 
                "model": model.state_dict()}
     if train_state is not None:
         payload["train"] = train_state
-    atomic_write(path, lambda tmp: torch.save(payload, tmp))
+    atomic_write(path, lambda tmp: torch.save(payload, tmp), keep_as)
 
 
 def load_checkpoint(path, map_location="cpu") -> dict:

@@ -31,7 +31,8 @@ class LMConfig:
         if self.mixer not in MIXERS:
             raise ValueError(f"mixer must be one of {', '.join(map(repr, MIXERS))}, got {self.mixer!r}")
         if self.mixer == "samu" and self.mixer_width % 2:
-            raise ValueError(f"lru_width must be even for mixer='samu', got {self.mixer_width}")
+            name = "lru_width" if self.lru_width is not None else "width (the mixer width when lru_width is unset)"
+            raise ValueError(f"{name} must be even for mixer='samu', got {self.mixer_width}")
         if self.mixer == "rglru" and self.mixer_width % self.num_heads:
             raise ValueError(f"num_heads={self.num_heads} must divide lru_width={self.mixer_width} "
                              f"for mixer='rglru'")

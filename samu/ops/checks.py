@@ -62,7 +62,13 @@ def _check_input(x, name="x"):
     return B, L, D
 
 
-def _check_params(params, device, finite=True):
+class NonFiniteParameters(ValueError):
+    """A mixer parameter holds nan or inf (a diverged training run, typically)."""
+
+
+def _check_params(params, device, finite=True, nonzero_rows=None):
+    """Types, shapes and devices; with ``finite`` (and the check on), every value finite and, for the
+    parameter named ``nonzero_rows``, every row of positive finite squared norm (one synchronisation)."""
     for name, t, shape in params:
         _tensor(name, t)
         _float(name, t, (torch.float32, torch.float64))
@@ -71,10 +77,21 @@ def _check_params(params, device, finite=True):
     if finite and _check_finite and not _tracing_or_capturing(device):
         # one reduction and one host synchronisation for all parameters; names only on failure
         with torch.no_grad():
-            ok = bool(torch.isfinite(torch.cat([t.reshape(-1) for _, t, _ in params])).all())
+            ok = torch.isfinite(torch.cat([t.reshape(-1) for _, t, _ in params])).all()
+            rows = {name: t for name, t, _ in params if name == nonzero_rows}
+            for t in rows.values():
+                norms = t.float().square().sum(dim=1)
+                ok = ok & ((norms > 0) & torch.isfinite(norms)).all()
+            ok = bool(ok)
         if not ok:
             bad = [name for name, t, _ in params if not bool(torch.isfinite(t).all())]
-            raise ValueError(f"non-finite values (nan or inf) in parameter(s): {', '.join(bad)}")
+            if bad:
+                raise NonFiniteParameters(f"non-finite values (nan or inf) in parameter(s): {', '.join(bad)}")
+            for name, t in rows.items():
+                norms = t.float().square().sum(dim=1)
+                j = int(torch.nonzero(~((norms > 0) & torch.isfinite(norms)))[0])
+                raise ValueError(f"{name} row {j} has a zero norm (or one that under- or overflows in fp32): "
+                                 f"the controller's u_j / |u_j| is undefined there")
 
 
 def _tracing_or_capturing(device) -> bool:
@@ -102,7 +119,8 @@ def check_samu_inputs(x, nu, theta_log, directions, amplitudes, initial_state, r
         raise ValueError(f"{x_name} has odd width D={D}; SAMU needs an even D (N = D/2 complex modes)")
     n = D // 2
     _check_params([("nu", nu, (n,)), ("theta_log", theta_log, (n,)),
-                   ("directions", directions, (2, D)), ("amplitudes", amplitudes, (2, 2))], x.device, finite)
+                   ("directions", directions, (2, D)), ("amplitudes", amplitudes, (2, 2))], x.device, finite,
+                  nonzero_rows="directions")
     _check_state(initial_state, B, D, x.device, state_name)
     finite_number("radial_bound", radial_bound, positive=True)
 

@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 
 from samu.ops import gate_status
-from samu.paths import cache_dir
+from samu.paths import FileLock, cache_dir
 
 OPS = ("samu", "rglru")
 BASE_BACKENDS = ("auto", "reference", "torch", "triton")
@@ -169,7 +169,7 @@ def _gate_now(op: str, B: int, L: int, D: int, H: int, dtype: torch.dtype, devic
     records = cache_dir() / "gates"
     records.mkdir(parents=True, exist_ok=True)
     shown = " ".join(gate_command(op, B, L, D, dtype, H, names))
-    with _Lock(records / ".lock"):
+    with FileLock(records / ".lock"):
         gate_status.reload()
         if all(gate_status.verdict(op, n, c, device) for n, c in classes.items()):
             _auto_tried[key] = "gated by another process"
@@ -194,25 +194,6 @@ def _gate_now(op: str, B: int, L: int, D: int, H: int, dtype: torch.dtype, devic
         hint = "" if failed or all(verdicts.values()) else f" ({' | '.join(output[-3:])})"
         print(f"samu: gating {op} at ({B}, {L}, {D}) {_dname(dtype)}: {said}{hint}; it uses the chunked PyTorch "
               f"path (~100x slower) for that class in this process", file=sys.stderr, flush=True)
-
-
-class _Lock:
-    """An exclusive advisory lock on a file (none where fcntl is missing)."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def __enter__(self):
-        self.file = open(self.path, "a")
-        try:
-            import fcntl
-            fcntl.flock(self.file, fcntl.LOCK_EX)
-        except ImportError:  # pragma: no cover - not POSIX
-            pass
-        return self
-
-    def __exit__(self, *exc):
-        self.file.close()
 
 
 _warned: set = set()
