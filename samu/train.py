@@ -508,7 +508,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         first = int(ctx.all_max([float(bad_step)], device)[0])
         if first:
             raise diverged(first)
-        if not bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all()):
+        if model.nonfinite_parameters():
             raise diverged(step)
 
     def validate(step):

@@ -49,7 +49,7 @@ def generate(model: LanguageModel, prompt: torch.Tensor, max_new_tokens: int, *,
     finite_number("temperature", temperature)
     if top_k is not None:
         positive_int("top_k", top_k)
-    bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    bad = model.nonfinite_parameters()
     if bad:
         raise ValueError(f"the model's weights hold nan or inf ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); "
                          f"a diverged training run? sample an earlier checkpoint")

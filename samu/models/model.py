@@ -49,6 +49,14 @@ class LanguageModel(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    @torch.no_grad()
+    def nonfinite_parameters(self) -> list[str]:
+        """Names of the parameters holding nan or inf (one host synchronisation when there are none)."""
+        params = list(self.named_parameters())
+        if bool(torch.stack([torch.isfinite(p).all() for _, p in params]).all()):
+            return []
+        return [name for name, p in params if not bool(torch.isfinite(p).all())]
+
     def _check_state(self, state):
         if state is not None and (not isinstance(state, (list, tuple)) or len(state) != len(self.layers)):
             raise ValueError(f"state must be a list of {len(self.layers)} BlockStates (one per layer) or None")
