@@ -32,10 +32,10 @@ from tqdm.auto import tqdm
 from samu.data import DATA_FORMATS, TokenData, load_data
 from samu.errors import RunFolderBusy, TrainingDiverged, TrainingInterrupted
 from samu.models import LanguageModel, LMConfig, load_checkpoint, load_model, save_checkpoint
-from samu.models.checkpoint import CheckpointError, atomic_write
+from samu.models.checkpoint import CheckpointError, atomic_write, temporaries
 from samu.ops.checks import NonFiniteParameters
 from samu.paths import RUN_MARKER, FileLock
-from samu.validate import finite_number, nonneg_int, positive_int
+from samu.validate import cpu_or_cuda, finite_number, nonneg_int, positive_int
 
 CHECKPOINT = "checkpoint.pt"
 LOG = "log.json"
@@ -155,12 +155,8 @@ class _Dist:
 
 def parse_device(name: str) -> torch.device:
     """``torch.device(name)``, or a ValueError naming the device argument."""
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError):
-        device = None
-    # samu runs on the CPU and on CUDA; other torch devices (mps, xpu, meta) are refused here
-    if device is None or device.type not in ("cpu", "cuda"):
+    device = cpu_or_cuda(name)
+    if device is None:
         raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}")
     return device
 
@@ -344,8 +340,7 @@ class _RunFolder:
             warnings.warn(f"{marker} cannot be locked here ({os.strerror(e.errno)}): a second run into "
                           f"{self.out} would not be refused", stacklevel=3)
             marker.touch()
-        # what atomic_write leaves when killed: .checkpoint.pt.*.tmp, .checkpoint-<n>.pt.copy.tmp, .log.json.*.tmp
-        for tmp in (*self.out.glob(".checkpoint*.tmp"), *self.out.glob(f".{LOG}.*.tmp")):
+        for tmp in temporaries(self.out, "checkpoint*.pt") + temporaries(self.out, LOG):
             tmp.unlink(missing_ok=True)
         return self
 

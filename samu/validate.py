@@ -1,4 +1,5 @@
-"""Checks of plain arguments (counts, rates, sizes): a ValueError that names the argument, or the value.
+"""Checks of plain arguments (counts, rates, sizes, devices): a ValueError that names the argument,
+or the value.
 
 One wording everywhere: "<name> must be a positive integer, got 0". The CLI passes name=None and
 argparse puts the flag in front ("argument --steps: must be a positive integer, got 0").
@@ -37,3 +38,15 @@ def finite_number(name: str | None, value, *, positive: bool = False) -> float:
             or value < 0 or (positive and value == 0)):
         _fail(name, f"a finite number {'>' if positive else '>='} 0", value)
     return value
+
+
+def cpu_or_cuda(text):
+    """``torch.device(text)`` when it names the CPU or a CUDA device, else None (samu runs on those
+    two; other torch devices such as mps, xpu or meta are refused by the callers, in their words)."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, TypeError):
+        return None
+    return device if device.type in ("cpu", "cuda") else None

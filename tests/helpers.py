@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -82,3 +83,13 @@ def assert_gate(verdict):
     failed = {q: (verdict["errors"][q], verdict["thresholds"][q]) for q, ok in verdict["passed"].items() if not ok}
     assert verdict["pass"] and not failed, "gate failed (error, threshold): " + ", ".join(
         f"{q}={v}" for q, v in failed.items())
+
+
+def byte_text(folder, name="corpus.txt", seed=0):
+    """A byte-text file with structure to learn (repeated lines of a few words); returns its path."""
+    rng = np.random.default_rng(seed)
+    words = [b"alpha", b"beta", b"gamma", b"delta", b"(x)", b" = ", b"\n"]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_bytes(b"".join(words[i] for i in rng.integers(0, len(words), 6000)))
+    return path

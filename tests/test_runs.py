@@ -21,17 +21,9 @@ from samu.models import CheckpointError, LMConfig, generate, load_checkpoint, lo
 from samu.models.checkpoint import WriteError, atomic_write
 from samu.paths import RUN_MARKER, FileLock
 from samu.train import TrainConfig, train
+from tests.helpers import byte_text as _text
 
 MODEL = LMConfig(width=16, num_layers=2, lru_width=8)
-
-
-def _text(folder, name="corpus.txt", seed=0):
-    rng = np.random.default_rng(seed)
-    words = [b"alpha", b"beta", b"gamma", b"delta", b"(x)", b" = ", b"\n"]
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / name
-    path.write_bytes(b"".join(words[i] for i in rng.integers(0, len(words), 6000)))
-    return path
 
 
 def _config(out, **kw):

@@ -7,24 +7,15 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
 from samu.data import TokenData, text_corpus
 from samu.models import CheckpointError, LMConfig, load_checkpoint
 from samu.train import CosineSchedule, TrainConfig, check_out_dir, train
+from tests.helpers import byte_text as _text
 
 MODEL = LMConfig(width=16, num_layers=2, lru_width=8)
-
-
-def _text(tmp_path):
-    """Byte text with structure to learn: repeated lines of a few words."""
-    rng = np.random.default_rng(0)
-    words = [b"alpha", b"beta", b"gamma", b"delta", b"(x)", b" = ", b"\n"]
-    path = tmp_path / "corpus.txt"
-    path.write_bytes(b"".join(words[i] for i in rng.integers(0, len(words), 6000)))
-    return path
 
 
 def _config(tmp_path, name="run", **kw):

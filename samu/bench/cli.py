@@ -11,6 +11,7 @@ import torch
 
 from samu.bench.scopes import PEER_IMPLS, SCOPES
 from samu.bench.shapes import parse_shapes
+from samu.validate import cpu_or_cuda
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "fp32": torch.float32, "float32": torch.float32}
@@ -58,11 +59,8 @@ def _at_least(minimum: int, why: str = ""):
 
 
 def _device(text: str) -> torch.device:
-    try:
-        device = torch.device(text)
-    except (RuntimeError, TypeError):
-        device = None
-    if device is None or device.type not in ("cpu", "cuda"):
+    device = cpu_or_cuda(text)
+    if device is None:
         raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise argparse.ArgumentTypeError("--device cuda asked for, but CUDA is not available here")

@@ -76,13 +76,22 @@ class TokenData:
         return np.linspace(0, len(self.val) - seq_len - 1, count).round().astype(np.int64)
 
 
+def _walk(root: Path, keep_dir, keep_file) -> list[Path]:
+    """The files under ``root`` whose names ``keep_file`` accepts, in folders ``keep_dir(path)`` accepts
+    (a folder refused is not entered)."""
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        dirnames[:] = [d for d in dirnames if keep_dir(here / d)]
+        files += [here / f for f in filenames if keep_file(f)]
+    return files
+
+
 def stdlib_files(root: str | Path | None = None) -> list[Path]:
     """The standard library's .py files, sorted by path relative to ``root``; no site-packages."""
     root = Path(root or sysconfig.get_paths()["stdlib"])
-    files = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__")]
-        files += [Path(dirpath) / f for f in filenames if f.endswith(".py")]
+    files = _walk(root, lambda d: d.name not in ("site-packages", "dist-packages", "__pycache__"),
+                  lambda f: f.endswith(".py"))
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
@@ -163,15 +172,9 @@ def is_run_folder(folder: Path) -> bool:
 
 def _text_files(root: Path) -> list[Path]:
     """Every non-hidden file under ``root``, sorted, never inside a samu run folder."""
-    files = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        here = Path(dirpath)
-        if is_run_folder(here):
-            dirnames[:] = []
-            continue
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        files += [here / f for f in filenames if not f.startswith(".") and (here / f).is_file()]
-    return sorted(files)
+    files = _walk(root, lambda d: not d.name.startswith(".") and not is_run_folder(d),
+                  lambda f: not f.startswith("."))
+    return sorted(p for p in files if p.is_file())
 
 
 def text_corpus(path, val_fraction: float = 0.01) -> TokenData:

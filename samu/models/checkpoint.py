@@ -64,6 +64,12 @@ def _write_failure(path: Path, err: BaseException) -> WriteError:
     return WriteError(f"cannot write {path}: {cause}")
 
 
+def temporaries(folder: Path, name: str) -> list[Path]:
+    """What atomic_write leaves in ``folder`` when killed while writing files matching ``name`` (a
+    glob): ``.<name>.<random>.tmp`` and ``.<name>.copy.tmp``."""
+    return list(Path(folder).glob(f".{name}.*.tmp"))
+
+
 def atomic_write(path, write, keep_as=None) -> None:
     """Call ``write(tmp_path)``, then move the result onto ``path``: readers never see half a file.
     ``keep_as``: the file ``path`` held before stays there under this name. A failure removes the
