@@ -80,6 +80,13 @@ def _add_train_args(p):
     g.add_argument("--seed", type=nonneg_int, help="seed of the weights and the data order (default 0)")
     g.add_argument("--autocast", choices=("auto", "bf16", "none"), help="bf16 autocast (auto: on CUDA only)")
     g.add_argument("--backend", help="mixer backend: auto, torch, reference, triton or a variant")
+    c = g.add_mutually_exclusive_group()
+    c.add_argument("--compile", action="store_const", const="on", dest="compile",
+                   help="train through torch.compile (the default on CUDA)")
+    c.add_argument("--no-compile", action="store_const", const="off", dest="compile",
+                   help="train eagerly (the default on CPU)")
+    g.add_argument("--activation-checkpointing", action="store_const", const=True, default=None,
+                   help="recompute each layer's activations in the backward: less memory, ~1/3 more compute")
 
 
 def _add_runtime_args(p, threads=None):
@@ -92,7 +99,7 @@ def _add_runtime_args(p, threads=None):
 MODEL_KEYS = ("mixer", "width", "num_layers", "lru_width", "num_heads", "vocab_size")
 TRAIN_KEYS = ("data", "data_format", "steps", "batch_size", "seq_len", "grad_accum", "lr", "min_lr",
               "warmup_steps", "weight_decay", "grad_clip", "eval_every", "eval_batches", "checkpoint_every",
-              "keep", "seed", "autocast", "backend", "device", "threads")
+              "keep", "seed", "autocast", "backend", "device", "threads", "compile", "activation_checkpointing")
 
 
 # Names that messages from below the CLI may use, shown there as the flags that set them.

@@ -33,13 +33,15 @@ from samu.data import DATA_FORMATS, TokenData, load_data
 from samu.errors import RunFolderBusy, TrainingDiverged, TrainingInterrupted
 from samu.models import LanguageModel, LMConfig, load_checkpoint, load_model, save_checkpoint
 from samu.models.checkpoint import CheckpointError, atomic_write, temporaries
-from samu.ops.checks import NonFiniteParameters
+from samu.models.flops import mfu, peak_flops
+from samu.ops.checks import NonFiniteParameters, set_check_finite
 from samu.paths import RUN_MARKER, FileLock
 from samu.validate import cpu_or_cuda, finite_number, nonneg_int, positive_int
 
 CHECKPOINT = "checkpoint.pt"
 LOG = "log.json"
 AUTOCAST = ("auto", "bf16", "none")
+COMPILE = ("auto", "on", "off")
 # Fields that define the optimisation: a resumed run must agree on all of them.
 RUN_FIELDS = ("model", "data", "data_format", "steps", "batch_size", "seq_len", "grad_accum", "lr",
               "min_lr", "warmup_steps", "weight_decay", "betas", "grad_clip", "seed")
@@ -75,6 +77,10 @@ class TrainConfig:
     threads: int | None = None
     autocast: str = "auto"
     backend: str = "auto"
+    # torch.compile the model for training: "auto" = on CUDA, "on", "off"
+    compile: str = "auto"
+    # recompute each layer's activations in the backward instead of keeping them (less memory, ~1/3 more compute)
+    activation_checkpointing: bool = False
     # A progress bar; validation results are printed either way.
     progress: bool = True
     # Written by `samu demo`, which may replace a demo run but no other.
@@ -105,6 +111,10 @@ class TrainConfig:
             parse_device(self.device)
         if self.autocast not in AUTOCAST:
             raise ValueError(f"autocast must be one of {', '.join(AUTOCAST)}, got {self.autocast!r}")
+        if self.compile not in COMPILE:
+            raise ValueError(f"compile must be one of {', '.join(COMPILE)}, got {self.compile!r}")
+        if not isinstance(self.activation_checkpointing, bool):
+            raise ValueError(f"activation_checkpointing must be true or false, got {self.activation_checkpointing!r}")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -190,6 +200,10 @@ def _setup_distributed(config: TrainConfig) -> tuple[_Dist, torch.device]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return _Dist(rank, world, local_rank, owns), device
+
+
+def _compiles(config: TrainConfig, device: torch.device) -> bool:
+    return config.compile == "on" or (config.compile == "auto" and device.type == "cuda")
 
 
 def _autocast(config: TrainConfig, device: torch.device):
@@ -444,6 +458,9 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
 
     # train() sets the thread count for its run only.
     threads = torch.get_num_threads()
+    # the run checks its parameters once per log step (and its loss and gradient norm every step, on the
+    # device), so the mixers' per-call finiteness check, a host synchronisation each, is off for it
+    check = set_check_finite(False)
     ctx = _Dist()
     try:
         ctx, device = _setup_distributed(config)
@@ -451,6 +468,7 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
             return _run(config, data, identity, payload, ctx, device, folder, signals)
     finally:
         torch.set_num_threads(threads)
+        set_check_finite(check)
         if ctx.owns_group:
             dist.destroy_process_group()
 
@@ -481,10 +499,16 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         time_before = payload["train"].get("time_s", log["train"][-1]["time_s"] if log["train"] else 0.0)
         if is_main:
             tqdm.write(f"resuming {out} at step {start} of {config.steps}")
+    model.activation_checkpointing = config.activation_checkpointing
     engine = model
     if ctx.world > 1:
         device_ids = [device.index] if device.type == "cuda" else None
         engine = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    compiled = _compiles(config, device)
+    if compiled:
+        engine = torch.compile(engine)
+    log.update(compiled=compiled, activation_checkpointing=config.activation_checkpointing)
+    peak, params = peak_flops(device), model.num_params()
     autocast = _autocast(config, device)
     ckpt_path = out / CHECKPOINT
     # the first step (1-based) whose loss or gradient norm was not finite, 0 while none; kept on the
@@ -542,6 +566,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
     tokens_per_step = config.batch_size * config.seq_len * config.grad_accum * ctx.world
     model.train()
     t0 = time.perf_counter()
+    last_log = (start, t0)
     for step in range(start, config.steps):
         # Summed on the device: reading a loss back synchronises, so it happens at log steps only.
         loss_sum = torch.zeros((), device=device)
@@ -573,10 +598,19 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         if done % config.log_every == 0 or done == config.steps:
             check_finite(done)
             loss = ctx.all_sum([loss_sum.item()], device)[0] / (config.grad_accum * ctx.world)
-            log["train"].append({"step": done, "loss": loss, "lr": lr, "time_s": elapsed,
-                                 "grad_norm": None if grad_norm is None else float(grad_norm),
-                                 "tokens_per_s": tokens_per_step * (done - start) / (time.perf_counter() - t0)})
+            now = time.perf_counter()
+            # over the steps since the last log step (the first interval includes compilation)
+            rate = tokens_per_step * (done - last_log[0]) / (now - last_log[1])
+            last_log = (done, now)
+            entry = {"step": done, "loss": loss, "lr": lr, "time_s": elapsed,
+                     "grad_norm": None if grad_norm is None else float(grad_norm),
+                     "tokens_per_s": tokens_per_step * (done - start) / (now - t0), "recent_tokens_per_s": rate,
+                     "mfu": mfu(params, rate, peak, ctx.world)}
+            log["train"].append(entry)
             postfix["loss"] = f"{loss:.3f}"
+            postfix["tok/s"] = f"{rate:.3g}"
+            if peak is not None:
+                postfix["MFU"] = f"{entry['mfu']:.0%}"
             if is_main:
                 folder.wrote = True
                 write_log(out, log)
@@ -606,7 +640,9 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         bpb = f", {val['val_bpb']:.3f} bits/byte" if "val_bpb" in val else ""
         tqdm.write(f"done: {config.steps} steps, training loss {last['loss']:.4f}, validation loss "
                    f"{val.get('val_loss', float('nan')):.4f} nats/token{bpb}, {last['time_s']:.0f} s "
-                   f"({last['tokens_per_s']:.0f} tokens/s in this session)")
+                   f"({last['tokens_per_s']:.0f} tokens/s in this session"
+                   + (f", MFU {last['mfu']:.0%} over the last {config.log_every} steps" if last.get("mfu") else "")
+                   + ")")
     return TrainResult(model, log)
 
 

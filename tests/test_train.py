@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from samu.data import TokenData, text_corpus
-from samu.models import CheckpointError, LMConfig, load_checkpoint
+from samu.models import CheckpointError, LanguageModel, LMConfig, load_checkpoint
 from samu.train import CosineSchedule, TrainConfig, check_out_dir, train
 from tests.helpers import byte_text as _text
 
@@ -66,7 +66,7 @@ class _StopAfter(TokenData):
 
 
 def _untimed(entries):
-    return [{k: v for k, v in e.items() if k not in ("time_s", "tokens_per_s")} for e in entries]
+    return [{k: v for k, v in e.items() if k not in ("time_s", "tokens_per_s", "recent_tokens_per_s", "mfu")} for e in entries]
 
 
 @pytest.mark.parametrize("grad_accum", [1, 2])
@@ -229,3 +229,43 @@ def test_ddp_two_gpus_equal_one_gpu_with_accumulation(tmp_path):
     single = load_checkpoint(tmp_path / "single" / "checkpoint.pt")["model"]
     for name, a in single.items():
         assert torch.allclose(ddp[name], a, rtol=1e-3, atol=1e-5), name
+
+
+def test_activation_checkpointing_trains_to_the_same_weights_and_logs_speed(tmp_path):
+    data = text_corpus(_text(tmp_path))
+    plain = train(_config(tmp_path, "plain"), data=data)
+    recomputed = train(_config(tmp_path, "recomputed", activation_checkpointing=True), data=data)
+    assert recomputed.log["activation_checkpointing"] and not plain.log["activation_checkpointing"]
+    for (name, a), b in zip(plain.model.state_dict().items(), recomputed.model.state_dict().values()):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7), name
+    entry = plain.log["train"][-1]
+    assert entry["recent_tokens_per_s"] > 0 and entry["tokens_per_s"] > 0
+    assert entry["mfu"] is None and plain.log["compiled"] is False   # CPU: no peak to compare with, no compile
+
+
+def test_training_turns_the_per_call_finiteness_check_off_and_restores_it(tmp_path):
+    from samu.ops.checks import check_finite_enabled
+
+    seen = []
+    data = text_corpus(_text(tmp_path))
+    original = LanguageModel.forward
+
+    def spy(self, *a, **kw):
+        seen.append(check_finite_enabled())
+        return original(self, *a, **kw)
+
+    before = check_finite_enabled()
+    LanguageModel.forward = spy
+    try:
+        train(_config(tmp_path, steps=2), data=data)
+    finally:
+        LanguageModel.forward = original
+    assert seen and not any(seen)
+    assert check_finite_enabled() == before
+
+
+def test_compile_and_checkpointing_flags():
+    with pytest.raises(ValueError, match="compile must be one of"):
+        TrainConfig(compile="yes")
+    with pytest.raises(ValueError, match="activation_checkpointing must be true or false"):
+        TrainConfig(activation_checkpointing="yes")

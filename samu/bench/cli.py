@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from samu.bench.peer_models import MODEL_PEERS
 from samu.bench.scopes import PEER_IMPLS, SCOPES
 from samu.bench.shapes import parse_shapes
 from samu.validate import cpu_or_cuda
@@ -89,9 +90,11 @@ def add_commands(subparsers) -> None:
                         "-NAME removes, e.g. length,width,-primary")
     b.add_argument("--dtype", type=_dtype, default=None, help="I/O dtype (default: bf16 on cuda, fp32 on cpu)")
     b.add_argument("--impls", type=_names(), default=["auto"],
-                   help="samu backends to time: auto, torch, triton, variants (all registered) or variant names")
-    b.add_argument("--peers", type=_names(PEER_IMPLS + ("none",)), default=list(PEER_IMPLS),
-                   help=f"peers timed beside the mixers: {', '.join(PEER_IMPLS)}, all (default) or none")
+                   help="samu backends to time: auto, torch, triton, variants (all registered) or variant names; "
+                        "in the block, step and model scopes auto (eager) and compiled (torch.compile)")
+    b.add_argument("--peers", type=_names(PEER_IMPLS + MODEL_PEERS + ("none",)), default=list(PEER_IMPLS + MODEL_PEERS),
+                   help=f"peers timed beside the mixers ({', '.join(PEER_IMPLS)}) and the models "
+                        f"({', '.join(MODEL_PEERS)}): a list, all (default) or none")
     b.add_argument("--warmup", type=_at_least(3, "docs/spec.md §8 asks for "), default=3,
                    help="warm-ups per round (>= 3)")
     b.add_argument("--samples", type=_at_least(5, "docs/spec.md §8 asks for "), default=5,

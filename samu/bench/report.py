@@ -12,6 +12,7 @@ from pathlib import Path
 
 from samu.bench.records import flagged, load_records
 from samu.bench.shapes import BLOCK, GEN, LENGTH, PRIMARY, STEP, WIDTH, shape_str
+from samu.models.flops import mfu, peak_flops_of
 
 OP_LABEL = {"samu": "SAMU", "rglru": "RG-LRU"}
 MAIN = {"samu": "samu/auto", "rglru": "rglru/auto"}
@@ -167,6 +168,49 @@ def module_table(units, scope, shapes) -> list[str]:
                    "mixer dispatch (S / R)", "record"], rows)
 
 
+def block_gemm_table(units, shapes) -> list[str]:
+    """Each block row against its two projection GEMMs alone (forward + backward, same run)."""
+    rows = []
+    for shape in shapes:
+        for dtype in _dtypes(units):
+            u = units.get(("block", tuple(shape), dtype))
+            for op in ("samu", "rglru"):
+                block, gemm = (None, None) if u is None else (u.rows.get(f"{op}/auto"), u.rows.get(f"{op}/gemm"))
+                if block is None or gemm is None:
+                    continue
+                compiled = u.rows.get(f"{op}/compiled")
+                rows.append([shape_str(u.shape), dtype, OP_LABEL[op], _ms(block["median_ms"]),
+                             _ms(_get(compiled, "median_ms")), _ms(gemm["median_ms"]),
+                             _x(_ratio(block["median_ms"], gemm["median_ms"])),
+                             _x(_ratio(_get(compiled, "median_ms"), gemm["median_ms"])), _link(u.path)])
+    if not rows:
+        return ["No block records with the GEMM-only candidate.", ""]
+    return _table(["shape", "dtype", "mixer", "block ms (eager)", "block ms (compiled)", "GEMMs ms",
+                   "eager / GEMMs", "compiled / GEMMs", "record"], rows)
+
+
+def model_table(units, gpus: dict) -> list[str]:
+    """Every model-scope candidate (samu's LMs and the model peers, eager and compiled): tokens/s, MFU."""
+    rows = []
+    for key in sorted(k for k in units if k[0] == "model"):
+        u = units[key]
+        base = u.rows.get("samu/compiled") or u.rows.get("samu/auto")
+        peak = peak_flops_of(gpus.get(u.path))
+        for name, row in sorted(u.rows.items(), key=lambda kv: kv[1]["median_ms"]):
+            tokens = row.get("tokens_per_call") or u.shape[0] * u.shape[1]
+            rate = tokens / (row["median_ms"] / 1e3)
+            share = mfu(row["params"], rate, peak)
+            rows.append([shape_str(u.shape) + (f" ({row.get('preset')})" if row.get("preset") else ""), u.dtype,
+                         name, f"{row['params'] / 1e6:.1f}M", _ms(row["median_ms"]), f"{rate / 1e3:.1f}K",
+                         "n/a" if share is None else f"{share:.0%}",
+                         _x(_ratio(_get(base, "median_ms"), row["median_ms"])),
+                         _mib(row.get("peak_alloc")), _link(u.path)])
+    if not rows:
+        return ["No records.", ""]
+    return _table(["shape", "dtype", "model", "params", "ms per step", "tokens/s", "MFU",
+                   "speed vs samu (compiled, else eager)", "peak alloc MiB", "record"], rows)
+
+
 def peer_table(units) -> list[str]:
     rows = []
     for key in sorted(k for k in units if k[0] in ("fwd", "fb")):
@@ -279,9 +323,20 @@ def render(units, gate_rows, records, figures) -> str:
             "timing: a candidate further off than two results within the bf16/fp16 gate of y can be (`limit`) is "
             "marked `flagged: output disagrees`, gets no ratio and is left out of the figures.", ""] + peer_table(units)
     named = tuple(dict.fromkeys(PRIMARY + LENGTH + WIDTH + BLOCK + STEP + GEN))
+    gpus = {p: r.get("env", {}).get("gpu") for p, r in records}
     for scope in ("block", "step", "model", "gen"):
         shapes = named + tuple(sorted({k[1] for k in units if k[0] == scope} - set(named)))
         out += [f"## {_title(SCOPE_TITLE[scope])}", ""] + module_table(units, scope, shapes)
+        if scope == "block":
+            out += ["### The block against its GEMMs", "",
+                    "`GEMMs` times the block's in- and out-projection GEMMs alone, forward + backward, in the "
+                    "same run: the floor the glue and the mixer add to.", ""] + block_gemm_table(units, shapes)
+        if scope == "model":
+            out += ["### Every model side by side", "",
+                    "samu's language models and the model peers of the same preset shape, eager (`/auto`) and "
+                    "through torch.compile (`/compiled`), one training step each (forward, cross-entropy, "
+                    "backward, AdamW). MFU = 6 · params · tokens/s over the GPU's dense bf16 peak.", ""]
+            out += model_table(units, gpus)
     other = sorted({k[1] for k in units if k[0] in ("fwd", "fb")} - set(PRIMARY + LENGTH + WIDTH))
     if other:
         out += ["## Other mixer shapes", ""]
@@ -393,7 +448,7 @@ def brief(units, gate_rows) -> str:
     for (scope, shape, dtype), u in sorted(units.items()):
         s, r = u.rows.get(MAIN["samu"]), u.rows.get(MAIN["rglru"])
         others = [f"{name}=" + ("flagged" if flagged(row) else
-                                _x(_ratio(row['median_ms'], _get(u.rows.get(MAIN[row['op']]), 'median_ms'))))
+                                _x(_ratio(row['median_ms'], _get(u.rows.get(MAIN.get(row['op'], MAIN['samu'])), 'median_ms'))))
                   for name, row in sorted(u.rows.items()) if name not in MAIN.values()]
         lines.append(f"{scope:5} {shape_str(shape):13} {dtype:8} {_ms(_get(s, 'median_ms')):>8} "
                      f"{_ms(_get(r, 'median_ms')):>8} {_x(_ratio(_get(s, 'median_ms'), _get(r, 'median_ms'))):>5} "

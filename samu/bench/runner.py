@@ -9,7 +9,9 @@ from tqdm import tqdm
 
 from samu.bench import peers
 from samu.bench.records import end_unit, environment, flagged, new_record, write_record
-from samu.bench.scopes import MIXER_SCOPES, OPS, PEER_IMPLS, SCOPES, memory_floor, mixer_candidates, module_candidate
+from samu.bench.peer_models import MODEL_PEERS
+from samu.bench.scopes import (MIXER_SCOPES, MODULE_IMPLS, OPS, PEER_IMPLS, SCOPES, memory_floor, mixer_candidates,
+                               module_candidate)
 from samu.bench.shapes import shape_str
 from samu.bench.timing import Clock, copy_bandwidth, count_launches, peak_memory, time_side_by_side
 from samu.gates.inputs import derive_seed
@@ -31,9 +33,17 @@ def impls_for(op: str, impls: list[str], with_peers) -> list[str]:
     return out
 
 
+def module_impls(scope: str, impls) -> list[str]:
+    """How the block, step and model scopes run their modules: the MODULE_IMPLS among ``impls`` (eager,
+    "auto", when none is), and in the block scope its GEMMs alone ("gemm") beside them."""
+    out = [i for i in impls if i in MODULE_IMPLS and i != "gemm"] or ["auto"]
+    return out + ["gemm"] if scope == "block" else out
+
+
 def _candidates(scope, shape, dtype, device, impls, with_peers, seed, preset):
     found, skipped = [], []
-    for op in OPS:
+    model_peers = [p for p in MODEL_PEERS if scope == "model" and (with_peers is True or p in (with_peers or ()))]
+    for op in OPS + tuple(model_peers):
         if op == "samu" and shape[2] % 2:
             skipped.append((f"{op}/*", "SAMU needs an even D"))
             continue
@@ -41,10 +51,12 @@ def _candidates(scope, shape, dtype, device, impls, with_peers, seed, preset):
         if scope in MIXER_SCOPES:
             c, sk = mixer_candidates(scope, op, impls_for(op, impls, with_peers), shape, dtype, device, s)
             found += c
-        else:
-            c, sk = module_candidate(scope, op, shape, dtype, device, s, preset)
+            skipped += [(k.name, k.reason) for k in sk]
+            continue
+        for impl in module_impls(scope, impls):
+            c, sk = module_candidate(scope, op, shape, dtype, device, s, preset, impl)
             found += [c] if c is not None else []
-        skipped += [(k.name, k.reason) for k in sk]
+            skipped += [(k.name, k.reason) for k in sk]
     return found, skipped
 
 

@@ -4,7 +4,9 @@
 * ``fb``    mixer forward + backward: dense output cotangent, input and all parameter gradients.
 * ``block`` RMSNorm + one RecurrentBlock, forward + backward (input and parameter gradients).
 * ``step``  one optimizer step of one residual layer: forward, backward, AdamW step.
-* ``model`` one full-model training step: forward, cross-entropy, backward, AdamW step.
+* ``model`` one full-model training step: forward, cross-entropy, backward, AdamW step; beside samu's
+            models, the model peers (``peer_models``: an SDPA transformer, flash-linear-attention's HGRN
+            and GLA) of the same preset shape.
 * ``gen``   generation: L greedy decoding steps of the full model for B sequences, from the state a
             16-token prompt leaves (no grad; each mixer's step(), O(1) state per layer).
 """
@@ -19,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from samu.bench import peers
+from samu.bench import peer_models, peers
 from samu.bench.shapes import GEN_PROMPT
 from samu.gates.inputs import make_inputs
 from samu.ops import dispatch
@@ -30,6 +32,9 @@ MIXER_SCOPES = ("fwd", "fb")
 OPS = ("samu", "rglru")
 # The comparison builds timed beside the dispatched op: the chunked PyTorch backend and the peers.
 PEER_IMPLS = ("torch",) + tuple(peers.PEERS)
+# How the block, step and model scopes run a module: eagerly ("auto") or through torch.compile; the block
+# scope also times "gemm", its in- and out-projection GEMMs alone (forward + backward), the block's floor.
+MODULE_IMPLS = ("auto", "compiled", "gemm")
 
 
 @dataclass
@@ -156,21 +161,55 @@ def build_module(scope: str, op: str, width: int, preset: str, device) -> nn.Mod
     return wrapped
 
 
-def module_candidate(scope: str, op: str, shape, dtype, device, seed: int, preset: str = "400m"):
-    """The candidate of a block, step or model scope for mixer ``op``: (Candidate | None, [Skip])."""
+def _preset_shape(scope, name, preset, D):
+    from samu.models import LMConfig
+
+    width = LMConfig.preset(preset).width
+    if width != D:
+        return Skip(name, f"{scope} scope: preset {preset!r} has width {width}, not D={D}")
+    return None
+
+
+def module_candidate(scope: str, op: str, shape, dtype, device, seed: int, preset: str = "400m",
+                     impl: str = "auto"):
+    """The candidate of a block, step, model or gen scope: (Candidate | None, [Skip]).
+
+    op: "samu" or "rglru", or in the model scope a model peer (``peer_models.MODEL_PEERS``).
+    impl: "auto" (eager), "compiled" (torch.compile) or, in the block scope, "gemm" (the projections alone).
+    """
     B, L, D = shape
-    name = f"{op}/auto"
+    name = f"{op}/{impl}"
+    peer = op in peer_models.MODEL_PEERS
+    why = None
+    if impl not in MODULE_IMPLS:
+        why = f"the {scope} scope times {', '.join(MODULE_IMPLS[:2])} (and gemm in the block scope), not {impl!r}"
+    elif impl == "gemm" and scope != "block":
+        why = "gemm is the block scope's projections alone"
+    elif impl == "compiled" and scope == "gen":
+        why = "the gen scope decodes eagerly"
+    elif peer and scope != "model":
+        why = "model peers run in the model scope only"
+    elif peer:
+        why = peer_models.unavailable(op, device)
+    if why:
+        return None, [Skip(name, why)]
     torch.manual_seed(seed)
     if scope in ("model", "gen"):
-        from samu.models import LMConfig
-
-        width = LMConfig.preset(preset).width
-        if width != D:
-            return None, [Skip(name, f"{scope} scope: preset {preset!r} has width {width}, not D={D}")]
+        mismatch = _preset_shape(scope, name, preset, D)
+        if mismatch:
+            return None, [mismatch]
     device = torch.device(device)
     try:
-        choice, scratch = _choice(op, shape, dtype, device, "auto")
-        module = build_module(scope, op, D, preset, device)
+        if peer:
+            from samu.models import LMConfig
+
+            c = LMConfig.preset(preset)
+            module = _Scoped(peer_models.build(op, c.vocab_size, c.width, c.num_layers, device))
+            module.config = c
+            choice, scratch = None, (None, None)
+        else:
+            choice, scratch = _choice(op, shape, dtype, device, "auto")
+            module = build_module(scope, op, D, preset, device)
     except (ValueError, TypeError) as err:
         return None, [Skip(name, str(err))]
     gen = torch.Generator(device=device)
@@ -180,30 +219,48 @@ def module_candidate(scope: str, op: str, shape, dtype, device, seed: int, prese
     cast = _autocast(device, dtype)
     if scope == "gen":
         return _generation(name, op, module, B, L, gen, cast, n_params, preset), []
+    if impl == "gemm":
+        block = module.parts[1]
+        params = [block.linear_in.weight, block.linear_in.bias, block.linear_out.weight, block.linear_out.bias]
+        n_params = sum(p.numel() for p in params)
+        g = torch.randn(B, L, block.lru_width, generator=gen, device=device).to(dtype).requires_grad_()
+
+        def gemms(u):
+            return block.linear_in(u), block.linear_out(g)
+
+        forward = gemms
+    else:
+        forward = torch.compile(module) if impl == "compiled" else module
     if scope in ("block", "step"):
         x = torch.randn(B, L, D, generator=gen, device=device).to(dtype).requires_grad_()
         dy_fp32 = torch.randn(B, L, D, generator=gen, device=device)
         cast_dy: dict = {}
 
         def dy(like):
-            # the cotangent in the output's dtype, cast once (on the untimed first call), not per sample
-            if like.dtype not in cast_dy:
-                cast_dy[like.dtype] = dy_fp32.to(like.dtype)
-            return cast_dy[like.dtype]
+            # the cotangent in the output's dtype, made once (on the untimed first call), not per sample
+            key = (like.dtype, tuple(like.shape))
+            if key not in cast_dy:
+                fp32 = dy_fp32 if like.shape == dy_fp32.shape else torch.randn(like.shape, generator=gen,
+                                                                                device=device)
+                cast_dy[key] = fp32.to(like.dtype)
+            return cast_dy[key]
     else:
         vocab = int(module.config.vocab_size)
         tokens = torch.randint(vocab, (B, L + 1), generator=gen, device=device)
     if scope == "block":
+        inputs = [x, g] if impl == "gemm" else [x]
+
         def run():
             with cast:
-                y = module(x)
-            return torch.autograd.grad(y, [x, *params], dy(y))
+                ys = forward(x)
+            ys = ys if isinstance(ys, tuple) else (ys,)
+            return torch.autograd.grad(ys, [*inputs, *params], [dy(y) for y in ys])
     else:
         opt = torch.optim.AdamW(params, lr=1e-4, fused=device.type == "cuda")
 
         def backward():
             with cast:
-                out = module(x if scope == "step" else tokens[:, :-1])
+                out = forward(x if scope == "step" else tokens[:, :-1])
             if scope == "step":
                 out.backward(dy(out))
             else:
@@ -216,8 +273,14 @@ def module_candidate(scope: str, op: str, shape, dtype, device, seed: int, prese
             if scope == "step":
                 x.grad = None
 
-    extra = {"preset": preset} if scope == "model" else None
-    return Candidate(name, op, "auto", False, run, n_params, choice.name, choice.reason, scratch, None, extra), []
+    extra = {"mode": impl}
+    if scope == "model":
+        extra.update(preset=preset, tokens_per_call=B * L)
+    choice_name = choice.name if choice is not None else None
+    reason = choice.reason if choice is not None else None
+    if impl == "gemm":
+        choice_name, reason, scratch = None, "the block's two projection GEMMs alone", (None, None)
+    return Candidate(name, op, impl, peer, run, n_params, choice_name, reason, scratch, None, extra), []
 
 
 def _generation(name, op, model, B, L, gen, cast, n_params, preset) -> Candidate:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from samu.models.config import LMConfig
 from samu.modules.block import ResidualLayer
@@ -33,6 +34,8 @@ class LanguageModel(nn.Module):
                           config.conv_width, config.mlp_expansion, config.norm_eps, backend=backend, **kw)
             for _ in range(config.num_layers))
         self.final_norm = RMSNorm(config.width, config.norm_eps, **kw)
+        # recompute each layer's activations in the backward (torch.utils.checkpoint) while grad is on
+        self.activation_checkpointing = False
         self._init_weights()
 
     @torch.no_grad()
@@ -79,8 +82,12 @@ class LanguageModel(nn.Module):
         states = self._check_state(state)
         x = self.embed(tokens)
         new_states = []
+        recompute = self.activation_checkpointing and torch.is_grad_enabled()
         for layer, s in zip(self.layers, states):
-            x, s = layer(x, s, return_state)
+            if recompute:
+                x, s = checkpoint(layer, x, s, return_state, use_reentrant=False)
+            else:
+                x, s = layer(x, s, return_state)
             new_states.append(s)
         return self._head(x), (new_states if return_state else None)
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from samu.modules.layers import Conv1D, GatedMLP, RMSNorm, check_sequence, check_tensor, check_token, lecun_normal_
 from samu.modules.mixers import RGLRUMixer, SAMUMixer
+from samu.ops.glue import conv_gelu
 from samu.validate import positive_int
 
 MIXERS = ("samu", "rglru")
@@ -25,7 +26,9 @@ class BlockState(NamedTuple):
 class RecurrentBlock(nn.Module):
     """Griffin's temporal block around a SAMU or RG-LRU mixer.
 
-    y = GeLU(u W_y + b_y); x = mixer(Conv1D(u W_x + b_x)); out = (x * y) W_out + b_out.
+    [z_x | z_y] = u W_in + b_in (W_x and W_y as one GEMM); x = mixer(Conv1D(z_x)); y = GeLU(z_y);
+    out = (x * y) W_out + b_out. The Conv1D and the GeLU run as one fused kernel forward and one backward
+    on CUDA (samu.ops.glue); ``backend="torch"`` keeps them as PyTorch ops.
 
     forward(u [B, L, width], state: BlockState | None, return_state) -> (out [B, L, width], BlockState | None)
     step(u_t [B, width], state: BlockState | None) -> (out_t [B, width], BlockState)
@@ -45,16 +48,18 @@ class RecurrentBlock(nn.Module):
             raise ValueError(f"num_heads must divide lru_width={self.lru_width}, got {num_heads}")
         self.mixer_name = mixer
         kw = dict(device=device, dtype=dtype)
-        self.linear_y = nn.Linear(width, self.lru_width, **kw)
-        self.linear_x = nn.Linear(width, self.lru_width, **kw)
+        self.glue_backend = {"auto": "auto", "torch": "torch", "reference": "torch"}.get(backend, "triton")
+        # rows [0, E) make z_x, rows [E, 2E) z_y
+        self.linear_in = nn.Linear(width, 2 * self.lru_width, **kw)
         self.conv1d = Conv1D(self.lru_width, conv_width, **kw)
         if mixer == "samu":
             self.mixer = SAMUMixer(self.lru_width, backend=backend, device=device)
         else:
             self.mixer = RGLRUMixer(self.lru_width, num_heads, backend=backend, device=device)
         self.linear_out = nn.Linear(self.lru_width, width, **kw)
-        for linear in (self.linear_y, self.linear_x, self.linear_out):
+        for linear in (self.linear_in, self.linear_out):
             lecun_normal_(linear)
+        self._register_load_state_dict_pre_hook(_merge_in_projections)
 
     def _unpack(self, state, batch: int):
         if state is None:
@@ -69,8 +74,8 @@ class RecurrentBlock(nn.Module):
     def forward(self, u, state=None, return_state=False):
         check_sequence("u", u, self.width)
         conv_state, mixer_state = self._unpack(state, u.shape[0])
-        y = F.gelu(self.linear_y(u), approximate="tanh")
-        x, conv_state = self.conv1d(self.linear_x(u), conv_state, return_state)
+        x, y, conv_state = conv_gelu(self.linear_in(u), self.conv1d.weight, self.conv1d.bias, conv_state,
+                                     return_state, self.glue_backend)
         x, mixer_state = self.mixer(x, mixer_state, return_state)
         out = self.linear_out(x * y)
         return out, (BlockState(conv_state, mixer_state) if return_state else None)
@@ -78,13 +83,23 @@ class RecurrentBlock(nn.Module):
     def step(self, u_t, state=None):
         check_token("u_t", u_t, self.width)
         conv_state, mixer_state = self._unpack(state, u_t.shape[0])
-        y = F.gelu(self.linear_y(u_t), approximate="tanh")
-        x, conv_state = self.conv1d.step(self.linear_x(u_t), conv_state)
+        z = self.linear_in(u_t)
+        x, conv_state = self.conv1d.step(z[:, :self.lru_width], conv_state)
+        y = F.gelu(z[:, self.lru_width:], approximate="tanh")
         x, mixer_state = self.mixer.step(x, mixer_state)
         return self.linear_out(x * y), BlockState(conv_state, mixer_state)
 
     def extra_repr(self):
         return f"width={self.width}, lru_width={self.lru_width}, mixer={self.mixer_name!r}"
+
+
+def _merge_in_projections(state_dict, prefix, *args):
+    """Checkpoints written before W_x and W_y became one GEMM: their two projections, as linear_in."""
+    x, y = prefix + "linear_x.", prefix + "linear_y."
+    if x + "weight" in state_dict and y + "weight" in state_dict:
+        for name in ("weight", "bias"):
+            state_dict[prefix + "linear_in." + name] = torch.cat([state_dict.pop(x + name),
+                                                                   state_dict.pop(y + name)])
 
 
 class ResidualLayer(nn.Module):

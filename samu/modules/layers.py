@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from samu.ops.glue import causal_conv
 from samu.validate import finite_number, positive_int
 
 
@@ -74,18 +75,9 @@ class Conv1D(nn.Module):
 
     def forward(self, x, state=None, return_state=False):
         check_sequence("x", x, self.width)
-        B, L, _ = x.shape
-        if state is None:
-            state = self.empty_state(B, x.device, x.dtype)
-        check_tensor("state", state, (B, self.kernel_size - 1, self.width))
-        window = torch.cat([state.to(x.dtype), x], dim=1)
-        weight, bias = self.weight.to(x.dtype), self.bias.to(x.dtype)
-        # The same sum, in the same order, for a full sequence and for one step: decoding is bitwise.
-        y = bias + window[:, :L] * weight[0]
-        for i in range(1, self.kernel_size):
-            y = torch.addcmul(y, window[:, i:i + L], weight[i])
-        new_state = window[:, window.shape[1] - (self.kernel_size - 1):] if return_state else None
-        return y, new_state
+        if state is not None:
+            check_tensor("state", state, (x.shape[0], self.kernel_size - 1, self.width))
+        return causal_conv(x, self.weight, self.bias, state, return_state)
 
     def step(self, x_t, state=None):
         check_token("x_t", x_t, self.width)

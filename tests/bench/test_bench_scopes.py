@@ -57,8 +57,58 @@ def test_model_scope_needs_the_preset_width():
     c, skipped = module_candidate("model", "samu", (1, 6, 64), torch.float32, "cpu", seed=0, preset="tiny")
     assert c is None and "width 128" in skipped[0].reason
     c, skipped = module_candidate("model", "samu", (1, 6, 128), torch.float32, "cpu", seed=0, preset="tiny")
-    assert skipped == [] and c.extra == {"preset": "tiny"}
+    assert skipped == [] and c.extra == {"mode": "auto", "preset": "tiny", "tokens_per_call": 6}
     c.run()
+
+
+def test_block_scope_times_its_gemms_alone():
+    c, skipped = module_candidate("block", "samu", (2, 6, 16), torch.float32, "cpu", seed=0, impl="gemm")
+    assert skipped == [] and c.name == "samu/gemm" and c.choice is None
+    # the in-projection (16 -> 32, bias) and the out-projection (16 -> 16, bias)
+    assert c.params == 16 * 32 + 32 + 16 * 16 + 16
+    grads = c.run()
+    assert [tuple(g.shape) for g in grads] == [(2, 6, 16), (2, 6, 16), (32, 16), (32,), (16, 16), (16,)]
+    c, skipped = module_candidate("step", "samu", (2, 6, 16), torch.float32, "cpu", seed=0, impl="gemm")
+    assert c is None and "block scope" in skipped[0].reason
+
+
+def test_model_scope_runs_the_transformer_peer_and_names_what_it_skips():
+    from samu.bench.runner import _candidates
+
+    found, skipped = _candidates("model", (1, 6, 128), torch.float32, "cpu", ["auto"], True, 0, "tiny")
+    assert [c.name for c in found] == ["samu/auto", "rglru/auto", "sdpa-transformer/auto"]
+    assert found[2].peer and found[2].extra["tokens_per_call"] == 6
+    for c in found:
+        c.run()
+    reasons = dict(skipped)
+    assert "CUDA" in reasons["fla-hgrn/auto"] and "CUDA" in reasons["fla-gla/auto"]
+    found, _ = _candidates("model", (1, 6, 128), torch.float32, "cpu", ["auto"], ["sdpa-transformer"], 0, "tiny")
+    assert [c.name for c in found] == ["samu/auto", "rglru/auto", "sdpa-transformer/auto"]
+    found, _ = _candidates("model", (1, 6, 128), torch.float32, "cpu", ["auto"], [], 0, "tiny")
+    assert [c.name for c in found] == ["samu/auto", "rglru/auto"]
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small", "400m"])
+def test_transformer_peer_has_the_presets_parameters_within_5_percent(preset):
+    from samu.bench.peer_models import build
+    from samu.models import LMConfig
+
+    c = LMConfig.preset(preset)
+    peer = build("sdpa-transformer", c.vocab_size, c.width, c.num_layers, "meta")
+    n = sum(p.numel() for p in peer.parameters())
+    assert abs(n / c.num_params() - 1) < 0.05
+
+
+def test_transformer_peer_is_causal():
+    from samu.bench.peer_models import SDPATransformer
+
+    torch.manual_seed(0)
+    model = SDPATransformer(256, 128, 2)
+    tokens = torch.randint(256, (2, 9))
+    changed = tokens.clone()
+    changed[:, 5:] = (changed[:, 5:] + 1) % 256
+    a, b = model(tokens)[0], model(changed)[0]
+    assert torch.equal(a[:, :5], b[:, :5]) and not torch.equal(a[:, 5:], b[:, 5:])
 
 
 @pytest.mark.parametrize("op", ["samu", "rglru"])

@@ -27,8 +27,10 @@ def test_block_follows_spec_with_the_reference_mixer(kw):
     block = _block(**kw)
     u = torch.randn(2, 13, 9)
     out, _ = block(u)
-    y = F.gelu(u @ block.linear_y.weight.t() + block.linear_y.bias, approximate="tanh")
-    x = u @ block.linear_x.weight.t() + block.linear_x.bias
+    E = block.lru_width
+    w, b = block.linear_in.weight, block.linear_in.bias
+    y = F.gelu(u @ w[E:].t() + b[E:], approximate="tanh")
+    x = u @ w[:E].t() + b[:E]
     K = block.conv1d.kernel_size
     xp = F.pad(x, (0, 0, K - 1, 0))
     x = block.conv1d.bias + sum(block.conv1d.weight[i] * xp[:, i:i + 13] for i in range(K))
@@ -121,3 +123,40 @@ def test_block_bad_inputs():
         block.step(torch.randn(2, 8), state=BlockState(torch.zeros(2, 4, 8), torch.zeros(2, 8)))
     with pytest.raises(ValueError, match=r"u_t must have shape \[B, 8\]"):
         block.step(torch.randn(2, 1, 8))
+
+
+@pytest.mark.parametrize("kw", CASES)
+def test_block_loads_checkpoints_with_separate_projections(kw):
+    block = _block(3, **kw)
+    old = dict(block.state_dict())
+    E = block.lru_width
+    w, b = old.pop("linear_in.weight"), old.pop("linear_in.bias")
+    old.update({"linear_x.weight": w[:E], "linear_x.bias": b[:E], "linear_y.weight": w[E:], "linear_y.bias": b[E:]})
+    fresh = _block(4, **kw)
+    fresh.load_state_dict(old)
+    u = torch.randn(2, 7, 9)
+    assert torch.equal(fresh(u)[0], block(u)[0])
+
+
+@pytest.mark.skipif(not samu.dispatch.triton_available(), reason="triton is not installed")
+@pytest.mark.parametrize("kw", CASES)
+def test_block_with_fused_glue_equals_unfused(kw):
+    # a named Triton variant: that mixer kernel and the fused glue (the interpreter on CPU); "torch": PyTorch ops
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    variant = sorted(samu.dispatch.variants(kw["mixer"]))[0]
+    blocks = {}
+    for name, backend in (("torch", "torch"), ("triton", variant)):
+        torch.manual_seed(6)
+        blocks[name] = RecurrentBlock(9, backend=backend, **kw).to(device)
+    assert blocks["triton"].glue_backend == "triton" and blocks["torch"].glue_backend == "torch"
+    u = torch.randn(2, 21, 9, device=device)
+    state = BlockState(torch.randn(2, 3, kw["lru_width"], device=device), torch.randn(2, kw["lru_width"], device=device))
+    results = {}
+    for backend, block in blocks.items():
+        leaves = [u.clone().requires_grad_(), state.conv.clone().requires_grad_(),
+                  state.mixer.clone().requires_grad_()]
+        out, new = block(leaves[0], BlockState(*leaves[1:]), return_state=True)
+        grads = torch.autograd.grad(out.square().sum() + new.mixer.sum(), leaves + list(block.parameters()))
+        results[backend] = (out, new.conv, new.mixer, *grads)
+    for i, (a, b) in enumerate(zip(results["triton"], results["torch"])):
+        assert rel_err(a, b) < 2e-5, i

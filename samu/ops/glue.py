@@ -1,0 +1,113 @@
+"""The RecurrentBlock's glue around its mixer, from its one in-projection z = u W_in + b_in [B, L, 2E]:
+
+    x_c = Conv1D(z_x) (causal, depthwise, width K, with a bias and an optional state of the last K - 1
+          inputs), a = GeLU_tanh(z_y), where z_x = z[..., :E] and z_y = z[..., E:].
+
+``conv_gelu`` runs it as one fused Triton kernel forward and one backward on CUDA (``glue_triton``), or
+as the PyTorch ops below elsewhere and while torch.compile traces (Inductor fuses those itself).
+The fused kernels accumulate in fp32 and round once; the PyTorch ops round after each product in the
+input dtype, so the two agree to the input dtype's rounding, the fused one the nearer to exact.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from samu.ops import dispatch
+
+GLUE_BACKENDS = ("auto", "torch", "triton")
+
+
+def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, state=None, return_state=False):
+    """y_t = bias + sum_i weight[i] x_{t-(K-1)+i} in x's dtype (the state holds x_{-K+1..-1}, zeros if None).
+
+    The same sum in the same order for a sequence and for one token, so decoding token by token
+    reproduces the sequence bit for bit. Returns (y [B, L, E], the last K - 1 inputs or None).
+    """
+    B, L, E = x.shape
+    K = weight.shape[0]
+    if state is None:
+        state = x.new_zeros(B, K - 1, E)
+    window = torch.cat([state.to(x.dtype), x], dim=1)
+    weight, bias = weight.to(x.dtype), bias.to(x.dtype)
+    y = bias + window[:, :L] * weight[0]
+    for i in range(1, K):
+        y = torch.addcmul(y, window[:, i:i + L], weight[i])
+    return y, (window[:, window.shape[1] - (K - 1):] if return_state else None)
+
+
+def conv_gelu_torch(z, weight, bias, state=None):
+    """(x_c, a) by PyTorch ops: the unfused glue, the ground the fused kernels are tested against."""
+    E = z.shape[-1] // 2
+    xc, _ = causal_conv(z[..., :E], weight, bias, state)
+    return xc, F.gelu(z[..., E:], approximate="tanh")
+
+
+def _state_grad(dxc: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """d(state)[j] = sum_{i <= j} weight[i] dx_c[j - i] (the outputs that read the state's entry j)."""
+    B, L, E = dxc.shape
+    K = weight.shape[0]
+    d = dxc.new_zeros(B, K - 1, E, dtype=torch.float32)
+    for j in range(K - 1):
+        for i in range(j + 1):
+            if j - i < L:
+                d[:, j] += weight[i].float() * dxc[:, j - i].float()
+    return d
+
+
+class _ConvGelu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, z, weight, bias, state):
+        from samu.ops.glue_triton import conv_gelu_fwd
+
+        ctx.save_for_backward(z, weight, state)
+        return conv_gelu_fwd(z, weight, bias, state)
+
+    @staticmethod
+    def backward(ctx, dxc, da):
+        from samu.ops.glue_triton import conv_gelu_bwd
+
+        z, weight, state = ctx.saved_tensors
+        E = z.shape[-1] // 2
+        dxc = z.new_zeros(*z.shape[:-1], E) if dxc is None else dxc.contiguous()
+        da = z.new_zeros(*z.shape[:-1], E) if da is None else da.contiguous()
+        dz, dw, db = conv_gelu_bwd(dxc, da, z, weight, state)
+        dstate = None
+        if state is not None and ctx.needs_input_grad[3]:
+            dstate = _state_grad(dxc, weight).to(state.dtype)
+        return dz, dw.to(weight.dtype), db.to(weight.dtype), dstate
+
+
+def uses_triton(z: torch.Tensor, backend: str = "auto") -> bool:
+    """Whether ``conv_gelu`` runs the fused kernels for ``z`` under ``backend``."""
+    if backend == "torch" or torch.compiler.is_compiling():
+        return False
+    if backend == "triton":
+        return True
+    return z.is_cuda and z.dtype != torch.float64 and dispatch.triton_available()
+
+
+def conv_gelu(z, weight, bias, state=None, return_state=False, backend="auto"):
+    """(x_c, a, new conv state or None) from z [B, L, 2E]; see the module docstring.
+
+    backend: "auto" (fused kernels on CUDA, PyTorch ops elsewhere), "torch" or "triton".
+    """
+    if backend not in GLUE_BACKENDS:
+        raise ValueError(f"glue backend must be one of {', '.join(GLUE_BACKENDS)}, got {backend!r}")
+    E = z.shape[-1] // 2
+    K = weight.shape[0]
+    if uses_triton(z, backend):
+        if z.dtype == torch.float64:
+            raise TypeError("the fused glue kernels take bf16, fp16 or fp32; use backend='torch' for float64")
+        s = None if state is None else state.to(z.dtype).contiguous()
+        xc, a = _ConvGelu.apply(z.contiguous(), weight, bias, s)
+    else:
+        xc, a = conv_gelu_torch(z, weight, bias, state)
+    new_state = None
+    if return_state:
+        zx = z[..., :E]
+        old = zx.new_zeros(z.shape[0], K - 1, E) if state is None else state.to(z.dtype)
+        window = torch.cat([old, zx[:, max(0, zx.shape[1] - (K - 1)):]], dim=1)
+        new_state = window[:, window.shape[1] - (K - 1):]
+    return xc, a, new_state

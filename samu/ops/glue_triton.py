@@ -1,0 +1,133 @@
+"""Triton kernels of the RecurrentBlock's glue (samu.ops.glue): the causal depthwise Conv1D of the x
+branch and the GeLU of the y branch, in one pass over the in-projection z = [z_x | z_y], and the
+backward in one pass over (dx_c, da) and z.
+
+Both kernels accumulate in fp32 and round once to the storage dtype. The weight and bias gradients
+are per-program partial sums, reduced in a fixed order on the host: deterministic to the bit.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from samu.ops.triton_utils import cast_to, cdiv, next_power_of_2, tanh
+
+_SQRT_2_OVER_PI = 0.7978845608028654
+_GELU_CUBIC = 0.044715
+
+# rows of one tile and channels of one tile; the backward walks ROWS rows per program in tiles of BL
+BL, BE, ROWS = 32, 128, 512
+
+
+@triton.jit
+def _gelu_tanh(v):
+    return 0.5 * v * (1.0 + tanh(_SQRT_2_OVER_PI * (v + _GELU_CUBIC * v * v * v)))
+
+
+@triton.jit
+def _gelu_tanh_grad(v):
+    t = tanh(_SQRT_2_OVER_PI * (v + _GELU_CUBIC * v * v * v))
+    return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_CUBIC * v * v)
+
+
+@triton.jit
+def _window(z, state, b, s, e, valid, L, sz_b, sz_l, ss_b, ss_k, K: tl.constexpr, HAS_STATE: tl.constexpr):
+    """z_x at positions s [BL] (the state's entries for s < 0, zeros without a state), fp32 [BL, BE]."""
+    ok = valid & (s >= 0)[:, None]
+    v = tl.load(z + b * sz_b + s[:, None] * sz_l + e[None, :], mask=ok, other=0.0).to(tl.float32)
+    if HAS_STATE:
+        old = valid & (s < 0)[:, None]
+        j = s + (K - 1)
+        v_old = tl.load(state + b * ss_b + j[:, None] * ss_k + e[None, :], mask=old, other=0.0).to(tl.float32)
+        v = tl.where(old, v_old, v)
+    return v
+
+
+@triton.jit
+def _conv_gelu_fwd(z, weight, bias, state, xc, a, L, E, sz_b, sz_l, ss_b, ss_k, so_b, so_l,
+                   K: tl.constexpr, HAS_STATE: tl.constexpr, BL: tl.constexpr, BE: tl.constexpr):
+    pid_l, pid_e, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t = pid_l * BL + tl.arange(0, BL)
+    e = pid_e * BE + tl.arange(0, BE)
+    e_ok = e < E
+    valid = (t < L)[:, None] & e_ok[None, :]
+    acc = tl.zeros((BL, BE), tl.float32) + tl.load(bias + e, mask=e_ok, other=0.0).to(tl.float32)[None, :]
+    for i in tl.static_range(K):
+        w = tl.load(weight + i * E + e, mask=e_ok, other=0.0).to(tl.float32)
+        acc += _window(z, state, b, t - (K - 1) + i, e, valid, L, sz_b, sz_l, ss_b, ss_k, K, HAS_STATE) * w[None, :]
+    out = b * so_b + t[:, None] * so_l + e[None, :]
+    tl.store(xc + out, cast_to(acc, xc.dtype.element_ty), mask=valid)
+    zy = tl.load(z + b * sz_b + t[:, None] * sz_l + E + e[None, :], mask=valid, other=0.0).to(tl.float32)
+    tl.store(a + out, cast_to(_gelu_tanh(zy), a.dtype.element_ty), mask=valid)
+
+
+@triton.jit
+def _conv_gelu_bwd(dxc, da, z, weight, state, dz, dw_part, db_part, L, E, n_l, sz_b, sz_l, ss_b, ss_k, so_b, so_l,
+                   K: tl.constexpr, KP: tl.constexpr, HAS_STATE: tl.constexpr, BL: tl.constexpr,
+                   BE: tl.constexpr, ROWS: tl.constexpr):
+    pid_l, pid_e, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    e = pid_e * BE + tl.arange(0, BE)
+    e_ok = e < E
+    k = tl.arange(0, KP)
+    acc_w = tl.zeros((KP, BE), tl.float32)
+    acc_b = tl.zeros((BE,), tl.float32)
+    for r0 in tl.range(pid_l * ROWS, tl.minimum(pid_l * ROWS + ROWS, L), BL):
+        t = r0 + tl.arange(0, BL)
+        valid = (t < L)[:, None] & e_ok[None, :]
+        # dz_x[t] = sum_i w[i] dx_c[t + K - 1 - i] over the outputs that read z_x[t]
+        acc = tl.zeros((BL, BE), tl.float32)
+        for i in tl.static_range(K):
+            w = tl.load(weight + i * E + e, mask=e_ok, other=0.0).to(tl.float32)
+            tt = t + (K - 1 - i)
+            g = tl.load(dxc + b * so_b + tt[:, None] * so_l + e[None, :], mask=valid & (tt < L)[:, None],
+                        other=0.0).to(tl.float32)
+            acc += g * w[None, :]
+        tl.store(dz + b * sz_b + t[:, None] * sz_l + e[None, :], cast_to(acc, dz.dtype.element_ty), mask=valid)
+        # dw[i] = sum_t dx_c[t] z_x[t - (K - 1) + i]; db = sum_t dx_c[t]
+        g = tl.load(dxc + b * so_b + t[:, None] * so_l + e[None, :], mask=valid, other=0.0).to(tl.float32)
+        acc_b += tl.sum(g, axis=0)
+        for i in tl.static_range(K):
+            v = _window(z, state, b, t - (K - 1) + i, e, valid, L, sz_b, sz_l, ss_b, ss_k, K, HAS_STATE)
+            acc_w += tl.where((k == i)[:, None], tl.sum(g * v, axis=0)[None, :], 0.0)
+        # dz_y = da * GeLU'(z_y)
+        zy = tl.load(z + b * sz_b + t[:, None] * sz_l + E + e[None, :], mask=valid, other=0.0).to(tl.float32)
+        d = tl.load(da + b * so_b + t[:, None] * so_l + e[None, :], mask=valid, other=0.0).to(tl.float32)
+        tl.store(dz + b * sz_b + t[:, None] * sz_l + E + e[None, :], cast_to(d * _gelu_tanh_grad(zy),
+                 dz.dtype.element_ty), mask=valid)
+    part = b * n_l + pid_l
+    tl.store(dw_part + part * KP * E + k[:, None] * E + e[None, :], acc_w, mask=(k < K)[:, None] & e_ok[None, :])
+    tl.store(db_part + part * E + e, acc_b, mask=e_ok)
+
+
+def conv_gelu_fwd(z: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, state):
+    """(x_c, a) [B, L, E] in z's dtype from z [B, L, 2E] (contiguous), weight [K, E], bias [E]."""
+    B, L, E2 = z.shape
+    E, K = E2 // 2, weight.shape[0]
+    xc = z.new_empty(B, L, E)
+    a = z.new_empty(B, L, E)
+    s = state if state is not None else z
+    grid = (cdiv(L, BL), cdiv(E, BE), B)
+    _conv_gelu_fwd[grid](z, weight, bias, s, xc, a, L, E, z.stride(0), z.stride(1),
+                         s.stride(0), s.stride(1), xc.stride(0), xc.stride(1),
+                         K=K, HAS_STATE=state is not None, BL=BL, BE=BE, num_warps=4)
+    return xc, a
+
+
+def conv_gelu_bwd(dxc: torch.Tensor, da: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, state):
+    """(dz [B, L, 2E] in z's dtype, dweight [K, E] fp32, dbias [E] fp32) from contiguous dx_c, da."""
+    B, L, E2 = z.shape
+    E, K = E2 // 2, weight.shape[0]
+    KP = next_power_of_2(K)
+    n_l = cdiv(L, ROWS)
+    dz = torch.empty_like(z)
+    dw_part = z.new_empty(B * n_l, KP, E, dtype=torch.float32)
+    db_part = z.new_empty(B * n_l, E, dtype=torch.float32)
+    s = state if state is not None else z
+    grid = (n_l, cdiv(E, BE), B)
+    _conv_gelu_bwd[grid](dxc, da, z, weight, s, dz, dw_part, db_part, L, E, n_l, z.stride(0), z.stride(1),
+                         s.stride(0), s.stride(1), dxc.stride(0), dxc.stride(1),
+                         K=K, KP=KP, HAS_STATE=state is not None, BL=BL, BE=BE, ROWS=ROWS, num_warps=4)
+    # a fixed-order reduction of the per-program partials: the same bits on every run
+    return dz, dw_part[:, :K].sum(0), db_part.sum(0)

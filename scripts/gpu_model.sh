@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Issue 10's measurements on one H200 through the device tool, in stages that each fit one call:
+#
+#   bash scripts/gpu_model.sh STAGE ...    stages: glue block model2k train model32k
+#
+#   glue      the fused glue's and the block's tests on the GPU (pytest, the CUDA path of the CPU tests)
+#   block     scripts/gpu_block.py (CUDA graph and eager, fused and PyTorch-op glue, GEMMs alone) and
+#             `samu bench --scopes block --impls auto,compiled` at (4, 2048, 2048) and (1, 32768, 2048)
+#   model2k   `samu bench --scopes model --impls auto,compiled` at 4 x 2048 (preset 400m): samu's LMs
+#             and the model peers (SDPA transformer, fla HGRN and GLA when installed), eager and compiled
+#   train     `samu train --preset 400m` at 4 x 2048 for 40 steps: SAMU eager, SAMU compiled, RG-LRU compiled
+#   model32k  the model bench at 1 x 32768
+#
+# Writes $OUT/model.log and $OUT/results.tar.gz (every record of the stages run) and prints a digest.
+# Peers: wheels in .whl/ (carry it) are installed to /tmp/peers. Stage limits sum to under 9.5 minutes
+# for any two stages but train + model32k; set SAMU_GIT_COMMIT when .git does not travel.
+set -u
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/out}"
+W="$OUT/w"
+mkdir -p "$W"
+STAGES="${*:-glue block}"
+PY="${PYTHON:-python3}"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/peers .whl/*.whl 2>&1 | tail -2
+  export PYTHONPATH="/tmp/peers:$PWD"
+else
+  export PYTHONPATH="$PWD"
+fi
+exec > >(tee -a "$OUT/model.log") 2>&1
+
+stage() {  # stage NAME SECONDS COMMAND...
+  local name=$1 limit=$2; shift 2
+  case " $STAGES " in *" $name "*) ;; *) return 0 ;; esac
+  echo "=== $name (limit ${limit}s): $*"
+  local start=$SECONDS
+  timeout --signal=INT --kill-after=15 "$limit" "$@"
+  echo "=== $name: exit $? after $((SECONDS - start))s"
+}
+
+train_run() {  # train_run NAME ARGS...: 40 steps of the 400m preset; only the log comes back
+  local name=$1; shift
+  $PY -m samu.cli train --preset 400m --steps 40 --batch-size 4 --seq-len 2048 --log-every 10 --eval-every 1000 \
+    --eval-batches 1 --checkpoint-every 1000 --warmup 10 --no-progress --out "/tmp/runs/$name" "$@"
+  cp "/tmp/runs/$name/log.json" "$W/train-$name.json"
+}
+
+stage glue 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/ops/test_glue.py tests/modules/test_block.py \
+  tests/modules/test_compile.py tests/models/test_compile_gpu.py
+stage block 120 $PY scripts/gpu_block.py --out "$W"
+stage block 300 $PY -m samu.cli bench --scopes block --impls auto,compiled --shapes 4x2048x2048,1x32768x2048 \
+  --out "$W/bench-block.json" --quiet
+stage model2k 560 $PY -m samu.cli bench --scopes model --impls auto,compiled --shapes 4x2048x1664 \
+  --out "$W/bench-model-2k.json" --quiet
+case " $STAGES " in *" train "*)
+  echo "=== train"
+  start=$SECONDS
+  timeout 100 bash -c "$(declare -f train_run); PY=$PY W=$W; train_run samu-eager --no-compile"
+  timeout 180 bash -c "$(declare -f train_run); PY=$PY W=$W; train_run samu-compiled --compile"
+  timeout 180 bash -c "$(declare -f train_run); PY=$PY W=$W; train_run rglru-compiled --compile --mixer rglru"
+  echo "=== train: after $((SECONDS - start))s" ;;
+esac
+stage model32k 560 $PY -m samu.cli bench --scopes model --impls auto,compiled --shapes 1x32768x1664 \
+  --out "$W/bench-model-32k.json" --quiet
+
+tar -czf "$OUT/results.tar.gz" -C "$W" .
+echo "=== digest"
+for f in "$W"/train-*.json; do
+  [ -f "$f" ] || continue
+  $PY - "$f" <<'EOF'
+import json, sys
+log = json.load(open(sys.argv[1]))
+last = log["train"][-1] if log["train"] else {}
+print(sys.argv[1].rsplit("/", 1)[-1], "compiled" if log.get("compiled") else "eager",
+      f"{last.get('recent_tokens_per_s', 0):.0f} tok/s (last interval)", f"MFU {last.get('mfu')}")
+EOF
+done
