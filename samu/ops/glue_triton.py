@@ -14,8 +14,8 @@ import triton.language as tl
 
 from samu.ops.triton_utils import cast_to, cdiv, next_power_of_2, tanh
 
-_SQRT_2_OVER_PI = 0.7978845608028654
-_GELU_CUBIC = 0.044715
+_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+_GELU_CUBIC = tl.constexpr(0.044715)
 
 # rows of one tile and channels of one tile; the backward walks ROWS rows per program in tiles of BL
 BL, BE, ROWS = 32, 128, 512
