@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from gpu_profile import graph_time  # noqa: E402
+from gpu_profile import graph_time, kernel_table  # noqa: E402
 
 from samu.bench.records import environment  # noqa: E402
 from samu.modules import RecurrentBlock, RMSNorm  # noqa: E402
@@ -71,12 +71,28 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="4,2048,2048;1,32768,2048;1,8192,1024")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--profile", action="store_true",
+                    help="per-kernel CUDA time of each case instead of the timings (block_kernels.json)")
     args = ap.parse_args()
     set_check_finite(False)
     shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes.split(";")]
     record = {"env": environment("cuda"), "command": "python scripts/gpu_block.py " + " ".join(sys.argv[1:]),
               "rows": []}
     path = os.path.join(args.out, "block.json")
+    if args.profile:
+        path = os.path.join(args.out, "block_kernels.json")
+        for shape in shapes:
+            for op in ("samu", "rglru"):
+                step, _, leaves = case(op, shape, "fused")
+                table = kernel_table(step, leaves)
+                record["rows"].append({"op": op, "shape": list(shape), "glue": "fused",
+                                       "kernels": [{"name": n, "calls": c, "us": t} for n, c, t in table]})
+                print(f"== {op} {shape}: {sum(t for _, _, t in table) / 1e3:.3f} ms of kernels")
+                for n, c, t in table[:14]:
+                    print(f"{t:9.1f} us  x{c:<3} {n}")
+                with open(path, "w") as f:
+                    json.dump(record, f, indent=1)
+        return
     for shape in shapes:
         for op in ("samu", "rglru"):
             gemm_ms = None
