@@ -10,6 +10,7 @@ from torch.utils.checkpoint import checkpoint
 from samu.models.config import LMConfig
 from samu.modules.block import ResidualLayer
 from samu.modules.layers import RMSNorm
+from samu.ops.glue import fused_backend
 
 
 class LanguageModel(nn.Module):
@@ -34,6 +35,7 @@ class LanguageModel(nn.Module):
                           config.conv_width, config.mlp_expansion, config.norm_eps, backend=backend, **kw)
             for _ in range(config.num_layers))
         self.final_norm = RMSNorm(config.width, config.norm_eps, **kw)
+        self.final_norm.backend = fused_backend(backend)
         # recompute each layer's activations in the backward (torch.utils.checkpoint) while grad is on
         self.activation_checkpointing = False
         self._init_weights()

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from samu.modules.layers import Conv1D, GatedMLP, RMSNorm, check_sequence, check_tensor, check_token, lecun_normal_
 from samu.modules.mixers import RGLRUMixer, SAMUMixer
-from samu.ops.glue import conv_gelu
+from samu.ops.glue import conv_gelu, fused_backend
 from samu.validate import positive_int
 
 MIXERS = ("samu", "rglru")
@@ -48,7 +48,7 @@ class RecurrentBlock(nn.Module):
             raise ValueError(f"num_heads must divide lru_width={self.lru_width}, got {num_heads}")
         self.mixer_name = mixer
         kw = dict(device=device, dtype=dtype)
-        self.glue_backend = {"auto": "auto", "torch": "torch", "reference": "torch"}.get(backend, "triton")
+        self.glue_backend = fused_backend(backend)
         # rows [0, E) make z_x, rows [E, 2E) z_y
         self.linear_in = nn.Linear(width, 2 * self.lru_width, **kw)
         self.conv1d = Conv1D(self.lru_width, conv_width, **kw)
@@ -117,6 +117,7 @@ class ResidualLayer(nn.Module):
         self.temporal_norm = RMSNorm(width, norm_eps, **kw)
         self.block = RecurrentBlock(width, mixer, lru_width, num_heads, conv_width, backend=backend, **kw)
         self.mlp_norm = RMSNorm(width, norm_eps, **kw)
+        self.temporal_norm.backend = self.mlp_norm.backend = self.block.glue_backend
         self.mlp = GatedMLP(width, mlp_expansion, **kw)
 
     def forward(self, x, state=None, return_state=False):

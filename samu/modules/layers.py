@@ -7,6 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from samu.ops.glue import causal_conv
+from samu.ops.rmsnorm import rms_norm
 from samu.validate import finite_number, positive_int
 
 
@@ -89,7 +90,10 @@ class Conv1D(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 and returned in x's dtype."""
+    """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 and returned in x's dtype (samu.ops.rmsnorm:
+    one fused kernel each way on CUDA; ``backend`` "auto", "torch" or "triton")."""
+
+    backend = "auto"
 
     def __init__(self, width: int, eps: float = 1e-6, *, device=None, dtype=None):
         super().__init__()
@@ -104,9 +108,7 @@ class RMSNorm(nn.Module):
         if not isinstance(x, torch.Tensor) or x.shape[-1:] != (self.width,):
             shape = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"x must have shape [..., {self.width}], got {shape}")
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()
-        return y.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps, self.backend)
 
     def extra_repr(self):
         return f"width={self.width}, eps={self.eps}"

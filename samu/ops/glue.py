@@ -17,6 +17,14 @@ import torch.nn.functional as F
 from samu.ops import dispatch
 
 GLUE_BACKENDS = ("auto", "torch", "triton")
+# the widest Conv1D the fused kernels take (one accumulator per tap); wider ones run as PyTorch ops
+FUSED_MAX_WIDTH = 4
+
+
+def fused_backend(mixer_backend: str) -> str:
+    """The glue and RMSNorm backend that goes with a mixer backend: PyTorch ops beside the "torch" and
+    "reference" mixers, the fused kernels beside a Triton variant, and "auto" beside "auto"."""
+    return {"auto": "auto", "torch": "torch", "reference": "torch"}.get(mixer_backend, "triton")
 
 
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, state=None, return_state=False):
@@ -79,9 +87,10 @@ class _ConvGelu(torch.autograd.Function):
         return dz, dw.to(weight.dtype), db.to(weight.dtype), dstate
 
 
-def uses_triton(z: torch.Tensor, backend: str = "auto") -> bool:
-    """Whether ``conv_gelu`` runs the fused kernels for ``z`` under ``backend``."""
-    if backend == "torch" or torch.compiler.is_compiling():
+def uses_triton(z: torch.Tensor, weight: torch.Tensor, backend: str = "auto") -> bool:
+    """Whether ``conv_gelu`` runs the fused kernels for ``z`` and a Conv1D ``weight`` under ``backend``
+    (Conv1D width at most FUSED_MAX_WIDTH)."""
+    if backend == "torch" or torch.compiler.is_compiling() or weight.shape[0] > FUSED_MAX_WIDTH:
         return False
     if backend == "triton":
         return True
@@ -97,7 +106,7 @@ def conv_gelu(z, weight, bias, state=None, return_state=False, backend="auto"):
         raise ValueError(f"glue backend must be one of {', '.join(GLUE_BACKENDS)}, got {backend!r}")
     E = z.shape[-1] // 2
     K = weight.shape[0]
-    if uses_triton(z, backend):
+    if uses_triton(z, weight, backend):
         if z.dtype == torch.float64:
             raise TypeError("the fused glue kernels take bf16, fp16 or fp32; use backend='torch' for float64")
         s = None if state is None else state.to(z.dtype).contiguous()

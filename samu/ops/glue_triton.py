@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from samu.ops.triton_utils import cast_to, cdiv, next_power_of_2, tanh
+from samu.ops.triton_utils import cast_to, cdiv, tanh
 
 _SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 _GELU_CUBIC = tl.constexpr(0.044715)
@@ -65,14 +65,17 @@ def _conv_gelu_fwd(z, weight, bias, state, xc, a, L, E, sz_b, sz_l, ss_b, ss_k, 
 
 @triton.jit
 def _conv_gelu_bwd(dxc, da, z, weight, state, dz, dw_part, db_part, L, E, n_l, sz_b, sz_l, ss_b, ss_k, so_b, so_l,
-                   K: tl.constexpr, KP: tl.constexpr, HAS_STATE: tl.constexpr, BL: tl.constexpr,
-                   BE: tl.constexpr, ROWS: tl.constexpr):
+                   K: tl.constexpr, HAS_STATE: tl.constexpr, BL: tl.constexpr, BE: tl.constexpr,
+                   ROWS: tl.constexpr):
     pid_l, pid_e, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     e = pid_e * BE + tl.arange(0, BE)
     e_ok = e < E
-    k = tl.arange(0, KP)
-    acc_w = tl.zeros((KP, BE), tl.float32)
-    acc_b = tl.zeros((BE,), tl.float32)
+    # [BL, BE] accumulators of dw[0..K-1] and db, summed over rows once at the end
+    acc_0 = tl.zeros((BL, BE), tl.float32)
+    acc_1 = tl.zeros((BL, BE), tl.float32)
+    acc_2 = tl.zeros((BL, BE), tl.float32)
+    acc_3 = tl.zeros((BL, BE), tl.float32)
+    acc_b = tl.zeros((BL, BE), tl.float32)
     for r0 in tl.range(pid_l * ROWS, tl.minimum(pid_l * ROWS + ROWS, L), BL):
         t = r0 + tl.arange(0, BL)
         valid = (t < L)[:, None] & e_ok[None, :]
@@ -87,18 +90,29 @@ def _conv_gelu_bwd(dxc, da, z, weight, state, dz, dw_part, db_part, L, E, n_l, s
         tl.store(dz + b * sz_b + t[:, None] * sz_l + e[None, :], cast_to(acc, dz.dtype.element_ty), mask=valid)
         # dw[i] = sum_t dx_c[t] z_x[t - (K - 1) + i]; db = sum_t dx_c[t]
         g = tl.load(dxc + b * so_b + t[:, None] * so_l + e[None, :], mask=valid, other=0.0).to(tl.float32)
-        acc_b += tl.sum(g, axis=0)
-        for i in tl.static_range(K):
-            v = _window(z, state, b, t - (K - 1) + i, e, valid, L, sz_b, sz_l, ss_b, ss_k, K, HAS_STATE)
-            acc_w += tl.where((k == i)[:, None], tl.sum(g * v, axis=0)[None, :], 0.0)
+        acc_b += g
+        acc_0 += g * _window(z, state, b, t - (K - 1), e, valid, L, sz_b, sz_l, ss_b, ss_k, K, HAS_STATE)
+        if K > 1:
+            acc_1 += g * _window(z, state, b, t - (K - 2), e, valid, L, sz_b, sz_l, ss_b, ss_k, K, HAS_STATE)
+        if K > 2:
+            acc_2 += g * _window(z, state, b, t - (K - 3), e, valid, L, sz_b, sz_l, ss_b, ss_k, K, HAS_STATE)
+        if K > 3:
+            acc_3 += g * _window(z, state, b, t - (K - 4), e, valid, L, sz_b, sz_l, ss_b, ss_k, K, HAS_STATE)
         # dz_y = da * GeLU'(z_y)
         zy = tl.load(z + b * sz_b + t[:, None] * sz_l + E + e[None, :], mask=valid, other=0.0).to(tl.float32)
         d = tl.load(da + b * so_b + t[:, None] * so_l + e[None, :], mask=valid, other=0.0).to(tl.float32)
         tl.store(dz + b * sz_b + t[:, None] * sz_l + E + e[None, :], cast_to(d * _gelu_tanh_grad(zy),
                  dz.dtype.element_ty), mask=valid)
     part = b * n_l + pid_l
-    tl.store(dw_part + part * KP * E + k[:, None] * E + e[None, :], acc_w, mask=(k < K)[:, None] & e_ok[None, :])
-    tl.store(db_part + part * E + e, acc_b, mask=e_ok)
+    out = dw_part + part * K * E + e
+    tl.store(out, tl.sum(acc_0, axis=0), mask=e_ok)
+    if K > 1:
+        tl.store(out + E, tl.sum(acc_1, axis=0), mask=e_ok)
+    if K > 2:
+        tl.store(out + 2 * E, tl.sum(acc_2, axis=0), mask=e_ok)
+    if K > 3:
+        tl.store(out + 3 * E, tl.sum(acc_3, axis=0), mask=e_ok)
+    tl.store(db_part + part * E + e, tl.sum(acc_b, axis=0), mask=e_ok)
 
 
 def conv_gelu_fwd(z: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, state):
@@ -119,15 +133,14 @@ def conv_gelu_bwd(dxc: torch.Tensor, da: torch.Tensor, z: torch.Tensor, weight: 
     """(dz [B, L, 2E] in z's dtype, dweight [K, E] fp32, dbias [E] fp32) from contiguous dx_c, da."""
     B, L, E2 = z.shape
     E, K = E2 // 2, weight.shape[0]
-    KP = next_power_of_2(K)
     n_l = cdiv(L, ROWS)
     dz = torch.empty_like(z)
-    dw_part = z.new_empty(B * n_l, KP, E, dtype=torch.float32)
+    dw_part = z.new_empty(B * n_l, K, E, dtype=torch.float32)
     db_part = z.new_empty(B * n_l, E, dtype=torch.float32)
     s = state if state is not None else z
     grid = (n_l, cdiv(E, BE), B)
     _conv_gelu_bwd[grid](dxc, da, z, weight, s, dz, dw_part, db_part, L, E, n_l, z.stride(0), z.stride(1),
                          s.stride(0), s.stride(1), dxc.stride(0), dxc.stride(1),
-                         K=K, KP=KP, HAS_STATE=state is not None, BL=BL, BE=BE, ROWS=ROWS, num_warps=4)
+                         K=K, HAS_STATE=state is not None, BL=BL, BE=BE, ROWS=ROWS, num_warps=4)
     # a fixed-order reduction of the per-program partials: the same bits on every run
-    return dz, dw_part[:, :K].sum(0), db_part.sum(0)
+    return dz, dw_part.sum(0), db_part.sum(0)

@@ -98,6 +98,15 @@ def test_backward_is_deterministic_and_new_state_is_the_last_inputs():
         assert torch.equal(new.cpu(), window[:, -3:])
 
 
+def test_wider_convolutions_run_as_pytorch_ops():
+    from samu.ops.glue import uses_triton
+
+    z, weight, bias, *_ = _inputs(1, 4, 8, 5, torch.float32, False, seed=0)
+    assert not uses_triton(z, weight, "triton") and uses_triton(z, weight[:4], "triton")
+    xc, a, _ = conv_gelu(z, weight, bias, backend="triton")
+    assert torch.equal(xc, conv_gelu_torch(z, weight, bias)[0])
+
+
 def test_bad_backend():
     z, weight, bias, *_ = _inputs(1, 4, 8, 4, torch.float32, False, seed=0)
     with pytest.raises(ValueError, match="glue backend must be one of"):

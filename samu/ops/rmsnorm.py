@@ -1,0 +1,41 @@
+"""RMSNorm, y = x / sqrt(mean(x^2) + eps) * weight in fp32, returned in x's dtype: a fused Triton kernel
+forward and one backward on CUDA (``rmsnorm_triton``), PyTorch ops elsewhere and while torch.compile
+traces (Inductor fuses those itself)."""
+
+from __future__ import annotations
+
+import torch
+
+from samu.ops import dispatch
+
+
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        from samu.ops.rmsnorm_triton import rmsnorm_fwd
+
+        y, rstd = rmsnorm_fwd(x, weight, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        from samu.ops.rmsnorm_triton import rmsnorm_bwd
+
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw = rmsnorm_bwd(dy.contiguous(), x, weight, rstd)
+        return dx, dw.to(weight.dtype), None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "auto") -> torch.Tensor:
+    """RMSNorm over the last dimension; backend "auto" (fused kernels on CUDA), "torch" or "triton"."""
+    fused = backend == "triton" or (backend == "auto" and x.is_cuda and x.dtype != torch.float64
+                                    and dispatch.triton_available())
+    if not fused or torch.compiler.is_compiling():
+        return rms_norm_torch(x, weight, eps)
+    return _RMSNorm.apply(x.contiguous(), weight, eps)

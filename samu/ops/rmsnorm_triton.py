@@ -1,0 +1,71 @@
+"""Triton kernels of RMSNorm (samu.ops.rmsnorm): one pass forward, one pass backward, fp32 inside.
+
+Each program normalises ROWS rows of the full width; the weight gradient is a per-program partial
+sum, reduced in a fixed order on the host: deterministic to the bit.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from samu.ops.triton_utils import cast_to, cdiv, next_power_of_2
+
+ROWS = 32
+
+
+@triton.jit
+def _rmsnorm_fwd(x, weight, y, rstd, R, W, eps, BW: tl.constexpr, ROWS: tl.constexpr):
+    pid = tl.program_id(0)
+    c = tl.arange(0, BW)
+    c_ok = c < W
+    w = tl.load(weight + c, mask=c_ok, other=0.0).to(tl.float32)
+    for r in tl.range(pid * ROWS, tl.minimum(pid * ROWS + ROWS, R)):
+        v = tl.load(x + r * W + c, mask=c_ok, other=0.0).to(tl.float32)
+        s = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / W + eps)
+        tl.store(rstd + r, s)
+        tl.store(y + r * W + c, cast_to(v * s * w, y.dtype.element_ty), mask=c_ok)
+
+
+@triton.jit
+def _rmsnorm_bwd(dy, x, weight, rstd, dx, dw_part, R, W, BW: tl.constexpr, ROWS: tl.constexpr):
+    pid = tl.program_id(0)
+    c = tl.arange(0, BW)
+    c_ok = c < W
+    w = tl.load(weight + c, mask=c_ok, other=0.0).to(tl.float32)
+    acc = tl.zeros((BW,), tl.float32)
+    for r in tl.range(pid * ROWS, tl.minimum(pid * ROWS + ROWS, R)):
+        v = tl.load(x + r * W + c, mask=c_ok, other=0.0).to(tl.float32)
+        d = tl.load(dy + r * W + c, mask=c_ok, other=0.0).to(tl.float32)
+        s = tl.load(rstd + r)
+        xhat = v * s
+        g = d * w
+        # dx = s (g - xhat mean(xhat g)); dw = sum over rows of dy xhat
+        dxv = s * (g - xhat * (tl.sum(xhat * g, axis=0) / W))
+        tl.store(dx + r * W + c, cast_to(dxv, dx.dtype.element_ty), mask=c_ok)
+        acc += d * xhat
+    tl.store(dw_part + pid * W + c, acc, mask=c_ok)
+
+
+def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float):
+    """(y in x's dtype, rstd [R] fp32) of a contiguous x [..., W]."""
+    W = x.shape[-1]
+    R = x.numel() // W
+    y = torch.empty_like(x)
+    rstd = x.new_empty(R, dtype=torch.float32)
+    _rmsnorm_fwd[(cdiv(R, ROWS),)](x, weight, y, rstd, R, W, eps, BW=next_power_of_2(W), ROWS=ROWS,
+                                   num_warps=4 if W <= 2048 else 8)
+    return y, rstd
+
+
+def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor):
+    """(dx in x's dtype, dweight fp32) from contiguous dy and x."""
+    W = x.shape[-1]
+    R = x.numel() // W
+    n = cdiv(R, ROWS)
+    dx = torch.empty_like(x)
+    dw_part = x.new_empty(n, W, dtype=torch.float32)
+    _rmsnorm_bwd[(n,)](dy, x, weight, rstd, dx, dw_part, R, W, BW=next_power_of_2(W), ROWS=ROWS,
+                       num_warps=4 if W <= 2048 else 8)
+    return dx, dw_part.sum(0)
