@@ -212,13 +212,14 @@ def _autocast(config: TrainConfig, device: torch.device):
     return contextlib.nullcontext()
 
 
-def _optimizer(model: LanguageModel, config: TrainConfig) -> torch.optim.AdamW:
+def _optimizer(model: LanguageModel, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     # Decay the dense matrices only: mixer parameters, norms and biases keep their scale.
     dense = {id(m.weight) for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding))}
     decay = [p for p in model.parameters() if id(p) in dense]
     rest = [p for p in model.parameters() if id(p) not in dense]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas)
+    # the fused CUDA kernel: one launch for every parameter, where the default walks them in a few dozen
+    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, fused=device.type == "cuda")
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -478,7 +479,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
     # Every rank builds the same initial weights from the seed.
     torch.manual_seed(config.seed)
     model = LanguageModel(config.model, backend=config.backend).to(device)
-    optimizer = _optimizer(model, config)
+    optimizer = _optimizer(model, config, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, CosineSchedule(config.warmup_steps, config.steps, config.min_lr / config.lr))
     start, time_before = 0, 0.0
@@ -489,6 +490,11 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
            "train": [], "val": [], "checkpoints": []}
     is_main = ctx.rank == 0
     if payload is not None:
+        if any(k.endswith("block.linear_x.weight") for k in payload["model"]):
+            raise CheckpointError(f"cannot resume {out / CHECKPOINT}: it was written before the block's W_x and W_y became "
+                                  f"one GEMM (linear_in); its weights still load (samu generate, load_model) but its "
+                                  f"optimizer state does not fit the new parameters, so training cannot continue "
+                                  f"from it")
         model.load_state_dict(payload["model"])
         optimizer.load_state_dict(payload["train"]["optimizer"])
         scheduler.load_state_dict(payload["train"]["scheduler"])
@@ -525,10 +531,13 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
 
     def check_finite(step):
         first = int(ctx.all_max([float(bad_step)], device)[0])
-        if first:
-            raise diverged(first)
-        if model.nonfinite_parameters():
-            raise diverged(step)
+        names = model.nonfinite_parameters()
+        if first or names:
+            error = diverged(first or step)
+            if names:
+                shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+                error = TrainingDiverged(f"{error} (non-finite: {shown})")
+            raise error
 
     def validate(step):
         check_finite(step)
@@ -608,12 +617,14 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
                      "mfu": mfu(params, rate, peak, ctx.world)}
             log["train"].append(entry)
             postfix["loss"] = f"{loss:.3f}"
-            postfix["tok/s"] = f"{rate:.3g}"
+            postfix["tok/s"] = f"{rate / 1e3:.1f}K"
             if peak is not None:
                 postfix["MFU"] = f"{entry['mfu']:.0%}"
             if is_main:
                 folder.wrote = True
                 write_log(out, log)
+        # validation and saving do not count against the next interval's tokens/s and MFU
+        paused = time.perf_counter()
         if done % config.eval_every == 0 or done == config.steps:
             result = validate(done)
             postfix["val"] = f"{result.get('val_bpb', result['val_loss']):.3f}"
@@ -622,6 +633,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         if done % config.checkpoint_every == 0 or done == config.steps:
             save(done, elapsed)
             saved_now = True
+        last_log = (last_log[0], last_log[1] + time.perf_counter() - paused)
         bar.set_postfix(postfix, refresh=False)
         bar.update(1)
         stop = signals.signum

@@ -8,7 +8,7 @@
 #             `samu bench --scopes block --impls auto,compiled` at (4, 2048, 2048) and (1, 32768, 2048)
 #   model2k   `samu bench --scopes model --impls auto,compiled` at 4 x 2048 (preset 400m): samu's LMs
 #             and the model peers (SDPA transformer, fla HGRN and GLA when installed), eager and compiled
-#   train     `samu train --preset 400m` at 4 x 2048 for 40 steps: SAMU eager, SAMU compiled, RG-LRU compiled
+#   train     `samu train --preset 400m` at 4 x 2048: SAMU eager (30 steps), SAMU and RG-LRU compiled (60)
 #   model32k  the model bench at 1 x 32768
 #
 # Writes $OUT/model.log and $OUT/results.tar.gz (every record of the stages run) and prints a digest.
@@ -39,9 +39,9 @@ stage() {  # stage NAME SECONDS COMMAND...
   echo "=== $name: exit $? after $((SECONDS - start))s"
 }
 
-train_run() {  # train_run NAME ARGS...: 40 steps of the 400m preset; only the log comes back
-  local name=$1; shift
-  $PY -m samu.cli train --preset 400m --steps 40 --batch-size 4 --seq-len 2048 --log-every 10 --eval-every 1000 \
+train_run() {  # train_run NAME STEPS ARGS...: the 400m preset at 4 x 2048; only the log comes back
+  local name=$1 steps=$2; shift 2
+  $PY -m samu.cli train --preset 400m --steps "$steps" --batch-size 4 --seq-len 2048 --eval-every 1000 \
     --eval-batches 1 --checkpoint-every 1000 --warmup 10 --no-progress --out "/tmp/runs/$name" "$@"
   cp "/tmp/runs/$name/log.json" "$W/train-$name.json"
 }
@@ -56,9 +56,9 @@ stage model2k 560 $PY -m samu.cli bench --scopes model --impls auto,compiled --s
 case " $STAGES " in *" train "*)
   echo "=== train"
   start=$SECONDS
-  timeout 100 bash -c "$(declare -f train_run); PY=$PY W=$W; train_run samu-eager --no-compile"
-  timeout 180 bash -c "$(declare -f train_run); PY=$PY W=$W; train_run samu-compiled --compile"
-  timeout 180 bash -c "$(declare -f train_run); PY=$PY W=$W; train_run rglru-compiled --compile --mixer rglru"
+  timeout 100 bash -c "$(declare -f train_run); PY=$PY W=$W; train_run samu-eager 30 --no-compile"
+  timeout 180 bash -c "$(declare -f train_run); PY=$PY W=$W; train_run samu-compiled 60"
+  timeout 180 bash -c "$(declare -f train_run); PY=$PY W=$W; train_run rglru-compiled 60 --mixer rglru"
   echo "=== train: after $((SECONDS - start))s" ;;
 esac
 stage model32k 560 $PY -m samu.cli bench --scopes model --impls auto,compiled --shapes 1x32768x1664 \

@@ -95,6 +95,7 @@ def test_divergence_stops_before_saving_and_keeps_the_last_good_checkpoint(tmp_p
     with pytest.raises(TrainingDiverged, match=r"training diverged at step (\d+).*still holds step") as e:
         train(config, data=data)
     step = int(e.value.args[0].split("at step ")[1].split(":")[0])
+    assert "(non-finite: " in e.value.args[0]   # the parameters that hold nan or inf, by name
     payload = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
     assert payload["train"]["step"] == step - 1
     assert all(bool(torch.isfinite(t).all()) for t in payload["model"].values())

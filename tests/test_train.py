@@ -178,7 +178,9 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path):
     common = ["train", "--data", str(corpus), "--width", "16", "--layers", "2", "--lru-width", "8",
               "--steps", "3", "--batch-size", "2", "--seq-len", "24", "--eval-batches", "2",
               "--warmup", "1", "--device", "cpu", "--no-progress"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # faulthandler: should a rank ever abort again (CI saw "terminate called without an active
+    # exception" once, cause unknown), its stderr shows every thread's Python stack
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", "TORCH_SHOW_CPP_STACKTRACES": "1"}
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           "-m", "samu.cli", *common, "--out", str(tmp_path / "ddp")],
                          env=env, capture_output=True, text=True, timeout=300)
@@ -231,10 +233,18 @@ def test_ddp_two_gpus_equal_one_gpu_with_accumulation(tmp_path):
         assert torch.allclose(ddp[name], a, rtol=1e-3, atol=1e-5), name
 
 
-def test_activation_checkpointing_trains_to_the_same_weights_and_logs_speed(tmp_path):
+def test_activation_checkpointing_trains_to_the_same_weights_and_logs_speed(tmp_path, monkeypatch):
+    from samu.modules import ResidualLayer
+
+    calls = []
+    forward = ResidualLayer.forward
+    monkeypatch.setattr(ResidualLayer, "forward", lambda self, *a, **kw: calls.append(1) or forward(self, *a, **kw))
     data = text_corpus(_text(tmp_path))
     plain = train(_config(tmp_path, "plain"), data=data)
+    n_plain = len(calls)
     recomputed = train(_config(tmp_path, "recomputed", activation_checkpointing=True), data=data)
+    # every layer's forward runs again in the backward of each training step (6 steps x 2 layers)
+    assert len(calls) - n_plain == n_plain + 6 * MODEL.num_layers
     assert recomputed.log["activation_checkpointing"] and not plain.log["activation_checkpointing"]
     for (name, a), b in zip(plain.model.state_dict().items(), recomputed.model.state_dict().values()):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7), name
@@ -262,6 +272,37 @@ def test_training_turns_the_per_call_finiteness_check_off_and_restores_it(tmp_pa
         LanguageModel.forward = original
     assert seen and not any(seen)
     assert check_finite_enabled() == before
+
+
+def test_compile_on_trains_through_torch_compile(tmp_path, monkeypatch):
+    compiled = []
+
+    def fake_compile(module, **kw):
+        compiled.append(module)
+        return module
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    data = text_corpus(_text(tmp_path))
+    result = train(_config(tmp_path, "on", steps=2, compile="on"), data=data)
+    assert result.log["compiled"] and compiled == [result.model]
+    result = train(_config(tmp_path, "auto", steps=2), data=data)   # auto: CUDA only
+    assert not result.log["compiled"] and len(compiled) == 1
+
+
+def test_resuming_a_run_from_before_the_merged_projections_is_refused(tmp_path):
+    data = text_corpus(_text(tmp_path))
+    with pytest.raises(_Interrupted):
+        train(_config(tmp_path), data=_StopAfter(data, 4))
+    path = tmp_path / "run" / "checkpoint.pt"
+    payload = torch.load(path, weights_only=False)
+    for key in [k for k in payload["model"] if k.endswith("linear_in.weight") or k.endswith("linear_in.bias")]:
+        w = payload["model"].pop(key)
+        E = w.shape[0] // 2
+        payload["model"][key.replace("linear_in", "linear_x")] = w[:E]
+        payload["model"][key.replace("linear_in", "linear_y")] = w[E:]
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError, match="before the block's W_x and W_y became one GEMM"):
+        train(_config(tmp_path), data=data, resume=True)
 
 
 def test_compile_and_checkpointing_flags():

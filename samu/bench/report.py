@@ -335,7 +335,8 @@ def render(units, gate_rows, records, figures) -> str:
             out += ["### Every model side by side", "",
                     "samu's language models and the model peers of the same preset shape, eager (`/auto`) and "
                     "through torch.compile (`/compiled`), one training step each (forward, cross-entropy, "
-                    "backward, AdamW). MFU = 6 · params · tokens/s over the GPU's dense bf16 peak.", ""]
+                    "backward, AdamW). MFU = 6 · params · tokens/s over the GPU's dense bf16 peak (attention's own FLOPs "
+                    "are not counted, so it understates a transformer at long L; tokens/s compare).", ""]
             out += model_table(units, gpus)
     other = sorted({k[1] for k in units if k[0] in ("fwd", "fb")} - set(PRIMARY + LENGTH + WIDTH))
     if other:

@@ -34,8 +34,7 @@ class LanguageModel(nn.Module):
             ResidualLayer(config.width, config.mixer, config.lru_width, config.num_heads,
                           config.conv_width, config.mlp_expansion, config.norm_eps, backend=backend, **kw)
             for _ in range(config.num_layers))
-        self.final_norm = RMSNorm(config.width, config.norm_eps, **kw)
-        self.final_norm.backend = fused_backend(backend)
+        self.final_norm = RMSNorm(config.width, config.norm_eps, backend=fused_backend(backend), **kw)
         # recompute each layer's activations in the backward (torch.utils.checkpoint) while grad is on
         self.activation_checkpointing = False
         self._init_weights()

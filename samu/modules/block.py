@@ -59,7 +59,7 @@ class RecurrentBlock(nn.Module):
         self.linear_out = nn.Linear(self.lru_width, width, **kw)
         for linear in (self.linear_in, self.linear_out):
             lecun_normal_(linear)
-        self._register_load_state_dict_pre_hook(_merge_in_projections)
+        self.register_load_state_dict_pre_hook(_merge_in_projections)
 
     def _unpack(self, state, batch: int):
         if state is None:
@@ -93,7 +93,7 @@ class RecurrentBlock(nn.Module):
         return f"width={self.width}, lru_width={self.lru_width}, mixer={self.mixer_name!r}"
 
 
-def _merge_in_projections(state_dict, prefix, *args):
+def _merge_in_projections(module, state_dict, prefix, *args):
     """Checkpoints written before W_x and W_y became one GEMM: their two projections, as linear_in."""
     x, y = prefix + "linear_x.", prefix + "linear_y."
     if x + "weight" in state_dict and y + "weight" in state_dict:
@@ -114,10 +114,10 @@ class ResidualLayer(nn.Module):
                  norm_eps: float = 1e-6, *, backend: str = "auto", device=None, dtype=None):
         super().__init__()
         kw = dict(device=device, dtype=dtype)
-        self.temporal_norm = RMSNorm(width, norm_eps, **kw)
+        fused = fused_backend(backend)
+        self.temporal_norm = RMSNorm(width, norm_eps, backend=fused, **kw)
         self.block = RecurrentBlock(width, mixer, lru_width, num_heads, conv_width, backend=backend, **kw)
-        self.mlp_norm = RMSNorm(width, norm_eps, **kw)
-        self.temporal_norm.backend = self.mlp_norm.backend = self.block.glue_backend
+        self.mlp_norm = RMSNorm(width, norm_eps, backend=fused, **kw)
         self.mlp = GatedMLP(width, mlp_expansion, **kw)
 
     def forward(self, x, state=None, return_state=False):

@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from samu.ops.glue import causal_conv
+from samu.ops.glue import GLUE_BACKENDS, causal_conv
 from samu.ops.rmsnorm import rms_norm
 from samu.validate import finite_number, positive_int
 
@@ -93,10 +93,11 @@ class RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 and returned in x's dtype (samu.ops.rmsnorm:
     one fused kernel each way on CUDA; ``backend`` "auto", "torch" or "triton")."""
 
-    backend = "auto"
-
-    def __init__(self, width: int, eps: float = 1e-6, *, device=None, dtype=None):
+    def __init__(self, width: int, eps: float = 1e-6, *, backend: str = "auto", device=None, dtype=None):
         super().__init__()
+        if backend not in GLUE_BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(GLUE_BACKENDS)}, got {backend!r}")
+        self.backend = backend
         self.width = positive_int("width", width)
         self.eps = float(finite_number("eps", eps, positive=True))
         self.weight = nn.Parameter(torch.ones(width, device=device, dtype=dtype))
@@ -111,7 +112,7 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps, self.backend)
 
     def extra_repr(self):
-        return f"width={self.width}, eps={self.eps}"
+        return f"width={self.width}, eps={self.eps}" + ("" if self.backend == "auto" else f", backend={self.backend!r}")
 
 
 class GatedMLP(nn.Module):

@@ -199,7 +199,7 @@ def _gate_now(op: str, B: int, L: int, D: int, H: int, dtype: torch.dtype, devic
 _warned: set = set()
 
 
-def _triton_usable(device: torch.device) -> "str | None":
+def triton_unusable(device: torch.device) -> "str | None":
     """None when Triton can run on this device, else the reason it cannot."""
     if not triton_available():
         return "triton is not installed"
@@ -222,7 +222,7 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
         return Choice(backend, None, f"backend={backend!r} requested")
     if backend == "auto" and device.type != "cuda":
         return Choice("torch", None, f"auto: {device.type} device, using the chunked PyTorch path")
-    unusable = _triton_usable(device)
+    unusable = triton_unusable(device)
     if backend == "auto" and unusable:
         return Choice("torch", None, f"auto: {unusable}, using the chunked PyTorch path")
     named = variants(op) if triton_available() else {}

@@ -22,9 +22,43 @@ FUSED_MAX_WIDTH = 4
 
 
 def fused_backend(mixer_backend: str) -> str:
-    """The glue and RMSNorm backend that goes with a mixer backend: PyTorch ops beside the "torch" and
-    "reference" mixers, the fused kernels beside a Triton variant, and "auto" beside "auto"."""
+    """The glue and RMSNorm backend (GLUE_BACKENDS) that goes with a mixer backend: PyTorch ops beside
+    the "torch" and "reference" mixers, the fused kernels beside "triton" or a Triton variant, and
+    "auto" beside "auto"; an unknown mixer backend is a ValueError naming it."""
+    if not isinstance(mixer_backend, str):
+        raise TypeError(f"backend must be a string, got {type(mixer_backend).__name__}")
+    named = set(dispatch.variants("samu")) | set(dispatch.variants("rglru")) if dispatch.triton_available() else set()
+    if mixer_backend not in dispatch.BASE_BACKENDS and mixer_backend not in named:
+        options = ", ".join(repr(b) for b in (*dispatch.BASE_BACKENDS, *sorted(named)))
+        raise ValueError(f"backend must be one of {options}; got {mixer_backend!r}")
     return {"auto": "auto", "torch": "torch", "reference": "torch"}.get(mixer_backend, "triton")
+
+
+def fused_kernels(x: torch.Tensor, backend: str) -> bool:
+    """Whether the fused glue and RMSNorm kernels run for ``x`` under ``backend`` (GLUE_BACKENDS):
+    "auto" on CUDA for bf16, fp16 and fp32; "triton" wherever Triton can run (CUDA, or the interpreter),
+    else a ValueError; never while torch.compile traces (Inductor fuses the PyTorch ops itself)."""
+    if backend not in GLUE_BACKENDS:
+        raise ValueError(f"glue backend must be one of {', '.join(GLUE_BACKENDS)}, got {backend!r}")
+    if backend == "torch" or torch.compiler.is_compiling():
+        return False
+    if backend == "auto":
+        return x.is_cuda and x.dtype != torch.float64 and dispatch.triton_available()
+    if x.dtype == torch.float64:
+        raise TypeError("the fused glue and RMSNorm kernels take bf16, fp16 or fp32; use the torch backend for "
+                        "float64")
+    unusable = dispatch.triton_unusable(x.device)
+    if unusable:
+        raise ValueError(f"the fused glue and RMSNorm kernels cannot run: {unusable}")
+    return True
+
+
+def last_inputs(x: torch.Tensor, state, K: int) -> torch.Tensor:
+    """The Conv1D state after x [B, L, E]: its last K - 1 inputs, reaching back into ``state`` when L < K - 1."""
+    B, L, E = x.shape
+    old = x.new_zeros(B, K - 1, E) if state is None else state.to(x.dtype)
+    window = torch.cat([old, x[:, max(0, L - (K - 1)):]], dim=1)
+    return window[:, window.shape[1] - (K - 1):]
 
 
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, state=None, return_state=False):
@@ -42,7 +76,7 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, state
     y = bias + window[:, :L] * weight[0]
     for i in range(1, K):
         y = torch.addcmul(y, window[:, i:i + L], weight[i])
-    return y, (window[:, window.shape[1] - (K - 1):] if return_state else None)
+    return y, (last_inputs(x, state, K) if return_state else None)
 
 
 def conv_gelu_torch(z, weight, bias, state=None):
@@ -89,34 +123,20 @@ class _ConvGelu(torch.autograd.Function):
 
 def uses_triton(z: torch.Tensor, weight: torch.Tensor, backend: str = "auto") -> bool:
     """Whether ``conv_gelu`` runs the fused kernels for ``z`` and a Conv1D ``weight`` under ``backend``
-    (Conv1D width at most FUSED_MAX_WIDTH)."""
-    if backend == "torch" or torch.compiler.is_compiling() or weight.shape[0] > FUSED_MAX_WIDTH:
-        return False
-    if backend == "triton":
-        return True
-    return z.is_cuda and z.dtype != torch.float64 and dispatch.triton_available()
+    (``fused_kernels``, and a Conv1D width of at most FUSED_MAX_WIDTH)."""
+    return weight.shape[0] <= FUSED_MAX_WIDTH and fused_kernels(z, backend)
 
 
 def conv_gelu(z, weight, bias, state=None, return_state=False, backend="auto"):
-    """(x_c, a, new conv state or None) from z [B, L, 2E]; see the module docstring.
+    """(x_c [B, L, E], a [B, L, E], the new conv state [B, K-1, E] or None) from z [B, L, 2E], a Conv1D
+    weight [K, E] and bias [E] and its state [B, K-1, E] or None; see the module docstring.
 
     backend: "auto" (fused kernels on CUDA, PyTorch ops elsewhere), "torch" or "triton".
     """
-    if backend not in GLUE_BACKENDS:
-        raise ValueError(f"glue backend must be one of {', '.join(GLUE_BACKENDS)}, got {backend!r}")
     E = z.shape[-1] // 2
-    K = weight.shape[0]
     if uses_triton(z, weight, backend):
-        if z.dtype == torch.float64:
-            raise TypeError("the fused glue kernels take bf16, fp16 or fp32; use backend='torch' for float64")
         s = None if state is None else state.to(z.dtype).contiguous()
         xc, a = _ConvGelu.apply(z.contiguous(), weight, bias, s)
     else:
         xc, a = conv_gelu_torch(z, weight, bias, state)
-    new_state = None
-    if return_state:
-        zx = z[..., :E]
-        old = zx.new_zeros(z.shape[0], K - 1, E) if state is None else state.to(z.dtype)
-        window = torch.cat([old, zx[:, max(0, zx.shape[1] - (K - 1)):]], dim=1)
-        new_state = window[:, window.shape[1] - (K - 1):]
-    return xc, a, new_state
+    return xc, a, (last_inputs(z[..., :E], state, weight.shape[0]) if return_state else None)

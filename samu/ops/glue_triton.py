@@ -48,8 +48,9 @@ def _window(z, state, b, s, e, valid, L, sz_b, sz_l, ss_b, ss_k, K: tl.constexpr
 @triton.jit
 def _conv_gelu_fwd(z, weight, bias, state, xc, a, L, E, sz_b, sz_l, ss_b, ss_k, so_b, so_l,
                    K: tl.constexpr, HAS_STATE: tl.constexpr, BL: tl.constexpr, BE: tl.constexpr):
-    pid_l, pid_e, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    t = pid_l * BL + tl.arange(0, BL)
+    # 64-bit row indices: B * L * 2E passes 2^31 at long shapes
+    pid_l, pid_e, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    t = pid_l.to(tl.int64) * BL + tl.arange(0, BL)
     e = pid_e * BE + tl.arange(0, BE)
     e_ok = e < E
     valid = (t < L)[:, None] & e_ok[None, :]
@@ -67,7 +68,7 @@ def _conv_gelu_fwd(z, weight, bias, state, xc, a, L, E, sz_b, sz_l, ss_b, ss_k, 
 def _conv_gelu_bwd(dxc, da, z, weight, state, dz, dw_part, db_part, L, E, n_l, sz_b, sz_l, ss_b, ss_k, so_b, so_l,
                    K: tl.constexpr, HAS_STATE: tl.constexpr, BL: tl.constexpr, BE: tl.constexpr,
                    ROWS: tl.constexpr):
-    pid_l, pid_e, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_l, pid_e, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     e = pid_e * BE + tl.arange(0, BE)
     e_ok = e < E
     # [BL, BE] accumulators of dw[0..K-1] and db, summed over rows once at the end
@@ -76,8 +77,9 @@ def _conv_gelu_bwd(dxc, da, z, weight, state, dz, dw_part, db_part, L, E, n_l, s
     acc_2 = tl.zeros((BL, BE), tl.float32)
     acc_3 = tl.zeros((BL, BE), tl.float32)
     acc_b = tl.zeros((BL, BE), tl.float32)
-    for r0 in tl.range(pid_l * ROWS, tl.minimum(pid_l * ROWS + ROWS, L), BL):
-        t = r0 + tl.arange(0, BL)
+    first = pid_l.to(tl.int64) * ROWS
+    for r0 in tl.range(0, tl.minimum(ROWS, L - pid_l * ROWS), BL):
+        t = first + r0 + tl.arange(0, BL)
         valid = (t < L)[:, None] & e_ok[None, :]
         # dz_x[t] = sum_i w[i] dx_c[t + K - 1 - i] over the outputs that read z_x[t]
         acc = tl.zeros((BL, BE), tl.float32)
@@ -103,7 +105,7 @@ def _conv_gelu_bwd(dxc, da, z, weight, state, dz, dw_part, db_part, L, E, n_l, s
         d = tl.load(da + b * so_b + t[:, None] * so_l + e[None, :], mask=valid, other=0.0).to(tl.float32)
         tl.store(dz + b * sz_b + t[:, None] * sz_l + E + e[None, :], cast_to(d * _gelu_tanh_grad(zy),
                  dz.dtype.element_ty), mask=valid)
-    part = b * n_l + pid_l
+    part = b * n_l + pid_l   # int64, as b is
     out = dw_part + part * K * E + e
     tl.store(out, tl.sum(acc_0, axis=0), mask=e_ok)
     if K > 1:

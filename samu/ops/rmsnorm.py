@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from samu.ops import dispatch
+from samu.ops.glue import fused_kernels
 
 
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -33,9 +33,8 @@ class _RMSNorm(torch.autograd.Function):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "auto") -> torch.Tensor:
-    """RMSNorm over the last dimension; backend "auto" (fused kernels on CUDA), "torch" or "triton"."""
-    fused = backend == "triton" or (backend == "auto" and x.is_cuda and x.dtype != torch.float64
-                                    and dispatch.triton_available())
-    if not fused or torch.compiler.is_compiling():
+    """RMSNorm of x [..., W] with weight [W] over the last dimension, in x's dtype; backend "auto" (fused
+    kernels on CUDA), "torch" or "triton" (samu.ops.glue.fused_kernels decides)."""
+    if not fused_kernels(x, backend):
         return rms_norm_torch(x, weight, eps)
     return _RMSNorm.apply(x.contiguous(), weight, eps)

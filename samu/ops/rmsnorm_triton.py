@@ -21,11 +21,14 @@ def _rmsnorm_fwd(x, weight, y, rstd, R, W, eps, BW: tl.constexpr, ROWS: tl.const
     c = tl.arange(0, BW)
     c_ok = c < W
     w = tl.load(weight + c, mask=c_ok, other=0.0).to(tl.float32)
-    for r in tl.range(pid * ROWS, tl.minimum(pid * ROWS + ROWS, R)):
-        v = tl.load(x + r * W + c, mask=c_ok, other=0.0).to(tl.float32)
+    first = pid.to(tl.int64) * ROWS
+    for i in tl.range(0, tl.minimum(ROWS, R - pid * ROWS)):
+        r = first + i
+        row = r * W   # int64: R * W passes 2^31 at long shapes
+        v = tl.load(x + row + c, mask=c_ok, other=0.0).to(tl.float32)
         s = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / W + eps)
         tl.store(rstd + r, s)
-        tl.store(y + r * W + c, cast_to(v * s * w, y.dtype.element_ty), mask=c_ok)
+        tl.store(y + row + c, cast_to(v * s * w, y.dtype.element_ty), mask=c_ok)
 
 
 @triton.jit
@@ -35,15 +38,18 @@ def _rmsnorm_bwd(dy, x, weight, rstd, dx, dw_part, R, W, BW: tl.constexpr, ROWS:
     c_ok = c < W
     w = tl.load(weight + c, mask=c_ok, other=0.0).to(tl.float32)
     acc = tl.zeros((BW,), tl.float32)
-    for r in tl.range(pid * ROWS, tl.minimum(pid * ROWS + ROWS, R)):
-        v = tl.load(x + r * W + c, mask=c_ok, other=0.0).to(tl.float32)
-        d = tl.load(dy + r * W + c, mask=c_ok, other=0.0).to(tl.float32)
+    first = pid.to(tl.int64) * ROWS
+    for i in tl.range(0, tl.minimum(ROWS, R - pid * ROWS)):
+        r = first + i
+        row = r * W
+        v = tl.load(x + row + c, mask=c_ok, other=0.0).to(tl.float32)
+        d = tl.load(dy + row + c, mask=c_ok, other=0.0).to(tl.float32)
         s = tl.load(rstd + r)
         xhat = v * s
         g = d * w
         # dx = s (g - xhat mean(xhat g)); dw = sum over rows of dy xhat
         dxv = s * (g - xhat * (tl.sum(xhat * g, axis=0) / W))
-        tl.store(dx + r * W + c, cast_to(dxv, dx.dtype.element_ty), mask=c_ok)
+        tl.store(dx + row + c, cast_to(dxv, dx.dtype.element_ty), mask=c_ok)
         acc += d * xhat
     tl.store(dw_part + pid * W + c, acc, mask=c_ok)
 

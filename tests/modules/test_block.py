@@ -101,6 +101,17 @@ def test_block_parameter_count(mixer, heads, mixer_count):
     assert sum(p.numel() for p in block.parameters()) == linears + conv + mixer_count
 
 
+def test_block_refuses_an_unknown_backend_and_fused_kernels_without_triton_support():
+    with pytest.raises(ValueError, match="backend must be one of .*got 'bogus'"):
+        RecurrentBlock(8, mixer="samu", backend="bogus")
+    from samu.ops.glue import fused_kernels
+
+    with pytest.raises(ValueError, match="glue backend must be one of"):
+        fused_kernels(torch.zeros(1), "cuda")
+    with pytest.raises(TypeError, match="float64"):
+        fused_kernels(torch.zeros(1, dtype=torch.float64), "triton")
+
+
 def test_block_bad_inputs():
     with pytest.raises(ValueError, match="mixer must be one of"):
         RecurrentBlock(8, "gru")
