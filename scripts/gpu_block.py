@@ -11,32 +11,17 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from gpu_profile import graph_time, kernel_table  # noqa: E402
+from gpu_profile import graph_time, host_time, kernel_table  # noqa: E402
 
 from samu.bench.records import environment  # noqa: E402
 from samu.modules import RecurrentBlock, RMSNorm  # noqa: E402
 from samu.ops.checks import set_check_finite  # noqa: E402
-
-
-def eager_time(step, leaves, iters=30):
-    """Mean wall time of back-to-back eager calls (the GPU kept busy: host cost shows where it dominates)."""
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        step()
-        for t in leaves:
-            t.grad = None
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / iters * 1e3
 
 
 def case(op, shape, glue):
@@ -100,7 +85,7 @@ def main():
                 step, gemms, leaves = case(op, shape, glue)
                 row = {"op": op, "shape": list(shape), "glue": glue}
                 try:
-                    row["eager_ms"] = eager_time(step, leaves)
+                    row["eager_ms"] = host_time(step, leaves, iters=30, warmup=3, until_done=True)
                     row["graph_ms"] = graph_time(step, leaves)
                     if gemm_ms is None:
                         gemm_ms = graph_time(gemms, leaves)

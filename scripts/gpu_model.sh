@@ -30,14 +30,7 @@ else
 fi
 exec > >(tee -a "$OUT/model.log") 2>&1
 
-stage() {  # stage NAME SECONDS COMMAND...
-  local name=$1 limit=$2; shift 2
-  case " $STAGES " in *" $name "*) ;; *) return 0 ;; esac
-  echo "=== $name (limit ${limit}s): $*"
-  local start=$SECONDS
-  timeout --signal=INT --kill-after=15 "$limit" "$@"
-  echo "=== $name: exit $? after $((SECONDS - start))s"
-}
+. scripts/stage.sh
 
 train_run() {  # train_run NAME STEPS ARGS...: the 400m preset at 4 x 2048; only the log comes back
   local name=$1 steps=$2; shift 2

@@ -28,15 +28,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export SAMU_GATE_STATUS="$OUT/status.json"
 if [ -f samu/gates/status.json ] && [ ! -f "$OUT/status.json" ]; then cp samu/gates/status.json "$OUT/status.json"; fi
 
-stage() {  # stage NAME SECONDS COMMAND...
-  local name=$1 limit=$2; shift 2
-  case " $STAGES " in *" $name "*) ;; *) return 0 ;; esac
-  echo "=== $name (limit ${limit}s): $*"
-  local start=$SECONDS
-  # SIGINT first: Python stops between units and the record keeps what finished
-  timeout --signal=INT --kill-after=15 "$limit" "$@"
-  echo "=== $name: exit $? after $((SECONDS - start))s"
-}
+. scripts/stage.sh
 
 main() {
   local wheels
