@@ -7,21 +7,11 @@ import math
 import torch
 import torch.nn as nn
 
-from samu import reference
 from samu.modules.layers import check_token
 from samu.ops.checks import check_rglru_inputs, check_samu_inputs
 from samu.ops.functional import rglru_mixer, samu_mixer
-from samu.ops.scan import state_dtype
-
-
-def _step(serial, x_t, params, state, *config):
-    """One token of a serial reference with autocast off: (y_t in x_t's dtype, new state)."""
-    sdt = state_dtype(x_t.dtype)
-    h = (torch.zeros(x_t.shape[0], x_t.shape[1], dtype=sdt, device=x_t.device) if state is None
-         else state.to(sdt))
-    with torch.autocast(x_t.device.type, enabled=False):
-        y = serial(x_t.unsqueeze(1), *params, h, *config, sdt)[:, 0]
-    return y.to(x_t.dtype), y
+from samu.ops.glue import fused_backend
+from samu.ops.step import rglru_step, samu_step
 
 
 class _FP32Parameters(nn.Module):
@@ -58,6 +48,7 @@ class SAMUMixer(_FP32Parameters):
             raise ValueError(f"max_phase must lie in (0, pi], got {max_phase}")
         self.width, self.r_min, self.r_max, self.max_phase = width, r_min, r_max, max_phase
         self.radial_bound, self.backend = float(radial_bound), backend
+        self._step_backend = fused_backend(backend)   # the fused step kernel's, checked once here
         n = width // 2
         kw = dict(device=device, dtype=torch.float32)
         self.nu = nn.Parameter(torch.empty(n, **kw))
@@ -88,7 +79,7 @@ class SAMUMixer(_FP32Parameters):
         check_token("x_t", x_t, self.width)
         check_samu_inputs(x_t.unsqueeze(1), *self._params(), state, self.radial_bound,
                           state_name="state", x_name="x_t", finite=False)
-        return _step(reference.samu_serial, x_t, self._params(), state, self.radial_bound)
+        return samu_step(x_t, *self._params(), state, self.radial_bound, self._step_backend)
 
     def extra_repr(self):
         return f"width={self.width}, modes={self.width // 2}, radial_bound={self.radial_bound}"
@@ -112,6 +103,7 @@ class RGLRUMixer(_FP32Parameters):
             raise ValueError(f"need 0 < r_min < r_max < 1, got r_min={r_min}, r_max={r_max}")
         self.width, self.num_heads, self.c = width, num_heads, float(c)
         self.r_min, self.r_max, self.backend = r_min, r_max, backend
+        self._step_backend = fused_backend(backend)   # the fused step kernel's, checked once here
         hd = width // num_heads
         kw = dict(device=device, dtype=torch.float32)
         self.w_a = nn.Parameter(torch.empty(num_heads, hd, hd, **kw))
@@ -144,7 +136,7 @@ class RGLRUMixer(_FP32Parameters):
         check_token("x_t", x_t, self.width)
         check_rglru_inputs(x_t.unsqueeze(1), *self._params(), state, self.c, state_name="state",
                            x_name="x_t", finite=False)
-        return _step(reference.rglru_serial, x_t, self._params(), state, self.c)
+        return rglru_step(x_t, *self._params(), state, self.c, self._step_backend)
 
     def extra_repr(self):
         return f"width={self.width}, num_heads={self.num_heads}, c={self.c}"

@@ -35,7 +35,7 @@ def fused_backend(mixer_backend: str) -> str:
 
 
 def fused_kernels(x: torch.Tensor, backend: str) -> bool:
-    """Whether the fused glue and RMSNorm kernels run for ``x`` under ``backend`` (GLUE_BACKENDS):
+    """Whether the fused glue, RMSNorm and decoding-step kernels run for ``x`` under ``backend`` (GLUE_BACKENDS):
     "auto" on CUDA for bf16, fp16 and fp32; "triton" wherever Triton can run (CUDA, or the interpreter),
     else a ValueError; never while torch.compile traces (Inductor fuses the PyTorch ops itself)."""
     if backend not in GLUE_BACKENDS:

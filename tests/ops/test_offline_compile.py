@@ -1,4 +1,4 @@
-"""The fused glue and RMSNorm kernels compile for sm_90 (H100/H200) on any machine, no GPU needed.
+"""The fused glue, RMSNorm and decoding-step kernels compile for sm_90 (H100/H200) on any machine, no GPU needed.
 
 The Triton interpreter runs kernels as Python, so it accepts some code the compiler refuses (a plain
 global read inside a kernel, say); compiling each specialisation the block launches catches that on CPU.
@@ -21,6 +21,7 @@ pytestmark = pytest.mark.skipif(not os.path.exists(PTXAS), reason="this triton w
 
 # pointers to I/O tensors in the storage dtype; every other pointer is fp32, every other scalar i32
 IO = {"z", "state", "xc", "a", "dxc", "da", "dz", "x", "y", "dy", "dx"}
+SCALARS = ("L", "E", "R", "W", "n_l", "N", "D", "HD")
 
 
 def _signature(fn, floats=()):
@@ -30,7 +31,7 @@ def _signature(fn, floats=()):
             out[p.name] = "constexpr"
         elif p.name in floats:
             out[p.name] = "fp32"
-        elif p.name in ("L", "E", "R", "W", "n_l") or p.name.startswith(("sz_", "ss_", "so_")):
+        elif p.name in SCALARS or p.name.startswith(("sz_", "ss_", "so_")):
             out[p.name] = "i32"
         else:
             out[p.name] = "*bf16" if p.name in IO else "*fp32"
@@ -40,6 +41,7 @@ def _signature(fn, floats=()):
 def _cases():
     from samu.ops import glue_triton as g
     from samu.ops import rmsnorm_triton as r
+    from samu.ops import step_triton as s
 
     tiles = dict(BL=g.BL, BE=g.BE)
     for K in (1, 2, 4):
@@ -49,6 +51,10 @@ def _cases():
     for BW in (1024, 2048):
         yield r._rmsnorm_fwd, ("eps",), dict(BW=BW, ROWS=r.ROWS)
         yield r._rmsnorm_bwd, (), dict(BW=BW, ROWS=r.ROWS)
+    for BN in (512, 1024):
+        yield s._samu_step, ("radial_bound",), dict(BN=BN)
+    for BH in (64, 128, 256):
+        yield s._rglru_step, ("c",), dict(BH=BH, ROWS=s.GATE_ROWS)
 
 
 def compile_all():
