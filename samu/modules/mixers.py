@@ -15,7 +15,18 @@ from samu.ops.step import rglru_step, samu_step
 
 
 class _FP32Parameters(nn.Module):
-    """Mixer parameters stay fp32 (spec §3) when the model around them is cast to bf16 or fp16."""
+    """Mixer parameters stay fp32 (spec §3) when the model around them is cast to bf16 or fp16.
+
+    ``backend`` is checked when set; ``_step_backend`` is the one-token step's (samu.ops.step)."""
+
+    @property
+    def backend(self) -> str:
+        return self._backend
+
+    @backend.setter
+    def backend(self, value: str):
+        self._step_backend = fused_backend(value)
+        self._backend = value
 
     def _apply(self, fn, recurse=True):
         def keep_fp32(t):
@@ -48,7 +59,6 @@ class SAMUMixer(_FP32Parameters):
             raise ValueError(f"max_phase must lie in (0, pi], got {max_phase}")
         self.width, self.r_min, self.r_max, self.max_phase = width, r_min, r_max, max_phase
         self.radial_bound, self.backend = float(radial_bound), backend
-        self._step_backend = fused_backend(backend)   # the fused step kernel's, checked once here
         n = width // 2
         kw = dict(device=device, dtype=torch.float32)
         self.nu = nn.Parameter(torch.empty(n, **kw))
@@ -103,7 +113,6 @@ class RGLRUMixer(_FP32Parameters):
             raise ValueError(f"need 0 < r_min < r_max < 1, got r_min={r_min}, r_max={r_max}")
         self.width, self.num_heads, self.c = width, num_heads, float(c)
         self.r_min, self.r_max, self.backend = r_min, r_max, backend
-        self._step_backend = fused_backend(backend)   # the fused step kernel's, checked once here
         hd = width // num_heads
         kw = dict(device=device, dtype=torch.float32)
         self.w_a = nn.Parameter(torch.empty(num_heads, hd, hd, **kw))

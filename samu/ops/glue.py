@@ -22,15 +22,17 @@ FUSED_MAX_WIDTH = 4
 
 
 def fused_backend(mixer_backend: str) -> str:
-    """The glue and RMSNorm backend (GLUE_BACKENDS) that goes with a mixer backend: PyTorch ops beside
+    """The glue, RMSNorm and step backend (GLUE_BACKENDS) that goes with a mixer backend: PyTorch ops beside
     the "torch" and "reference" mixers, the fused kernels beside "triton" or a Triton variant, and
     "auto" beside "auto"; an unknown mixer backend is a ValueError naming it."""
     if not isinstance(mixer_backend, str):
         raise TypeError(f"backend must be a string, got {type(mixer_backend).__name__}")
-    named = set(dispatch.variants("samu")) | set(dispatch.variants("rglru")) if dispatch.triton_available() else set()
-    if mixer_backend not in dispatch.BASE_BACKENDS and mixer_backend not in named:
-        options = ", ".join(repr(b) for b in (*dispatch.BASE_BACKENDS, *sorted(named)))
-        raise ValueError(f"backend must be one of {options}; got {mixer_backend!r}")
+    if mixer_backend not in dispatch.BASE_BACKENDS:
+        # the variant names only for a name that is not a base backend: "auto" on CPU never imports Triton
+        named = set(dispatch.variants("samu")) | set(dispatch.variants("rglru")) if dispatch.triton_available() else set()
+        if mixer_backend not in named:
+            options = ", ".join(repr(b) for b in (*dispatch.BASE_BACKENDS, *sorted(named)))
+            raise ValueError(f"backend must be one of {options}; got {mixer_backend!r}")
     return {"auto": "auto", "torch": "torch", "reference": "torch"}.get(mixer_backend, "triton")
 
 
@@ -45,11 +47,11 @@ def fused_kernels(x: torch.Tensor, backend: str) -> bool:
     if backend == "auto":
         return x.is_cuda and x.dtype != torch.float64 and dispatch.triton_available()
     if x.dtype == torch.float64:
-        raise TypeError("the fused glue and RMSNorm kernels take bf16, fp16 or fp32; use the torch backend for "
-                        "float64")
+        raise TypeError("the fused glue, RMSNorm and step kernels take bf16, fp16 or fp32; use the torch backend "
+                        "for float64")
     unusable = dispatch.triton_unusable(x.device)
     if unusable:
-        raise ValueError(f"the fused glue and RMSNorm kernels cannot run: {unusable}")
+        raise ValueError(f"the fused glue, RMSNorm and step kernels cannot run: {unusable}")
     return True
 
 

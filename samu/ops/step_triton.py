@@ -11,17 +11,11 @@ import torch
 import triton
 import triton.language as tl
 
+from samu.ops.rglru.triton_fwd import _sigmoid_channel, _softplus, math_mode
 from samu.ops.triton_utils import cast_to, next_power_of_2, one_minus_exp_neg, tanh
 
 # input rows of the RG-LRU gate matrices one pass of the matvec reads
 GATE_ROWS = 32
-
-
-@triton.jit
-def _log1p(u):
-    """log(1 + u) for u >= 0 to a few ulp (Kahan: the rounding of 1 + u cancels)."""
-    v = 1.0 + u
-    return tl.where(v == 1.0, u, tl.log(v) * u / (v - 1.0))
 
 
 @triton.jit
@@ -59,8 +53,9 @@ def _samu_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, N, radial_
 
 
 @triton.jit
-def _rglru_step(x, w_a, b_a, w_x, b_x, a_param, h, y, h_out, D, HD, c, BH: tl.constexpr, ROWS: tl.constexpr):
-    b, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
+def _rglru_step(x, w_a, b_a, w_x, b_x, a_param, h, y, h_out, D, HD, c, BH: tl.constexpr, ROWS: tl.constexpr,
+                MATH: tl.constexpr):
+    b, head = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     j = tl.arange(0, BH)   # [BH] output channels of the head
     ok = j < HD
     base = b * D + head * HD
@@ -76,11 +71,10 @@ def _rglru_step(x, w_a, b_a, w_x, b_x, a_param, h, y, h_out, D, HD, c, BH: tl.co
         acc_a += tl.sum(xi[:, None] * tl.load(w_a + w_off, mask=wm, other=0.0), axis=0)
         acc_x += tl.sum(xi[:, None] * tl.load(w_x + w_off, mask=wm, other=0.0), axis=0)
     ch = head * HD + j
-    gate_a = 1.0 / (1.0 + tl.exp(-(acc_a + tl.load(b_a + ch, mask=ok, other=0.0))))
-    gate_x = 1.0 / (1.0 + tl.exp(-(acc_x + tl.load(b_x + ch, mask=ok, other=0.0))))
-    ap = tl.load(a_param + ch, mask=ok, other=0.0)
-    softplus = tl.maximum(ap, 0.0) + _log1p(tl.exp(-tl.abs(ap)))
-    log_a = -c * gate_a * softplus
+    # the forward kernels' correctly rounded per-channel functions
+    gate_a = _sigmoid_channel(acc_a + tl.load(b_a + ch, mask=ok, other=0.0), MATH)
+    gate_x = _sigmoid_channel(acc_x + tl.load(b_x + ch, mask=ok, other=0.0), MATH)
+    log_a = -c * gate_a * _softplus(tl.load(a_param + ch, mask=ok, other=0.0), MATH)
     # h = a h + sqrt(1 - a^2) gate_x x, with 1 - a^2 = 1 - exp(2 log a) free of cancellation
     xt = tl.load(x + base + j, mask=ok, other=0.0).to(tl.float32)
     hv = tl.load(h + base + j, mask=ok, other=0.0)
@@ -104,5 +98,5 @@ def rglru_step(x_t, w_a, b_a, w_x, b_x, a_param, h, c, h_out):
     H = w_a.shape[0]
     y = torch.empty_like(x_t)
     _rglru_step[(B, H)](x_t, w_a, b_a, w_x, b_x, a_param, h, y, h_out, D, D // H, float(c),
-                        BH=max(16, next_power_of_2(D // H)), ROWS=GATE_ROWS, num_warps=4)
+                        BH=max(16, next_power_of_2(D // H)), ROWS=GATE_ROWS, MATH=math_mode(False), num_warps=4)
     return y

@@ -51,10 +51,11 @@ def _cases():
     for BW in (1024, 2048):
         yield r._rmsnorm_fwd, ("eps",), dict(BW=BW, ROWS=r.ROWS)
         yield r._rmsnorm_bwd, (), dict(BW=BW, ROWS=r.ROWS)
-    for BN in (512, 1024):
+    for BN in (32, 64, 256, 512, 1024):   # the GPU tests', the presets' and the 400m's
         yield s._samu_step, ("radial_bound",), dict(BN=BN)
-    for BH in (64, 128, 256):
-        yield s._rglru_step, ("c",), dict(BH=BH, ROWS=s.GATE_ROWS)
+    for BH in (16, 32, 64, 128, 256):
+        for MATH in (1, 2):
+            yield s._rglru_step, ("c",), dict(BH=BH, ROWS=s.GATE_ROWS, MATH=MATH)
 
 
 def compile_all():
