@@ -161,15 +161,6 @@ def build_module(scope: str, op: str, width: int, preset: str, device) -> nn.Mod
     return wrapped
 
 
-def _preset_shape(scope, name, preset, D):
-    from samu.models import LMConfig
-
-    width = LMConfig.preset(preset).width
-    if width != D:
-        return Skip(name, f"{scope} scope: preset {preset!r} has width {width}, not D={D}")
-    return None
-
-
 def module_candidate(scope: str, op: str, shape, dtype, device, seed: int, preset: str = "400m",
                      impl: str = "auto"):
     """The candidate of a block, step, model or gen scope: (Candidate | None, [Skip]).
@@ -195,17 +186,16 @@ def module_candidate(scope: str, op: str, shape, dtype, device, seed: int, prese
         return None, [Skip(name, why)]
     torch.manual_seed(seed)
     if scope in ("model", "gen"):
-        mismatch = _preset_shape(scope, name, preset, D)
-        if mismatch:
-            return None, [mismatch]
+        from samu.models import LMConfig
+
+        config = LMConfig.preset(preset)
+        if config.width != D:
+            return None, [Skip(name, f"{scope} scope: preset {preset!r} has width {config.width}, not D={D}")]
     device = torch.device(device)
     try:
         if peer:
-            from samu.models import LMConfig
-
-            c = LMConfig.preset(preset)
-            module = _Scoped(peer_models.build(op, c.vocab_size, c.width, c.num_layers, device))
-            module.config = c
+            module = _Scoped(peer_models.build(op, config.vocab_size, config.width, config.num_layers, device))
+            module.config = config
             choice, scratch = None, (None, None)
         else:
             choice, scratch = _choice(op, shape, dtype, device, "auto")
