@@ -170,30 +170,35 @@ def _decode(tokens, vocab_size) -> str:
     return " ".join(map(str, tokens))
 
 
-def _prompt(args, vocab_size):
+def _prompts(args, vocab_size):
+    """One token tensor per --prompt-ids or --prompt (the demo prompt when neither is given)."""
     import torch
 
-    if args.prompt_ids is not None:
-        try:
-            ids = [int(t) for t in args.prompt_ids.replace(",", " ").split()]
-        except ValueError:
-            raise ValueError(f"--prompt-ids must be integers separated by spaces or commas, "
-                             f"got {args.prompt_ids!r}")
+    if args.prompt_ids:
+        prompts = []
+        for text in args.prompt_ids:
+            try:
+                prompts.append([int(t) for t in text.replace(",", " ").split()])
+            except ValueError:
+                raise ValueError(f"--prompt-ids must be integers separated by spaces or commas, got {text!r}")
     else:
         if vocab_size != 256:
             raise ValueError(f"this model has a {vocab_size}-token vocabulary, not bytes; pass --prompt-ids")
         # the prompt's own bytes, even where they are not valid UTF-8 (argv decodes them with
         # surrogateescape)
-        ids = list(args.prompt.encode("utf-8", "surrogateescape"))
-    if not ids:
-        raise ValueError("the prompt is empty; give at least one token")
-    bad = [i for i in ids if not 0 <= i < vocab_size]
-    if bad:
-        raise ValueError(f"prompt token(s) {bad[:5]} outside the vocabulary [0, {vocab_size})")
-    return torch.tensor(ids, dtype=torch.long)
+        prompts = [list(text.encode("utf-8", "surrogateescape")) for text in args.prompt or [DEMO_PROMPT]]
+    for ids in prompts:
+        if not ids:
+            raise ValueError("a prompt is empty; give at least one token")
+        bad = [i for i in ids if not 0 <= i < vocab_size]
+        if bad:
+            raise ValueError(f"prompt token(s) {bad[:5]} outside the vocabulary [0, {vocab_size})")
+    return [torch.tensor(ids, dtype=torch.long) for ids in prompts]
 
 
 def cmd_generate(args):
+    import torch
+
     from samu.models import generate, load_model
     from samu.train import CHECKPOINT, resolve_device
 
@@ -202,11 +207,25 @@ def cmd_generate(args):
     if path.is_dir():
         path = path / CHECKPOINT
     model = load_model(path, device=device, backend=args.backend or "auto")
+    if args.dtype:
+        model.to(getattr(torch, args.dtype))
     vocab = model.config.vocab_size
-    prompt = _prompt(args, vocab)
-    out = generate(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None,
-                   seed=args.seed)
-    print(_decode(out.tolist(), vocab))
+    prompts = _prompts(args, vocab)
+    stats: dict = {}
+    out = generate(model, prompts, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None,
+                   seed=args.seed, stats=stats)
+    for i, tokens in enumerate(out):
+        if i:
+            print("\n---")
+        print(_decode(tokens.tolist(), vocab))
+    if stats:
+        print(f"prefill: {stats['prefill_tokens']} tokens, {_rate(stats['prefill_tokens'], stats['prefill_s'])}; "
+              f"decode: {stats['decode_tokens']} tokens, {_rate(stats['decode_tokens'], stats['decode_s'])} "
+              f"(batch {len(prompts)}, {device})", file=sys.stderr)
+
+
+def _rate(tokens: int, seconds: float) -> str:
+    return f"{tokens / seconds:,.0f} tokens/s" if seconds > 0 else "n/a tokens/s"
 
 
 def _check_demo_may_replace(out: Path) -> None:
@@ -338,9 +357,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="sample from a checkpoint")
     p.add_argument("checkpoint", help="a run folder or a checkpoint.pt written by samu train or samu demo")
-    p.add_argument("--prompt", default=DEMO_PROMPT,
-                   help=f"text prompt for byte-level models (default {DEMO_PROMPT!r})")
-    p.add_argument("--prompt-ids", help="prompt as token ids, e.g. '12 7 99' (models with a token vocabulary)")
+    p.add_argument("--prompt", action="append",
+                   help=f"text prompt for byte-level models (default {DEMO_PROMPT!r}); repeat it for a batch of "
+                        f"prompts of any lengths")
+    p.add_argument("--prompt-ids", action="append",
+                   help="prompt as token ids, e.g. '12 7 99' (models with a token vocabulary); repeatable")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="cast the model to this dtype for generation (default: as saved, float32)")
     p.add_argument("--max-new-tokens", type=nonneg_int, default=300, help="tokens to generate (default 300)")
     p.add_argument("--temperature", type=nonneg_float, default=0.8, help="0 for greedy (default 0.8)")
     p.add_argument("--top-k", type=nonneg_int, default=40,

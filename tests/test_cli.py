@@ -50,6 +50,13 @@ def test_train_resume_generate(tmp_path, corpus, capsys):
     assert main(["generate", str(out), "--prompt-ids", "100,101", "--max-new-tokens", "3",
                  "--temperature", "0"]) == 0
     assert capsys.readouterr().out.startswith("de")
+    # a batch of prompts of different lengths, each continued as if alone; the rates on stderr
+    assert main(["generate", str(out), "--prompt", "ab", "--prompt", "def x", "--max-new-tokens", "4",
+                 "--temperature", "0", "--dtype", "bfloat16"]) == 0
+    captured = capsys.readouterr()
+    first, second = captured.out[:-1].split("\n---\n")
+    assert first.startswith("ab") and second.startswith("def x")
+    assert "prefill: 7 tokens" in captured.err and "decode: 8 tokens" in captured.err and "batch 2" in captured.err
 
 
 def test_train_on_a_token_file(tmp_path, capsys):

@@ -11,14 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from samu.bench.records import flagged, load_records
-from samu.bench.shapes import BLOCK, GEN, LENGTH, PRIMARY, STEP, WIDTH, shape_str
+from samu.bench.shapes import BLOCK, GEN, LENGTH, PREFILL, PRIMARY, STEP, WIDTH, shape_str
 from samu.models.flops import mfu, peak_flops_of
 
 OP_LABEL = {"samu": "SAMU", "rglru": "RG-LRU"}
 MAIN = {"samu": "samu/auto", "rglru": "rglru/auto"}
 SCOPE_TITLE = {"fwd": "mixer forward", "fb": "mixer forward + backward", "block": "RMSNorm + RecurrentBlock forward + backward",
                "step": "one residual layer: forward, backward, AdamW step", "model": "full-model training step",
-               "gen": "generation: L greedy decoding steps of the full model for B sequences (ms per call)"}
+               "gen": "generation: L greedy decoding steps of the full model for B sequences (ms per call)",
+               "prefill": "prefill: the full model's forward over B prompts of L tokens, with its state (ms per call)"}
 MIB = float(1 << 20)
 
 
@@ -211,6 +212,30 @@ def model_table(units, gpus: dict) -> list[str]:
                    "speed vs samu (compiled, else eager)", "peak alloc MiB", "record"], rows)
 
 
+def _inference_rows(units):
+    """(scope, unit, candidate, row, tokens/s) of every gen and prefill row, by scope, shape and candidate."""
+    for key in sorted(k for k in units if k[0] in ("gen", "prefill")):
+        u = units[key]
+        for name, row in sorted(u.rows.items()):
+            tokens = row.get("tokens_per_call") or u.shape[0] * u.shape[1]
+            yield key[0], u, name, row, tokens / (row["median_ms"] / 1e3)
+
+
+def generation_table(units) -> list[str]:
+    """Decoding and prefill tokens/s of every gen and prefill row."""
+    rows = []
+    for scope, u, name, row, rate in _inference_rows(units):
+        B, L, _ = u.shape
+        per_token = row["median_ms"] / L if scope == "gen" else None
+        how = ("CUDA graph" if row.get("cuda_graph") else "eager") if scope == "gen" else "forward"
+        rows.append([scope, shape_str(u.shape) + (f" ({row.get('preset')})" if row.get("preset") else ""), u.dtype,
+                     name, how, str(B), _ms(per_token), f"{rate:,.0f}", _link(u.path)])
+    if not rows:
+        return ["No records.", ""]
+    return _table(["scope", "shape", "dtype", "model", "how", "batch", "ms per decoding step", "tokens/s", "record"],
+                  rows)
+
+
 def peer_table(units) -> list[str]:
     rows = []
     for key in sorted(k for k in units if k[0] in ("fwd", "fb")):
@@ -322,9 +347,9 @@ def render(units, gate_rows, records, figures) -> str:
             "inputs; the ratio is its time over samu's. Its y is checked against samu's on those inputs after the "
             "timing: a candidate further off than two results within the bf16/fp16 gate of y can be (`limit`) is "
             "marked `flagged: output disagrees`, gets no ratio and is left out of the figures.", ""] + peer_table(units)
-    named = tuple(dict.fromkeys(PRIMARY + LENGTH + WIDTH + BLOCK + STEP + GEN))
+    named = tuple(dict.fromkeys(PRIMARY + LENGTH + WIDTH + BLOCK + STEP + GEN + PREFILL))
     gpus = {p: r.get("env", {}).get("gpu") for p, r in records}
-    for scope in ("block", "step", "model", "gen"):
+    for scope in ("block", "step", "model", "gen", "prefill"):
         shapes = named + tuple(sorted({k[1] for k in units if k[0] == scope} - set(named)))
         out += [f"## {_title(SCOPE_TITLE[scope])}", ""] + module_table(units, scope, shapes)
         if scope == "block":
@@ -338,6 +363,12 @@ def render(units, gate_rows, records, figures) -> str:
                     "backward, AdamW). MFU = 6 · params · tokens/s over the GPU's dense bf16 peak (attention's own FLOPs "
                     "are not counted, so it understates a transformer at long L; tokens/s compare).", ""]
             out += model_table(units, gpus)
+        if scope == "prefill":
+            out += ["### Generation in tokens/s", "",
+                    "Decoding (`gen`: L tokens per row from a 16-token prompt's state, greedy) and prefill "
+                    "(`prefill`: the forward over B prompts of L tokens) of the model cast to the dtype. "
+                    "`/auto` decodes as generate() does (a CUDA graph replay per token on CUDA), `/eager` runs "
+                    "the same step without the graph.", ""] + generation_table(units)
     other = sorted({k[1] for k in units if k[0] in ("fwd", "fb")} - set(PRIMARY + LENGTH + WIDTH))
     if other:
         out += ["## Other mixer shapes", ""]
@@ -426,6 +457,27 @@ def figures_for(units, out_dir: Path) -> list:
             ax.legend()
             ax.grid(True, axis="y", alpha=0.3)
             save(fig, name, caption, [u.path for u in fb])
+
+    series: dict = {}
+    for scope, u, name, row, rate in _inference_rows(units):
+        if scope == "gen" or u.shape[1] == PREFILL[0][1]:
+            label = f"{scope} {name} (L={u.shape[1]}, {u.dtype})"
+            series.setdefault(label, []).append((u.shape[0], rate, u.path))
+    series = {k: v for k, v in series.items() if len(v) >= 2}
+    if series:
+        fig = Figure(figsize=(7, 4.5))
+        ax = fig.add_subplot()
+        for label, points in sorted(series.items()):
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                    linestyle="-" if label.startswith("gen") else "--", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch B")
+        ax.set_ylabel("tokens/s")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=6)
+        save(fig, "gen_tokens_per_s.png", "Decoding (solid) and prefill (dashed) tokens/s against batch",
+             [p[2] for points in series.values() for p in points])
 
     paired = [u for _, u in sorted(units.items()) if MAIN["samu"] in u.rows and MAIN["rglru"] in u.rows]
     if paired:

@@ -8,7 +8,13 @@
             models, the model peers (``peer_models``: an SDPA transformer, flash-linear-attention's HGRN
             and GLA) of the same preset shape.
 * ``gen``   generation: L greedy decoding steps of the full model for B sequences, from the state a
-            16-token prompt leaves (no grad; each mixer's step(), O(1) state per layer).
+            16-token prompt leaves (samu.models.generate's Decoder: a CUDA graph per step on CUDA as
+            ``auto``, the same step eagerly as ``eager``; O(1) state per layer).
+* ``prefill`` the full model's forward over B prompts of L tokens, with the final state (no grad): the
+            prefill of generation.
+
+The gen and prefill scopes run the model cast to the dtype (as a user serving it would, and as CUDA-graph
+decoding needs), the other module scopes under autocast.
 """
 
 from __future__ import annotations
@@ -27,14 +33,15 @@ from samu.gates.inputs import make_inputs
 from samu.ops import dispatch
 from samu.ops.functional import rglru_mixer, samu_mixer
 
-SCOPES = ("fwd", "fb", "block", "step", "model", "gen")
+SCOPES = ("fwd", "fb", "block", "step", "model", "gen", "prefill")
 MIXER_SCOPES = ("fwd", "fb")
 OPS = ("samu", "rglru")
 # The comparison builds timed beside the dispatched op: the chunked PyTorch backend and the peers.
 PEER_IMPLS = ("torch",) + tuple(peers.PEERS)
 # How the block, step and model scopes run a module: eagerly ("auto") or through torch.compile; the block
 # scope also times "gemm", its in- and out-projection GEMMs alone (forward + backward), the block's floor.
-MODULE_IMPLS = ("auto", "compiled", "gemm")
+# The gen scope decodes as generate() does ("auto": CUDA graphs on CUDA) or with eager steps ("eager").
+MODULE_IMPLS = ("auto", "compiled", "gemm", "eager")
 
 
 @dataclass
@@ -145,7 +152,7 @@ class _Scoped(nn.Module):
 
 def build_module(scope: str, op: str, width: int, preset: str, device) -> nn.Module:
     """block: RMSNorm + RecurrentBlock; step: one ResidualLayer; model: LanguageModel of ``preset``
-    (gen: the model itself, which decodes through its step())."""
+    (gen and prefill: the model itself)."""
     from samu.models import LanguageModel, LMConfig
     from samu.modules import RecurrentBlock, ResidualLayer, RMSNorm
 
@@ -154,7 +161,7 @@ def build_module(scope: str, op: str, width: int, preset: str, device) -> nn.Mod
     if scope == "step":
         return _Scoped(ResidualLayer(width, mixer=op, device=device))
     model = LanguageModel(LMConfig.preset(preset, mixer=op), device=device)
-    if scope == "gen":
+    if scope in ("gen", "prefill"):
         return model
     wrapped = _Scoped(model)
     wrapped.config = model.config
@@ -163,21 +170,25 @@ def build_module(scope: str, op: str, width: int, preset: str, device) -> nn.Mod
 
 def module_candidate(scope: str, op: str, shape, dtype, device, seed: int, preset: str = "400m",
                      impl: str = "auto"):
-    """The candidate of a block, step, model or gen scope: (Candidate | None, [Skip]).
+    """The candidate of a block, step, model, gen or prefill scope: (Candidate | None, [Skip]).
 
     op: "samu" or "rglru", or in the model scope a model peer (``peer_models.MODEL_PEERS``).
-    impl: "auto" (eager), "compiled" (torch.compile) or, in the block scope, "gemm" (the projections alone).
+    impl: "auto" (eager; in the gen scope generate()'s decoding, CUDA graphs on CUDA), "compiled"
+    (torch.compile), in the block scope "gemm" (the projections alone), in the gen scope "eager".
     """
     B, L, D = shape
     name = f"{op}/{impl}"
     peer = op in peer_models.MODEL_PEERS
     why = None
     if impl not in MODULE_IMPLS:
-        why = f"the {scope} scope times {', '.join(MODULE_IMPLS[:2])} (and gemm in the block scope), not {impl!r}"
+        why = (f"the {scope} scope times {', '.join(MODULE_IMPLS[:2])} (gemm in the block scope, eager in the "
+               f"gen scope), not {impl!r}")
     elif impl == "gemm" and scope != "block":
         why = "gemm is the block scope's projections alone"
-    elif impl == "compiled" and scope == "gen":
-        why = "the gen scope decodes eagerly"
+    elif impl == "eager" and scope != "gen":
+        why = "eager is the gen scope's decoding without CUDA graphs (auto is eager elsewhere)"
+    elif impl == "compiled" and scope in ("gen", "prefill"):
+        why = f"the {scope} scope runs the model as generate() does, without torch.compile"
     elif peer and scope != "model":
         why = "model peers run in the model scope only"
     elif peer:
@@ -185,7 +196,7 @@ def module_candidate(scope: str, op: str, shape, dtype, device, seed: int, prese
     if why:
         return None, [Skip(name, why)]
     torch.manual_seed(seed)
-    if scope in ("model", "gen"):
+    if scope in ("model", "gen", "prefill"):
         from samu.models import LMConfig
 
         config = LMConfig.preset(preset)
@@ -207,8 +218,8 @@ def module_candidate(scope: str, op: str, shape, dtype, device, seed: int, prese
     params = [p for p in module.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)
     cast = _autocast(device, dtype)
-    if scope == "gen":
-        return _generation(name, op, module, B, L, gen, cast, n_params, preset), []
+    if scope in ("gen", "prefill"):
+        return _inference(scope, name, op, impl, module.to(dtype), B, L, gen, n_params, preset), []
     if impl == "gemm":
         block = module.parts[1]
         params = [block.linear_in.weight, block.linear_in.bias, block.linear_out.weight, block.linear_out.bias]
@@ -273,23 +284,37 @@ def module_candidate(scope: str, op: str, shape, dtype, device, seed: int, prese
     return Candidate(name, op, impl, peer, run, n_params, choice_name, reason, scratch, None, extra), []
 
 
-def _generation(name, op, model, B, L, gen, cast, n_params, preset) -> Candidate:
-    """L greedy decoding steps for B sequences, from the state of a GEN_PROMPT-token prompt (set up untimed)."""
+def _inference(scope, name, op, impl, model, B, L, gen, n_params, preset) -> Candidate:
+    """gen: L greedy decoding steps for B sequences from the state of a GEN_PROMPT-token prompt, set up
+    (and the decoding step captured) untimed; prefill: the forward over B prompts of L tokens."""
+    from samu.models.generate import decoder
+
     model.eval()
-    device = next(model.parameters()).device
-    prompt = torch.randint(int(model.config.vocab_size), (B, GEN_PROMPT), generator=gen, device=device)
-    with torch.no_grad(), cast:
-        logits, state0 = model(prompt, return_state=True)
-    first = logits[:, -1].argmax(-1)
+    device = model.embed.weight.device
+    vocab = int(model.config.vocab_size)
+    if scope == "prefill":
+        tokens = torch.randint(vocab, (B, L), generator=gen, device=device)
 
+        @torch.no_grad()
+        def run():
+            return model(tokens, return_state=True)[1][-1].mixer
+
+        return Candidate(name, op, impl, False, run, n_params, None,
+                         "the model's forward over the prompts (the mixers' sequence kernels) with its final state",
+                         (None, None), None, {"preset": preset, "tokens_per_call": B * L, "mode": impl})
+    prompt = torch.randint(vocab, (B, GEN_PROMPT), generator=gen, device=device)
+    with torch.no_grad():
+        logits, state = model(prompt, return_state=True)
+        dec = decoder(model, B, 0.0, None, graph=impl == "auto" and device.type == "cuda")
+    last, rows = logits[:, -1], torch.arange(B, device=device)
+
+    @torch.no_grad()
     def run():
-        token, state = first, state0
-        with torch.no_grad(), cast:
-            for _ in range(L):
-                logits, state = model.step(token, state)
-                token = logits.argmax(-1)
-        return token
+        dec.load(rows, state)   # every call decodes from the prompt's state
+        return dec.run(model, last, L, None)
 
-    return Candidate(name, op, "auto", False, run, n_params, "step",
-                     "generation runs each mixer's step() (one token at a time), not the sequence kernels",
-                     (None, None), None, {"preset": preset, "tokens_per_call": B * L})
+    how = "one CUDA graph replay per token" if dec.graph is not None else "eager steps"
+    return Candidate(name, op, impl, False, run, n_params, "step",
+                     f"generate()'s decoding ({how}): the fused block step, not the sequence kernels",
+                     (None, None), None, {"preset": preset, "tokens_per_call": B * L, "mode": impl,
+                                          "cuda_graph": dec.graph is not None})

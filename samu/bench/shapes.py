@@ -10,12 +10,13 @@ BLOCK = tuple(dict.fromkeys(PRIMARY + LENGTH + WIDTH + ((4, 2048, 1664),)))
 # Full-model training steps of the 400m preset: 8192 tokens as 4 x 2048 and as one 8192-token sequence.
 STEP = ((4, 2048, 1664), (1, 8192, 1664))
 
-# Generation with the 400m preset: L = 16 greedy decoding steps per timed call, one and 16 sequences;
-# sized so the suite's gen stage (90 s) finishes at today's ~15 ms per step (docs/measurement.md).
-GEN = ((1, 16, 1664), (16, 16, 1664))
+# Generation with the 400m preset: L = 64 greedy decoding steps per timed call at batch 1, 8 and 64.
+GEN = ((1, 64, 1664), (8, 64, 1664), (64, 64, 1664))
 # Tokens of the prompt whose state the gen scope decodes from: its prefill is a sequence kernel call.
 GEN_PROMPT = 16
 GEN_PREFILL = tuple(dict.fromkeys((B, GEN_PROMPT, D) for B, _, D in GEN))
+# The prefill scope: 512-token prompts at the gen batches, and one 32K-token prompt.
+PREFILL = ((1, 512, 1664), (8, 512, 1664), (64, 512, 1664), (1, 32768, 1664))
 
 # The mixer shapes of the presets' default training runs (batch 16 of 256 tokens: tiny, small, 400m)
 # and of models of width 2048 at 8K and 64K tokens (the compile checks), so a fresh install's `auto`
@@ -23,10 +24,10 @@ GEN_PREFILL = tuple(dict.fromkeys((B, GEN_PROMPT, D) for B, _, D in GEN))
 TRAIN = ((16, 256, 128), (16, 256, 512), (16, 256, 1664), (1, 8192, 2048), (1, 65536, 2048))
 
 SETS = {"primary": PRIMARY, "length": LENGTH, "width": WIDTH, "block": BLOCK, "step": STEP, "gen": GEN,
-        "train": TRAIN}
+        "prefill": PREFILL, "train": TRAIN}
 # Every shape a sequence kernel is benchmarked at (a gate speaks only for the numerics of its shape),
-# the generation prompts' prefill, and the training shapes above.
-GATE = tuple(dict.fromkeys(PRIMARY + LENGTH + WIDTH + BLOCK + STEP + GEN_PREFILL + TRAIN))
+# the generation prompts' prefill, the prefill scope's, and the training shapes above.
+GATE = tuple(dict.fromkeys(PRIMARY + LENGTH + WIDTH + BLOCK + STEP + GEN_PREFILL + PREFILL + TRAIN))
 SETS["gate"] = GATE
 
 

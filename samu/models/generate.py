@@ -1,77 +1,235 @@
-"""Recurrent generation: prefill with the full forward, then one O(1) step per new token."""
+"""Recurrent generation: prefill with the full forward, then one O(1) step per new token.
+
+A ``Decoder`` holds the buffers of one batch size, allocated once: the model's state (``init_state``),
+the current token, a counter, a chunk of uniform draws and a chunk of output tokens. One decoding step
+(``model.decode``, which updates the state in place, sampling and bookkeeping) touches only those buffers,
+so on CUDA it is captured once in a CUDA graph and each new token is one replay; elsewhere, and under
+autocast (whose weight cache a graph cannot hold), the same step runs eagerly. The host returns to the
+loop every CHUNK tokens to draw the next chunk's uniforms and collect its tokens.
+
+Sampling takes one uniform draw per row and token, by inverse CDF over the softmax, so a seeded run draws
+the same numbers whether the step is graphed or eager: the two decode the same tokens.
+"""
 
 from __future__ import annotations
+
+import time
+import weakref
+from collections import OrderedDict
 
 import torch
 
 from samu.models.model import LanguageModel
 from samu.validate import finite_number, nonneg_int, positive_int
 
+# decoding steps between two host visits of the loop (the uniform draws and the output chunk)
+CHUNK = 256
+# decoders (CUDA graphs) kept per model, the most recently used
+KEEP = 4
 
-def sample(logits: torch.Tensor, temperature: float, top_k: int | None,
-           generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row of ``logits`` [B, V]; temperature 0 means greedy."""
+_decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def sample(logits: torch.Tensor, temperature: float, top_k: int | None, u: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``logits`` [B, V] from the uniform draws ``u`` [B] in [0, 1): the first index
+    whose cumulative probability exceeds u (softmax of logits / temperature, over the top_k likeliest
+    when given); temperature 0 picks the most likely token and ignores u. No host synchronisation."""
     if temperature == 0:
         return logits.argmax(-1)
     logits = logits.float() / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
+    V = logits.shape[-1]
+    if top_k is not None and top_k < V:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    # float64 sums: u * total < total exactly, so the index found has a nonzero probability
+    cdf = torch.softmax(logits, dim=-1).double().cumsum(-1)
+    target = u.double()[:, None] * cdf[:, -1:]
+    return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=V - 1)
+
+
+class Decoder:
+    """The decoding loop of ``batch`` rows for one model, temperature and top_k (see the module docstring).
+
+    load(rows, state) copies a prefill's state into the given rows; run(model, logits, n, generator) ->
+    [batch, n] tokens, the first sampled from ``logits`` [batch, V] (the prompt's last), then n - 1 steps.
+    """
+
+    def __init__(self, model: LanguageModel, batch: int, temperature: float, top_k: int | None, graph: bool):
+        device = model.embed.weight.device
+        self.batch, self.temperature, self.top_k = batch, temperature, top_k
+        self.state = model.init_state(batch)
+        self.token = torch.zeros(batch, dtype=torch.int64, device=device)
+        self.counter = torch.zeros(1, dtype=torch.int64, device=device)
+        self.chunk = CHUNK
+        self.uniforms = torch.zeros(CHUNK, batch, device=device)
+        self.out = torch.zeros(CHUNK, batch, dtype=torch.int64, device=device)
+        self.graph = self._capture(model) if graph else None
+
+    def _step(self, model):
+        logits = model.decode(self.token, self.state)
+        token = sample(logits, self.temperature, self.top_k, self.uniforms.index_select(0, self.counter)[0])
+        self.out.index_copy_(0, self.counter, token[None])
+        self.token.copy_(token)
+        self.counter.add_(1)
+
+    def _capture(self, model) -> torch.cuda.CUDAGraph:
+        # warm-up steps on a side stream compile the kernels and set up cuBLAS outside the capture; what
+        # they write into the buffers is replaced by load() and run()
+        stream = torch.cuda.Stream(self.token.device)
+        stream.wait_stream(torch.cuda.current_stream(self.token.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._step(model)
+        torch.cuda.current_stream(self.token.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._step(model)
+        return graph
+
+    def load(self, rows: torch.Tensor, state) -> None:
+        """Copy ``state`` (model.forward's, one entry per row of ``rows``) into those rows of the buffers."""
+        for buf, s in zip(self.state, state):
+            buf.conv.index_copy_(0, rows, s.conv.to(buf.conv.dtype))
+            buf.mixer.index_copy_(0, rows, s.mixer.to(buf.mixer.dtype))
+
+    def run(self, model, logits: torch.Tensor, n: int, generator) -> torch.Tensor:
+        chunks = []
+        for start in range(0, n, self.chunk):
+            size = min(self.chunk, n - start)
+            if self.temperature > 0:
+                self.uniforms.uniform_(generator=generator)
+            first = 0
+            if start == 0:
+                token = sample(logits, self.temperature, self.top_k, self.uniforms[0])
+                self.token.copy_(token)
+                self.out[0].copy_(token)
+                first = 1
+            self.counter.fill_(first)
+            for _ in range(first, size):
+                if self.graph is not None:
+                    self.graph.replay()
+                else:
+                    self._step(model)
+            chunks.append(self.out[:size].clone())
+        return torch.cat(chunks).T
+
+
+def _key(model, batch, temperature, top_k, graph):
+    """What a decoder's captured graph depends on: the batch, the sampling, every tensor's address and
+    dtype (a moved or cast model gets a new decoder) and every backend choice."""
+    tensors = tuple((t.data_ptr(), t.dtype) for t in (*model.parameters(), *model.buffers()))
+    backends = tuple(getattr(m, name, None) for m in model.modules() for name in ("backend", "glue_backend"))
+    return batch, float(temperature), top_k, graph, tensors, backends
+
+
+def decoder(model: LanguageModel, batch: int, temperature: float, top_k: int | None, graph: bool) -> Decoder:
+    """The model's Decoder for these settings, made (and captured) on first use and then kept."""
+    kept = _decoders.setdefault(model, OrderedDict())
+    key = _key(model, batch, temperature, top_k, graph)
+    if key in kept:
+        kept.move_to_end(key)
+        return kept[key]
+    made = kept[key] = Decoder(model, batch, temperature, top_k, graph)
+    while len(kept) > KEEP:
+        kept.popitem(last=False)
+    return made
+
+
+def _prompts(prompt, vocab: int, device) -> tuple[list[torch.Tensor], bool]:
+    """(one int64 row per prompt on ``device``, whether ``prompt`` was a list of rows)."""
+    ragged = isinstance(prompt, (list, tuple))
+    rows = list(prompt) if ragged else None
+    if ragged:
+        if not rows or not all(isinstance(r, torch.Tensor) and r.dim() == 1 and r.numel() for r in rows):
+            raise ValueError("prompt must be a non-empty list of non-empty [T_i] tensors of tokens")
+    elif not isinstance(prompt, torch.Tensor) or prompt.dim() not in (1, 2) or prompt.numel() == 0:
+        shape = list(prompt.shape) if isinstance(prompt, torch.Tensor) else type(prompt).__name__
+        raise ValueError(f"prompt must be a non-empty [B, T] or [T] tensor of tokens, or a list of [T_i] tensors, "
+                         f"got {shape}")
+    else:
+        rows = list(prompt.unsqueeze(0) if prompt.dim() == 1 else prompt)
+    if any(r.is_floating_point() or r.is_complex() or r.dtype == torch.bool for r in rows):
+        raise ValueError(f"prompt must hold integer tokens in [0, {vocab})")
+    rows = [r.to(device=device, dtype=torch.int64) for r in rows]
+    every = torch.cat(rows)
+    if every.min() < 0 or every.max() >= vocab:
+        raise ValueError(f"prompt must hold integer tokens in [0, {vocab})")
+    return rows, ragged
+
+
+def _synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 @torch.no_grad()
-def generate(model: LanguageModel, prompt: torch.Tensor, max_new_tokens: int, *,
-             temperature: float = 1.0, top_k: int | None = None, seed: int | None = None) -> torch.Tensor:
+def generate(model: LanguageModel, prompt, max_new_tokens: int, *, temperature: float = 1.0,
+             top_k: int | None = None, seed: int | None = None, graph: bool | None = None,
+             stats: dict | None = None):
     """Continue ``prompt`` by ``max_new_tokens`` sampled tokens.
 
     Args:
         model: a LanguageModel (its device is used).
-        prompt: [B, T] or [T] integer tokens, T >= 1.
+        prompt: [B, T] or [T] integer tokens, T >= 1; or a list of [T_i] tensors, prompts of their own lengths.
         max_new_tokens: how many tokens to append (>= 0).
         temperature: softmax temperature; 0 picks the most likely token.
         top_k: sample among the k most likely tokens only (None: all).
         seed: seeds the sampling generator for reproducible samples.
+        graph: decode through a CUDA graph (None: on CUDA unless autocast is on; True there only).
+        stats: a dict to fill with prefill_tokens, prefill_s, decode_tokens and decode_s (timing
+            synchronises the device).
 
     Returns:
-        [B, T + max_new_tokens] (or [T + max_new_tokens] for a 1-D prompt) int64 tokens.
+        [B, T + max_new_tokens] (or [T + max_new_tokens] for a 1-D prompt) int64 tokens; for a list, a list
+        of [T_i + max_new_tokens] tensors.
     """
     if not isinstance(model, LanguageModel):
         raise TypeError(f"model must be a LanguageModel, got {type(model).__name__}")
-    if not isinstance(prompt, torch.Tensor) or prompt.dim() not in (1, 2) or prompt.numel() == 0:
-        shape = list(prompt.shape) if isinstance(prompt, torch.Tensor) else type(prompt).__name__
-        raise ValueError(f"prompt must be a non-empty [B, T] or [T] tensor of tokens, got {shape}")
-    vocab = model.config.vocab_size
-    if prompt.is_floating_point() or prompt.is_complex() or prompt.min() < 0 or prompt.max() >= vocab:
-        raise ValueError(f"prompt must hold integer tokens in [0, {vocab})")
+    device = model.embed.weight.device
+    rows, ragged = _prompts(prompt, model.config.vocab_size, device)
     nonneg_int("max_new_tokens", max_new_tokens)
     finite_number("temperature", temperature)
     if top_k is not None:
         positive_int("top_k", top_k)
+    autocast = torch.is_autocast_enabled(device.type)
+    if graph is None:
+        graph = device.type == "cuda" and not autocast
+    elif graph and (device.type != "cuda" or autocast):
+        raise ValueError("graph=True needs a model on CUDA and autocast off (cast the model to the dtype instead)")
     bad = model.nonfinite_parameters()
     if bad:
         raise ValueError(f"the model's weights hold nan or inf ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); "
                          f"a diverged training run? sample an earlier checkpoint")
-    device = next(model.parameters()).device
     generator = None
     if seed is not None:
         generator = torch.Generator(device=device)
         generator.manual_seed(seed)
-    tokens = (prompt.unsqueeze(0) if prompt.dim() == 1 else prompt).to(device=device, dtype=torch.int64)
+    new = torch.zeros(len(rows), 0, dtype=torch.int64, device=device)
     was_training = model.training
     model.eval()
     try:
-        out = [tokens]
         if max_new_tokens:
-            logits, state = model(tokens, return_state=True)
-            token = sample(logits[:, -1], temperature, top_k, generator)
-            out.append(token[:, None])
-            for _ in range(max_new_tokens - 1):
-                logits, state = model.step(token, state)
-                token = sample(logits, temperature, top_k, generator)
-                out.append(token[:, None])
+            dec = decoder(model, len(rows), temperature, top_k, bool(graph))
+            start = _synchronize(device) if stats is not None else None
+            logits = None
+            for length in sorted({len(r) for r in rows}):
+                idx = [i for i, r in enumerate(rows) if len(r) == length]
+                out, state = model(torch.stack([rows[i] for i in idx]), return_state=True)
+                if logits is None:
+                    logits = out.new_empty(len(rows), out.shape[-1])
+                where = torch.tensor(idx, device=device)
+                logits.index_copy_(0, where, out[:, -1])
+                dec.load(where, state)
+            prefilled = _synchronize(device) if stats is not None else None
+            new = dec.run(model, logits, max_new_tokens, generator)
+            if stats is not None:
+                stats.update(prefill_tokens=sum(map(len, rows)), prefill_s=prefilled - start,
+                             decode_tokens=len(rows) * max_new_tokens, decode_s=_synchronize(device) - prefilled)
     finally:
         model.train(was_training)
-    result = torch.cat(out, dim=1)
+    result = [torch.cat([r, n]) for r, n in zip(rows, new)]
+    if ragged:
+        return result
+    result = torch.stack(result)
     return result[0] if prompt.dim() == 1 else result

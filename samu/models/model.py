@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from samu.models.config import LMConfig
-from samu.modules.block import ResidualLayer
+from samu.modules.block import BlockState, ResidualLayer
 from samu.modules.layers import RMSNorm
 from samu.ops.glue import fused_backend
 
@@ -18,9 +18,12 @@ class LanguageModel(nn.Module):
 
     forward(tokens [B, L] int64, state: list[BlockState] | None, return_state)
         -> (logits [B, L, vocab_size], list[BlockState] | None)
-    step(token [B] int64, state: list[BlockState] | None) -> (logits [B, vocab_size], list[BlockState])
+    step(token [B] int64, state: list[BlockState] | None) -> (logits [B, vocab_size], a new list[BlockState])
+    init_state(batch) -> a zero state; decode(token, state) -> logits, updating the state in place
 
-    The state holds one BlockState per layer (conv window + mixer state), independent of L.
+    The state holds one BlockState per layer (conv window + mixer state), independent of L. ``step`` checks
+    its arguments and leaves the given state alone; ``decode`` is the decoding loop's unchecked step over
+    buffers allocated once (samu.models.generate).
     """
 
     def __init__(self, config: LMConfig, *, backend: str = "auto", device=None, dtype=None):
@@ -92,12 +95,18 @@ class LanguageModel(nn.Module):
             new_states.append(s)
         return self._head(x), (new_states if return_state else None)
 
+    def init_state(self, batch: int, device=None, dtype=None) -> list[BlockState]:
+        """A zero state for ``batch`` rows (RecurrentBlock.init_state per layer), on the model's device."""
+        return [layer.init_state(batch, device, dtype) for layer in self.layers]
+
+    def decode(self, token, state: list[BlockState]):
+        """logits [B, vocab_size] for token [B], updating ``state`` (from init_state) in place; unchecked."""
+        x = self.embed(token)
+        for layer, s in zip(self.layers, state):
+            x = layer.decode(x, s)
+        return self._head(x)
+
     def step(self, token, state=None):
         self._check_tokens("token", token, 1)
-        states = self._check_state(state)
-        x = self.embed(token)
-        new_states = []
-        for layer, s in zip(self.layers, states):
-            x, s = layer.step(x, s)
-            new_states.append(s)
-        return self._head(x), new_states
+        states = [layer.block.fresh_state(s, token.shape[0]) for layer, s in zip(self.layers, self._check_state(state))]
+        return self.decode(token, states), states

@@ -6,11 +6,11 @@ from typing import NamedTuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from samu.modules.layers import Conv1D, GatedMLP, RMSNorm, check_sequence, check_tensor, check_token, lecun_normal_
 from samu.modules.mixers import RGLRUMixer, SAMUMixer
 from samu.ops.glue import conv_gelu, fused_backend
+from samu.ops.scan import state_dtype
 from samu.validate import positive_int
 
 MIXERS = ("samu", "rglru")
@@ -31,7 +31,8 @@ class RecurrentBlock(nn.Module):
     on CUDA (samu.ops.glue); ``backend="torch"`` keeps them as PyTorch ops.
 
     forward(u [B, L, width], state: BlockState | None, return_state) -> (out [B, L, width], BlockState | None)
-    step(u_t [B, width], state: BlockState | None) -> (out_t [B, width], BlockState)
+    step(u_t [B, width], state: BlockState | None) -> (out_t [B, width], a new BlockState)
+    init_state(batch) -> a zero BlockState; decode(u_t, state) -> out_t, updating the state in place
     """
 
     def __init__(self, width: int, mixer: str = "samu", lru_width: int | None = None,
@@ -80,14 +81,36 @@ class RecurrentBlock(nn.Module):
         out = self.linear_out(x * y)
         return out, (BlockState(conv_state, mixer_state) if return_state else None)
 
+    def init_state(self, batch: int, device=None, dtype=None) -> BlockState:
+        """Zero state for ``batch`` rows: the Conv1D window in ``dtype`` (default: the block's), the mixer
+        state fp32 (float64 for a float64 block), on ``device`` (default: the block's)."""
+        positive_int("batch", batch)
+        weight = self.linear_in.weight
+        device = weight.device if device is None else device
+        dtype = weight.dtype if dtype is None else dtype
+        return BlockState(self.conv1d.empty_state(batch, device, dtype),
+                          torch.zeros(batch, self.lru_width, device=device, dtype=state_dtype(dtype)))
+
+    def decode(self, u_t, state: BlockState):
+        """out_t [B, width] from u_t [B, width], updating ``state`` in place: the decoding loop's step,
+        unchecked (one fused kernel between the two projections on CUDA, samu.ops.step)."""
+        z = self.linear_in(u_t)
+        g = self.mixer.block_step(z, self.conv1d.weight, self.conv1d.bias, state.conv, state.mixer)
+        return self.linear_out(g)
+
     def step(self, u_t, state=None):
         check_token("u_t", u_t, self.width)
-        conv_state, mixer_state = self._unpack(state, u_t.shape[0])
-        z = self.linear_in(u_t)
-        x, conv_state = self.conv1d.step(z[:, :self.lru_width], conv_state)
-        y = F.gelu(z[:, self.lru_width:], approximate="tanh")
-        x, mixer_state = self.mixer.step(x, mixer_state)
-        return self.linear_out(x * y), BlockState(conv_state, mixer_state)
+        state = self.fresh_state(state, u_t.shape[0])
+        return self.decode(u_t, state), state
+
+    def fresh_state(self, state, batch: int) -> BlockState:
+        """A contiguous copy of ``state`` (checked against ``batch``), or a zero state when it is None:
+        what the functional step() decodes into, leaving the caller's state alone."""
+        conv_state, mixer_state = self._unpack(state, batch)
+        if state is None:
+            return self.init_state(batch)
+        return BlockState(conv_state.clone(memory_format=torch.contiguous_format),
+                          mixer_state.to(state_dtype(self.linear_in.weight.dtype), copy=True).contiguous())
 
     def extra_repr(self):
         return f"width={self.width}, lru_width={self.lru_width}, mixer={self.mixer_name!r}"
@@ -126,8 +149,15 @@ class ResidualLayer(nn.Module):
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), state
 
+    def init_state(self, batch: int, device=None, dtype=None) -> BlockState:
+        return self.block.init_state(batch, device, dtype)
+
+    def decode(self, x_t, state: BlockState):
+        """x_t [B, width] -> x_t, updating ``state`` in place (unchecked; RecurrentBlock.decode)."""
+        x_t = x_t + self.block.decode(self.temporal_norm(x_t), state)
+        return x_t + self.mlp(self.mlp_norm(x_t))
+
     def step(self, x_t, state=None):
         check_token("x_t", x_t, self.block.width)
-        h, state = self.block.step(self.temporal_norm(x_t), state)
-        x_t = x_t + h
-        return x_t + self.mlp(self.mlp_norm(x_t)), state
+        state = self.block.fresh_state(state, x_t.shape[0])
+        return self.decode(x_t, state), state

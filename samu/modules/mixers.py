@@ -11,7 +11,7 @@ from samu.modules.layers import check_token
 from samu.ops.checks import check_rglru_inputs, check_samu_inputs
 from samu.ops.functional import rglru_mixer, samu_mixer
 from samu.ops.glue import fused_backend
-from samu.ops.step import rglru_step, samu_step
+from samu.ops.step import rglru_block_step, rglru_step, samu_block_step, samu_step
 
 
 class _FP32Parameters(nn.Module):
@@ -91,6 +91,12 @@ class SAMUMixer(_FP32Parameters):
                           state_name="state", x_name="x_t", finite=False)
         return samu_step(x_t, *self._params(), state, self.radial_bound, self._step_backend)
 
+    def block_step(self, z, conv_weight, conv_bias, conv_state, state):
+        """The RecurrentBlock's step around this mixer (samu.ops.step.samu_block_step): unchecked, the
+        states updated in place."""
+        return samu_block_step(z, conv_weight, conv_bias, conv_state, *self._params(), state, self.radial_bound,
+                               self._step_backend)
+
     def extra_repr(self):
         return f"width={self.width}, modes={self.width // 2}, radial_bound={self.radial_bound}"
 
@@ -146,6 +152,12 @@ class RGLRUMixer(_FP32Parameters):
         check_rglru_inputs(x_t.unsqueeze(1), *self._params(), state, self.c, state_name="state",
                            x_name="x_t", finite=False)
         return rglru_step(x_t, *self._params(), state, self.c, self._step_backend)
+
+    def block_step(self, z, conv_weight, conv_bias, conv_state, state):
+        """The RecurrentBlock's step around this mixer (samu.ops.step.rglru_block_step): unchecked, the
+        states updated in place."""
+        return rglru_block_step(z, conv_weight, conv_bias, conv_state, *self._params(), state, self.c,
+                                self._step_backend)
 
     def extra_repr(self):
         return f"width={self.width}, num_heads={self.num_heads}, c={self.c}"

@@ -1,8 +1,13 @@
 """Triton kernels of one decoding step of each mixer (samu.ops.step): one launch per token and mixer.
 
 Both evaluate the serial reference's definitions (samu.reference) for a single token in fp32, read the
-state [B, D] fp32 and write the new state and y_t; the new state may be written over the old one (each
-element is read and then written by the same thread).
+mixer state [B, D] fp32 and write the new state and y_t; the new state may be written over the old one.
+
+With K > 0 a kernel is the RecurrentBlock's whole step between its two projections: it reads the
+in-projection row z = [z_x | z_y] [B, 2D], runs the block's causal Conv1D of width K on z_x (its state
+[B, K-1, D] shifted in place), the mixer, and writes y_t = mixer_t * GeLU(z_y), rounding where the
+block's forward rounds (the Conv1D output, the mixer output and the GeLU in the storage dtype), so a
+decode follows the forward of samu.ops.glue and the mixers.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from samu.ops.glue_triton import _gelu_tanh
 from samu.ops.rglru.triton_fwd import _sigmoid_channel, _softplus, math_mode
 from samu.ops.triton_utils import cast_to, next_power_of_2, one_minus_exp_neg, tanh
 
@@ -19,13 +25,47 @@ GATE_ROWS = 32
 
 
 @triton.jit
-def _samu_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, N, radial_bound, BN: tl.constexpr):
+def _conv_in(x, cw, cb, state, b, ch, ok, D, K: tl.constexpr, SHIFT: tl.constexpr):
+    """Channels ch of the mixer input for batch row b, fp32: x[ch] itself (K = 0), or the block's Conv1D
+    of width K over its state and x, rounded to x's dtype like the forward's; SHIFT also writes the new
+    Conv1D state (the last K - 1 inputs) over the old, each element by the thread that read it."""
+    v = tl.load(x + ch, mask=ok, other=0.0)
+    if K == 0:
+        return v.to(tl.float32)
+    else:
+        acc = tl.load(cb + ch, mask=ok, other=0.0).to(tl.float32)
+        row = state + b * (K - 1) * D + ch
+        for i in tl.static_range(K - 1):
+            s = tl.load(row + i * D, mask=ok, other=0.0)
+            acc += s.to(tl.float32) * tl.load(cw + i * D + ch, mask=ok, other=0.0).to(tl.float32)
+            if SHIFT and i > 0:
+                tl.store(row + (i - 1) * D, s, mask=ok)
+        acc += v.to(tl.float32) * tl.load(cw + (K - 1) * D + ch, mask=ok, other=0.0).to(tl.float32)
+        if SHIFT and K > 1:
+            tl.store(row + (K - 2) * D, v.to(state.dtype.element_ty), mask=ok)
+        return cast_to(acc, x.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def _store_out(y, new, x, ch, ok, D, K: tl.constexpr):
+    """y[ch] = new in y's dtype, times GeLU(z_y[ch]) after the block's roundings when K > 0."""
+    out = cast_to(new, y.dtype.element_ty)
+    if K > 0:
+        g = cast_to(_gelu_tanh(tl.load(x + D + ch, mask=ok, other=0.0).to(tl.float32)), y.dtype.element_ty)
+        out = cast_to(out.to(tl.float32) * g.to(tl.float32), y.dtype.element_ty)
+    tl.store(y + ch, out, mask=ok)
+
+
+@triton.jit
+def _samu_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, state, N, sx, radial_bound,
+               BN: tl.constexpr, K: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, BN)   # [BN] modes
     ok = k < N
     D = 2 * N
-    x_re = tl.load(x + b * D + k, mask=ok, other=0.0).to(tl.float32)
-    x_im = tl.load(x + b * D + N + k, mask=ok, other=0.0).to(tl.float32)
+    xb = x + b * sx
+    x_re = _conv_in(xb, cw, cb, state, b, k, ok, D, K, True)
+    x_im = _conv_in(xb, cw, cb, state, b, N + k, ok, D, K, True)
     u0_re = tl.load(directions + k, mask=ok, other=0.0)
     u0_im = tl.load(directions + N + k, mask=ok, other=0.0)
     u1_re = tl.load(directions + D + k, mask=ok, other=0.0)
@@ -48,55 +88,71 @@ def _samu_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, N, radial_
     new_im = lam_re * h_im + lam_im * h_re + gamma * x_im
     tl.store(h_out + b * D + k, new_re, mask=ok)
     tl.store(h_out + b * D + N + k, new_im, mask=ok)
-    tl.store(y + b * D + k, cast_to(new_re, y.dtype.element_ty), mask=ok)
-    tl.store(y + b * D + N + k, cast_to(new_im, y.dtype.element_ty), mask=ok)
+    _store_out(y + b * D, new_re, xb, k, ok, D, K)
+    _store_out(y + b * D, new_im, xb, N + k, ok, D, K)
 
 
 @triton.jit
-def _rglru_step(x, w_a, b_a, w_x, b_x, a_param, h, y, h_out, D, HD, c, BH: tl.constexpr, ROWS: tl.constexpr,
-                MATH: tl.constexpr):
+def _rglru_step(x, w_a, b_a, w_x, b_x, a_param, h, y, h_out, cw, cb, state, D, HD, sx, c, BH: tl.constexpr,
+                ROWS: tl.constexpr, MATH: tl.constexpr, K: tl.constexpr):
     b, head = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     j = tl.arange(0, BH)   # [BH] output channels of the head
     ok = j < HD
-    base = b * D + head * HD
+    xb = x + b * sx
     # gate_a = sigmoid(x_h w_a[h] + b_a), gate_x likewise, accumulated over ROWS input rows at a time
     acc_a = tl.zeros((BH,), tl.float32)
     acc_x = tl.zeros((BH,), tl.float32)
     for i0 in tl.range(0, HD, ROWS):
         i = i0 + tl.arange(0, ROWS)   # [ROWS] input channels
         i_ok = i < HD
-        xi = tl.load(x + base + i, mask=i_ok, other=0.0).to(tl.float32)
+        xi = _conv_in(xb, cw, cb, state, b, head * HD + i, i_ok, D, K, False)
         wm = i_ok[:, None] & ok[None, :]
         w_off = head * HD * HD + i[:, None] * HD + j[None, :]
         acc_a += tl.sum(xi[:, None] * tl.load(w_a + w_off, mask=wm, other=0.0), axis=0)
         acc_x += tl.sum(xi[:, None] * tl.load(w_x + w_off, mask=wm, other=0.0), axis=0)
     ch = head * HD + j
+    # every thread has read the Conv1D state of the head's channels before any writes the new state
+    tl.debug_barrier()
+    xt = _conv_in(xb, cw, cb, state, b, ch, ok, D, K, True)
     # the forward kernels' correctly rounded per-channel functions
     gate_a = _sigmoid_channel(acc_a + tl.load(b_a + ch, mask=ok, other=0.0), MATH)
     gate_x = _sigmoid_channel(acc_x + tl.load(b_x + ch, mask=ok, other=0.0), MATH)
     log_a = -c * gate_a * _softplus(tl.load(a_param + ch, mask=ok, other=0.0), MATH)
     # h = a h + sqrt(1 - a^2) gate_x x, with 1 - a^2 = 1 - exp(2 log a) free of cancellation
-    xt = tl.load(x + base + j, mask=ok, other=0.0).to(tl.float32)
-    hv = tl.load(h + base + j, mask=ok, other=0.0)
+    hv = tl.load(h + b * D + ch, mask=ok, other=0.0)
     new = tl.exp(log_a) * hv + tl.sqrt(one_minus_exp_neg(-2.0 * log_a)) * gate_x * xt
-    tl.store(h_out + base + j, new, mask=ok)
-    tl.store(y + base + j, cast_to(new, y.dtype.element_ty), mask=ok)
+    tl.store(h_out + b * D + ch, new, mask=ok)
+    _store_out(y + b * D, new, xb, ch, ok, D, K)
 
 
-def samu_step(x_t, nu, theta_log, directions, amplitudes, h, radial_bound, h_out):
-    """y_t [B, D] in x_t's dtype; writes the new fp32 state into h_out (which may be h)."""
-    B, D = x_t.shape
-    y = torch.empty_like(x_t)
-    _samu_step[(B,)](x_t, nu, theta_log, directions, amplitudes, h, y, h_out, D // 2, float(radial_bound),
-                     BN=next_power_of_2(D // 2), num_warps=4)
+def _conv_args(x_t, conv):
+    """(weight, bias, state, K) of the block's Conv1D (x_t is then z [B, 2D]), or placeholders and K = 0."""
+    if conv is None:
+        return x_t, x_t, x_t, 0
+    weight, bias, state = conv
+    return weight, bias, state, weight.shape[0]
+
+
+def samu_step(x_t, nu, theta_log, directions, amplitudes, h, radial_bound, h_out, conv=None):
+    """y_t [B, D] in x_t's dtype; writes the new fp32 state into h_out (which may be h). With ``conv`` =
+    (weight [K, D], bias [D], state [B, K-1, D]) x_t is z [B, 2D], y_t is the block's mixer_t * GeLU(z_y)
+    and the Conv1D state is updated in place."""
+    B, D = h.shape
+    cw, cb, cs, K = _conv_args(x_t, conv)
+    y = torch.empty_like(h, dtype=x_t.dtype)
+    _samu_step[(B,)](x_t, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, cs, D // 2, x_t.stride(0),
+                     float(radial_bound), BN=next_power_of_2(D // 2), K=K, num_warps=4)
     return y
 
 
-def rglru_step(x_t, w_a, b_a, w_x, b_x, a_param, h, c, h_out):
-    """y_t [B, D] in x_t's dtype; writes the new fp32 state into h_out (which may be h)."""
-    B, D = x_t.shape
+def rglru_step(x_t, w_a, b_a, w_x, b_x, a_param, h, c, h_out, conv=None):
+    """y_t [B, D] in x_t's dtype; writes the new fp32 state into h_out (which may be h); ``conv`` as for
+    samu_step."""
+    B, D = h.shape
     H = w_a.shape[0]
-    y = torch.empty_like(x_t)
-    _rglru_step[(B, H)](x_t, w_a, b_a, w_x, b_x, a_param, h, y, h_out, D, D // H, float(c),
-                        BH=max(16, next_power_of_2(D // H)), ROWS=GATE_ROWS, MATH=math_mode(False), num_warps=4)
+    cw, cb, cs, K = _conv_args(x_t, conv)
+    y = torch.empty_like(h, dtype=x_t.dtype)
+    _rglru_step[(B, H)](x_t, w_a, b_a, w_x, b_x, a_param, h, y, h_out, cw, cb, cs, D, D // H, x_t.stride(0),
+                        float(c), BH=max(16, next_power_of_2(D // H)), ROWS=GATE_ROWS, MATH=math_mode(False),
+                        K=K, num_warps=4)
     return y

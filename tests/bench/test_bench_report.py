@@ -21,6 +21,7 @@ ENV = {"torch": "2.11.0+cu130", "triton": "3.6.0", "python": "3.12.3", "device":
 
 
 AUTO_CHOICE = {"samu": "samu_grouped_k32", "rglru": "triton_chunked"}
+INFERENCE = ("gen", "prefill")
 
 
 def bench_row(scope, op, impl, shape, ms, peer=False, **extra):
@@ -33,10 +34,10 @@ def bench_row(scope, op, impl, shape, ms, peer=False, **extra):
             "samples_ms": [[ms] * 5, [ms] * 5], "peak_alloc": int(ms * 2**20 * 10), "peak_reserved": int(ms * 2**20 * 12),
             "launches": {"kernels": 7, "memcpy": 1, "memset": 1, "total": 9}, "params": 3076 if op == "samu" else 134144,
             # as samu.bench.scopes records them: the variant dispatch chose, "step" for generation
-            "choice": None if peer else "step" if scope == "gen" else AUTO_CHOICE[op] if impl == "auto" else impl,
+            "choice": None if peer or scope == "prefill" else "step" if scope == "gen" else AUTO_CHOICE[op] if impl == "auto" else impl,
             "choice_reason": None if peer else "fixture",
-            "scratch_formula": "12*B*D*ceil(L/32)" if op == "samu" and impl == "auto" and scope != "gen" else None,
-            "scratch_bytes": 12 * B * D * -(-L // 32) if op == "samu" and impl == "auto" and scope != "gen" else None,
+            "scratch_formula": "12*B*D*ceil(L/32)" if op == "samu" and impl == "auto" and scope not in INFERENCE else None,
+            "scratch_bytes": 12 * B * D * -(-L // 32) if op == "samu" and impl == "auto" and scope not in INFERENCE else None,
             "floor_formula": "fixture" if floor else None, "floor_bytes": floor_bytes, "floor_ms": floor_ms,
             "floor_ratio": ms / floor_ms if floor else None,
             "agreement": None if impl == "auto" else {"against": f"{op}/auto", "rel_error": 1.5e-6,
@@ -104,8 +105,14 @@ def write_fixtures(root: Path):
                       params=400_000_000),
             bench_row("model", "sdpa-transformer", "compiled", (4, 2048, 1664), 70.0, peer=True, preset="400m",
                       tokens_per_call=8192, params=398_000_000),
-            bench_row("gen", "samu", "auto", (1, 16, 1664), 17.5, preset="400m", tokens_per_call=16),
-            bench_row("gen", "rglru", "auto", (1, 16, 1664), 18.25, preset="400m", tokens_per_call=16)],
+            bench_row("gen", "samu", "auto", (1, 64, 1664), 17.5, preset="400m", tokens_per_call=64, cuda_graph=True),
+            bench_row("gen", "rglru", "auto", (1, 64, 1664), 18.25, preset="400m", tokens_per_call=64,
+                      cuda_graph=True),
+            bench_row("gen", "samu", "eager", (1, 64, 1664), 250.0, preset="400m", tokens_per_call=64,
+                      cuda_graph=False),
+            bench_row("gen", "samu", "auto", (8, 64, 1664), 20.0, preset="400m", tokens_per_call=512, cuda_graph=True),
+            bench_row("prefill", "samu", "auto", (1, 512, 1664), 10.0, preset="400m", tokens_per_call=512),
+            bench_row("prefill", "samu", "auto", (8, 512, 1664), 40.0, preset="400m", tokens_per_call=4096)],
             complete=False),
         "gates/2026-01-02-gates.json": record("gate", "2026-01-02T01:00:00Z", [
             gate_row("samu", "torch", (1, 8192, 1024), True),
@@ -140,7 +147,8 @@ def test_report_is_byte_identical_across_runs(reports):
     (root_a, text_a, _), (root_b, text_b, _) = reports
     assert text_a == text_b
     figures_a = sorted(p.name for p in (root_a / "figures").iterdir())
-    assert figures_a == ["floor_ratio.png", "peak_memory.png", "samu_rglru_ratio.png", "time_vs_length.png"]
+    assert figures_a == ["floor_ratio.png", "gen_tokens_per_s.png", "peak_memory.png", "samu_rglru_ratio.png",
+                         "time_vs_length.png"]
     for name in figures_a:
         assert (root_a / "figures" / name).read_bytes() == (root_b / "figures" / name).read_bytes(), name
 

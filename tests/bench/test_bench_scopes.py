@@ -113,17 +113,25 @@ def test_transformer_peer_is_causal():
 
 @pytest.mark.parametrize("op", ["samu", "rglru"])
 def test_gen_scope_decodes_greedily_from_the_prompt_state(op):
-    from samu.bench.scopes import _generation
+    from samu.bench.scopes import _inference
     from samu.models import LanguageModel, LMConfig, generate
 
     c, skipped = module_candidate("gen", op, (2, 5, 64), torch.float32, "cpu", seed=0, preset="tiny")
     assert c is None and "gen scope" in skipped[0].reason
-    c, skipped = module_candidate("gen", op, (2, 5, 128), torch.float32, "cpu", seed=3, preset="tiny")
-    assert skipped == [] and c.choice == "step" and c.extra == {"preset": "tiny", "tokens_per_call": 10}
-    assert torch.equal(c.run(), c.run())  # every timed call starts from the same prompt state
+    for impl in ("auto", "eager"):
+        c, skipped = module_candidate("gen", op, (2, 5, 128), torch.float32, "cpu", seed=3, preset="tiny", impl=impl)
+        assert skipped == [] and c.choice == "step"
+        assert c.extra == {"preset": "tiny", "tokens_per_call": 10, "mode": impl, "cuda_graph": False}
+        assert torch.equal(c.run(), c.run())  # every timed call starts from the same prompt state
+    c, skipped = module_candidate("gen", op, (2, 5, 128), torch.float32, "cpu", seed=3, preset="tiny", impl="compiled")
+    assert c is None and "without torch.compile" in skipped[0].reason
     # the same continuation as generate() at temperature 0 from the 16-token prompt drawn from `gen`
     torch.manual_seed(0)
     model = LanguageModel(LMConfig(width=16, num_layers=2, lru_width=8, num_heads=2, mixer=op))
-    c = _generation("x", op, model, 2, 5, torch.Generator().manual_seed(9), contextlib.nullcontext(), 0, "t")
+    c = _inference("gen", "x", op, "auto", model, 2, 5, torch.Generator().manual_seed(9), 0, "t")
     prompt = torch.randint(model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(9))
-    assert torch.equal(c.run(), generate(model, prompt, 6, temperature=0.0)[:, -1])
+    assert torch.equal(c.run(), generate(model, prompt, 5, temperature=0.0)[:, 16:])
+    # prefill: the forward over B prompts of L tokens, returning the last layer's mixer state
+    c = _inference("prefill", "x", op, "auto", model, 2, 7, torch.Generator().manual_seed(4), 0, "t")
+    tokens = torch.randint(model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(4))
+    assert torch.equal(c.run(), model(tokens, return_state=True)[1][-1].mixer) and c.extra["tokens_per_call"] == 14

@@ -99,7 +99,7 @@ def test_backward_is_deterministic_and_new_state_is_the_last_inputs():
 def test_wider_convolutions_run_as_pytorch_ops():
     from samu.ops.glue import uses_triton
 
-    z, weight, bias, *_ = _inputs(1, 4, 8, 5, torch.float32, False, seed=0)
+    z, weight, bias = (t.to(DEVICE) for t in _inputs(1, 4, 8, 5, torch.float32, False, seed=0)[:3])
     assert not uses_triton(z, weight, "triton") and uses_triton(z, weight[:4], "triton")
     xc, a, _ = conv_gelu(z, weight, bias, backend="triton")
     assert torch.equal(xc, conv_gelu_torch(z, weight, bias)[0])

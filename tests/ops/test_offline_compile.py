@@ -20,8 +20,8 @@ PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 pytestmark = pytest.mark.skipif(not os.path.exists(PTXAS), reason="this triton wheel carries no ptxas")
 
 # pointers to I/O tensors in the storage dtype; every other pointer is fp32, every other scalar i32
-IO = {"z", "state", "xc", "a", "dxc", "da", "dz", "x", "y", "dy", "dx"}
-SCALARS = ("L", "E", "R", "W", "n_l", "N", "D", "HD")
+IO = {"z", "state", "xc", "a", "dxc", "da", "dz", "x", "y", "dy", "dx", "cw", "cb"}
+SCALARS = ("L", "E", "R", "W", "n_l", "N", "D", "HD", "sx")
 
 
 def _signature(fn, floats=()):
@@ -51,11 +51,12 @@ def _cases():
     for BW in (1024, 2048):
         yield r._rmsnorm_fwd, ("eps",), dict(BW=BW, ROWS=r.ROWS)
         yield r._rmsnorm_bwd, (), dict(BW=BW, ROWS=r.ROWS)
-    for BN in (32, 64, 256, 512, 1024):   # the GPU tests', the presets' and the 400m's
-        yield s._samu_step, ("radial_bound",), dict(BN=BN)
-    for BH in (16, 32, 64, 128, 256):
-        for MATH in (1, 2):
-            yield s._rglru_step, ("c",), dict(BH=BH, ROWS=s.GATE_ROWS, MATH=MATH)
+    for K in (0, 1, 4):   # the mixer's own step, and the block's with Conv1D widths 1 and 4
+        for BN in (32, 64, 256, 512, 1024):   # the GPU tests', the presets' and the 400m's
+            yield s._samu_step, ("radial_bound",), dict(BN=BN, K=K)
+        for BH in (16, 32, 64, 128, 256):
+            for MATH in (1, 2):
+                yield s._rglru_step, ("c",), dict(BH=BH, ROWS=s.GATE_ROWS, MATH=MATH, K=K)
 
 
 def compile_all():

@@ -94,6 +94,70 @@ def test_strided_parameters_and_auto():
     got = samu_step(x.to(DEVICE), strided.to(DEVICE), theta_log.to(DEVICE), directions.to(DEVICE),
                     amplitudes.to(DEVICE), None, backend="triton")[1]
     assert rel_err(got.cpu(), want) < 1e-5
-    # "auto" steps serially until the fused step has passed its tests on a GPU
-    y, h = samu_step(x, nu, theta_log, directions, amplitudes, None, backend="auto")
-    assert torch.equal(h, samu_step(x, nu, theta_log, directions, amplitudes, None, backend="torch")[1])
+    # "auto" takes the fused step on CUDA and the serial one elsewhere
+    for device in ("cpu", DEVICE):
+        args = [t.to(device) for t in (x, nu, theta_log, directions, amplitudes)]
+        y, h = samu_step(*args, None, backend="auto")
+        other = "triton" if device == "cuda" else "torch"
+        assert torch.equal(h, samu_step(*args, None, backend=other)[1])
+
+
+# The block's step (Conv1D, mixer, GeLU gate in one kernel). Rule, declared before any run: in fp32 y_t and
+# the new mixer state within 1e-5 of the float64 block step from the same inputs; the new Conv1D state
+# equal to the shifted inputs bit for bit in every dtype; a block decoding token by token with the fused
+# kernels follows its own forward (fused glue) within 1e-5 in fp32 and within one rounding (eps) in bf16
+# and fp16.
+
+def _block_inputs(B, E, K, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(B, 2 * E, generator=g).to(dtype)
+    conv_w = (0.5 * torch.randn(K, E, generator=g)).to(dtype)
+    conv_b = torch.randn(E, generator=g).to(dtype)
+    conv_state = torch.randn(B, K - 1, E, generator=g).to(dtype)
+    return z, conv_w, conv_b, conv_state, torch.randn(B, E, generator=g)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mixer,B,E,H,K", [("samu", 2, 20, None, 4), ("samu", 1, 64, None, 1),
+                                           ("rglru", 2, 40, 4, 4), ("rglru", 1, 96, 2, 3)])
+def test_block_step_matches_the_float64_block_step(mixer, B, E, H, K, dtype):
+    from samu.ops.step import rglru_block_step, samu_block_step
+
+    step = samu_block_step if mixer == "samu" else rglru_block_step
+    params = samu_params(E, seed=E) if mixer == "samu" else rglru_params(E, H, seed=E)
+    z, cw, cb, cs, h = _block_inputs(B, E, K, dtype, seed=B + E + K)
+    cs64, h64 = cs.double(), h.double()
+    want = step(z.double(), cw.double(), cb.double(), cs64, *[p.detach().double() for p in params], h64,
+                backend="torch")
+    dev = [t.to(DEVICE, copy=True) for t in (z, cw, cb, cs, h)]
+    with torch.no_grad():
+        got = step(*dev[:4], *[p.detach().to(DEVICE) for p in params], dev[4], backend="triton")
+    assert got.dtype == dtype and got.shape == (B, E)
+    # the states were updated in place: the Conv1D window shifted by z_x, the mixer state advanced
+    shifted = torch.cat([cs, z[:, None, :E]], 1)[:, 1:]
+    assert torch.equal(dev[3].cpu(), shifted) and torch.equal(cs64, shifted.double())
+    assert rel_err(dev[4].cpu(), h64) < 1e-5 + (0 if dtype == torch.float32 else torch.finfo(dtype).eps)
+    tol = 1e-5 if dtype == torch.float32 else 2 * torch.finfo(dtype).eps
+    assert rel_err(got.float().cpu(), want) < tol
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+def test_a_block_decoding_with_the_fused_step_follows_its_forward(mixer, dtype):
+    from samu.modules import RecurrentBlock
+
+    torch.manual_seed(3)
+    block = RecurrentBlock(16, mixer, 24, 2, backend=sorted(dispatch.variants(mixer))[0]).to(DEVICE, dtype)
+    if mixer == "samu":
+        with torch.no_grad():
+            block.mixer.amplitudes.copy_(torch.tensor([[0.6, -0.2], [0.3, 0.8]]))   # the controller at work
+    u = torch.randn(2, 7, 16, device=DEVICE).to(dtype)
+    tol = 1e-5 if dtype == torch.float32 else torch.finfo(dtype).eps
+    with torch.no_grad():
+        full, final = block(u, return_state=True)
+        state = block.init_state(2)
+        conv, mix = state
+        for t in range(7):
+            assert rel_err(block.decode(u[:, t], state).float(), full[:, t].float()) < tol, t
+    assert state.conv is conv and state.mixer is mix   # updated in place
+    assert torch.equal(state.conv, final.conv) and rel_err(state.mixer, final.mixer) < 1e-5

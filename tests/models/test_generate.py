@@ -1,0 +1,137 @@
+"""Decoding: the Decoder's buffers and step, inverse-CDF sampling, prompts of different lengths, and
+CUDA-graph decoding against eager decoding (GPU)."""
+
+import importlib
+
+import pytest
+import torch
+
+from samu.models import LanguageModel, LMConfig, generate
+from samu.models.generate import decoder, sample
+from tests.helpers import rel_err
+
+CONFIGS = [LMConfig(vocab_size=19, width=12, num_layers=2, mixer="samu", lru_width=10),
+           LMConfig(vocab_size=19, width=12, num_layers=2, mixer="rglru", lru_width=8, num_heads=4)]
+
+
+def _model(config, seed=0, device="cpu"):
+    torch.manual_seed(seed)
+    model = LanguageModel(config, device=device)
+    if config.mixer == "samu":
+        with torch.no_grad():
+            for layer in model.layers:
+                layer.block.mixer.amplitudes.normal_(0, 0.5)
+    return model
+
+
+def _greedy_by_forward(model, prompt, n):
+    seq = prompt[None]
+    for _ in range(n):
+        logits, _ = model(seq)
+        seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], 1)
+    return seq[0]
+
+
+def test_sample_is_the_inverse_cdf():
+    logits = torch.tensor([[0.0, float("-inf"), 1.0, 2.0], [5.0, 0.0, 0.0, float("-inf")]])
+    probs = torch.softmax(logits, -1).double()
+    cdf = probs.cumsum(-1)
+    for u in (0.0, 1e-9, 0.2, 0.5, 0.9, 1 - 2 ** -24):
+        token = sample(logits, 1.0, None, torch.full((2,), u))
+        for row in range(2):
+            i = int(token[row])
+            below = 0.0 if i == 0 else float(cdf[row, i - 1])
+            assert probs[row, i] > 0 and below <= u * float(cdf[row, -1]) < float(cdf[row, i]), (u, row, i)
+    # top_k keeps the k likeliest; temperature 0 is the argmax whatever u
+    assert sample(logits, 1.0, 1, torch.tensor([0.99, 0.99])).tolist() == [3, 0]
+    assert torch.equal(sample(logits, 0.0, None, torch.rand(2)), logits.argmax(-1))
+
+
+def test_sample_frequencies_follow_the_softmax():
+    logits = torch.tensor([[0.5, -1.0, 2.0, 0.0]]).expand(20000, 4)
+    token = sample(logits, 1.5, None, torch.rand(20000, generator=torch.Generator().manual_seed(0)))
+    freq = torch.bincount(token, minlength=4).double() / 20000
+    assert (freq - torch.softmax(logits[0] / 1.5, -1).double()).abs().max() < 0.015
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.mixer)
+def test_decoding_across_chunks_equals_greedy_by_the_forward(config, monkeypatch):
+    monkeypatch.setattr(importlib.import_module("samu.models.generate"), "CHUNK", 4)   # several chunks, the first token in one, a partial last
+    model = _model(config, 1)
+    prompt = torch.tensor([3, 1, 4, 1, 5])
+    assert torch.equal(generate(model, prompt, 11, temperature=0), _greedy_by_forward(model, prompt, 11))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.mixer)
+def test_prompts_of_different_lengths_decode_as_if_alone(config):
+    model = _model(config, 2)
+    prompts = [torch.tensor([7]), torch.tensor([1, 2, 3, 4, 5, 6]), torch.tensor([9, 9, 2]),
+               torch.tensor([1, 2, 3, 4, 5, 6]).flip(0)]
+    out = generate(model, prompts, 8, temperature=0)
+    assert isinstance(out, list) and [len(o) for o in out] == [len(p) + 8 for p in prompts]
+    for o, p in zip(out, prompts):
+        assert torch.equal(o, _greedy_by_forward(model, p, 8))
+    # a seeded sample is reproducible for the same batch
+    a = generate(model, prompts, 8, temperature=1.0, top_k=5, seed=3)
+    b = generate(model, prompts, 8, temperature=1.0, top_k=5, seed=3)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_init_state_decode_in_place_and_step_leaves_the_state_alone():
+    model = _model(CONFIGS[0], 3)
+    state = model.init_state(2)
+    assert [tuple(s.conv.shape) for s in state] == [(2, 3, 10)] * 2 and state[0].mixer.dtype == torch.float32
+    tensors = [t for s in state for t in s]
+    tokens = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    full, _ = model(tokens)
+    with torch.no_grad():
+        for t in range(3):
+            assert rel_err(model.decode(tokens[:, t], state), full[:, t]) < 1e-5
+    assert all(a is b for a, b in zip(tensors, [t for s in state for t in s]))
+    before = [t.clone() for t in tensors]
+    _, new = model.step(tokens[:, 0], state)
+    assert all(torch.equal(a, b) for a, b in zip(before, tensors))
+    assert all(a is not b for a, b in zip(tensors, [t for s in new for t in s]))
+
+
+def test_decoders_are_kept_per_setting():
+    model = _model(CONFIGS[1], 4)
+    a = decoder(model, 2, 0.0, None, False)
+    assert decoder(model, 2, 0.0, None, False) is a
+    assert decoder(model, 3, 0.0, None, False) is not a and decoder(model, 2, 1.0, None, False) is not a
+    model.double()   # every tensor moved: a new decoder
+    assert decoder(model, 2, 0.0, None, False) is not a
+
+
+def test_stats_and_bad_inputs():
+    model = _model(CONFIGS[0], 5)
+    stats = {}
+    generate(model, torch.tensor([[1, 2], [3, 4]]), 5, stats=stats)
+    assert stats["prefill_tokens"] == 4 and stats["decode_tokens"] == 10 and stats["decode_s"] > 0
+    with pytest.raises(ValueError, match="prompt must be a non-empty list"):
+        generate(model, [torch.tensor([1]), torch.tensor([], dtype=torch.long)], 2)
+    with pytest.raises(ValueError, match=r"tokens in \[0, 19\)"):
+        generate(model, [torch.tensor([1]), torch.tensor([19])], 2)
+    with pytest.raises(ValueError, match="graph=True needs a model on CUDA"):
+        generate(model, torch.tensor([1]), 2, graph=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.mixer)
+def test_graphed_decoding_equals_eager_decoding_bit_for_bit(config, dtype):
+    model = _model(config, 6, device="cuda").to(dtype)
+    prompts = [torch.tensor([5, 1, 2]), torch.tensor([7]), torch.tensor([3, 3, 3, 3, 3, 3])]
+    for temperature, top_k in ((0.0, None), (0.9, 5)):
+        kw = dict(temperature=temperature, top_k=top_k, seed=11)
+        graphed = generate(model, prompts, 300, graph=True, **kw)   # across a CHUNK boundary
+        eager = generate(model, prompts, 300, graph=False, **kw)
+        assert all(torch.equal(g, e) for g, e in zip(graphed, eager))
+        assert all(o.is_cuda for o in graphed)
+    # the graph follows weights updated in place
+    with torch.no_grad():
+        model.embed.weight.mul_(1.5)
+    kw = dict(temperature=0.0)
+    assert all(torch.equal(g, e) for g, e in zip(generate(model, prompts, 20, graph=True, **kw),
+                                                 generate(model, prompts, 20, graph=False, **kw)))
