@@ -67,7 +67,7 @@ def main():
                     dec.run(model, logits[:, -1], 2, None)
                     step = dec.graph.replay if graph else (lambda d=dec: d._step(model))
                     row["graph_ms" if graph else "eager_ms"] = replay_ms(step, 200 if graph else 30)
-                    if B == 1 and not graph:
+                    if B in (1, 64) and not graph:
                         row["kernels"] = kernels(step)
                         row["kernel_ms"] = sum(k[2] for k in row["kernels"]) / 1e3
                 row["graph_tokens_per_s"] = B / row["graph_ms"] * 1e3
@@ -82,7 +82,7 @@ def main():
         torch.cuda.empty_cache()
     for row in out["rows"]:
         if "kernels" in row:
-            print(f"--- {row['mixer']} B=1 kernels of one eager step (count, us)")
+            print(f"--- {row['mixer']} B={row['batch']} kernels of one eager step (count, us)")
             for name, count, us in row["kernels"][:14]:
                 print(f"  {name:70} {count:5.1f} {us:8.1f}")
 

@@ -10,6 +10,7 @@ from torch.utils.checkpoint import checkpoint
 from samu.models.config import LMConfig
 from samu.modules.block import BlockState, ResidualLayer
 from samu.modules.layers import RMSNorm
+from samu.ops import gemv
 from samu.ops.glue import fused_backend
 
 
@@ -104,7 +105,7 @@ class LanguageModel(nn.Module):
         x = self.embed(token)
         for layer, s in zip(self.layers, state):
             x = layer.decode(x, s)
-        return self._head(x)
+        return gemv.linear(self.final_norm(x), self.embed.weight, backend=self.final_norm.backend)
 
     def step(self, token, state=None):
         self._check_tokens("token", token, 1)

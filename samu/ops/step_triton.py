@@ -20,8 +20,11 @@ from samu.ops.glue_triton import _gelu_tanh
 from samu.ops.rglru.triton_fwd import _sigmoid_channel, _softplus, math_mode
 from samu.ops.triton_utils import cast_to, next_power_of_2, one_minus_exp_neg, tanh
 
-# input rows of the RG-LRU gate matrices one pass of the matvec reads
+# input rows of the RG-LRU gate matrices one pass of the matvec reads; warps of a program (one batch row,
+# and for RG-LRU one head): a decoding step at batch 1 is one program per row, so latency-bound
 GATE_ROWS = 32
+SAMU_WARPS = 4
+RGLRU_WARPS = 4
 
 
 @triton.jit
@@ -141,7 +144,7 @@ def samu_step(x_t, nu, theta_log, directions, amplitudes, h, radial_bound, h_out
     cw, cb, cs, K = _conv_args(x_t, conv)
     y = torch.empty_like(h, dtype=x_t.dtype)
     _samu_step[(B,)](x_t, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, cs, D // 2, x_t.stride(0),
-                     float(radial_bound), BN=next_power_of_2(D // 2), K=K, num_warps=4)
+                     float(radial_bound), BN=next_power_of_2(D // 2), K=K, num_warps=SAMU_WARPS)
     return y
 
 
@@ -154,5 +157,5 @@ def rglru_step(x_t, w_a, b_a, w_x, b_x, a_param, h, c, h_out, conv=None):
     y = torch.empty_like(h, dtype=x_t.dtype)
     _rglru_step[(B, H)](x_t, w_a, b_a, w_x, b_x, a_param, h, y, h_out, cw, cb, cs, D, D // H, x_t.stride(0),
                         float(c), BH=max(16, next_power_of_2(D // H)), ROWS=GATE_ROWS, MATH=math_mode(False),
-                        K=K, num_warps=4)
+                        K=K, num_warps=RGLRU_WARPS)
     return y

@@ -1,4 +1,4 @@
-"""The fused glue, RMSNorm and decoding-step kernels compile for sm_90 (H100/H200) on any machine, no GPU needed.
+"""The fused glue, RMSNorm, decoding-step and decoding-product kernels compile for sm_90 (H100/H200) on any machine, no GPU needed.
 
 The Triton interpreter runs kernels as Python, so it accepts some code the compiler refuses (a plain
 global read inside a kernel, say); compiling each specialisation the block launches catches that on CPU.
@@ -20,8 +20,8 @@ PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 pytestmark = pytest.mark.skipif(not os.path.exists(PTXAS), reason="this triton wheel carries no ptxas")
 
 # pointers to I/O tensors in the storage dtype; every other pointer is fp32, every other scalar i32
-IO = {"z", "state", "xc", "a", "dxc", "da", "dz", "x", "y", "dy", "dx", "cw", "cb"}
-SCALARS = ("L", "E", "R", "W", "n_l", "N", "D", "HD", "sx")
+IO = {"z", "state", "xc", "a", "dxc", "da", "dz", "x", "y", "dy", "dx", "cw", "cb", "w", "b", "r"}
+SCALARS = ("L", "E", "R", "W", "n_l", "N", "D", "HD", "sx", "M", "K")
 
 
 def _signature(fn, floats=()):
@@ -39,6 +39,7 @@ def _signature(fn, floats=()):
 
 
 def _cases():
+    from samu.ops import gemv_triton as v
     from samu.ops import glue_triton as g
     from samu.ops import rmsnorm_triton as r
     from samu.ops import step_triton as s
@@ -51,6 +52,9 @@ def _cases():
     for BW in (1024, 2048):
         yield r._rmsnorm_fwd, ("eps",), dict(BW=BW, ROWS=r.ROWS)
         yield r._rmsnorm_bwd, (), dict(BW=BW, ROWS=r.ROWS)
+    for BM in (16, 64):   # decoding's products at batch 1 to 16 and up to 64
+        for bias, res, geglu in ((True, True, False), (True, False, True), (False, False, False)):
+            yield v._gemv, (), dict(HAS_BIAS=bias, HAS_RES=res, GEGLU=geglu, IEEE=False, BM=BM, BN=v.BN, BK=v.BK)
     for K in (0, 1, 4):   # the mixer's own step, and the block's with Conv1D widths 1 and 4
         for BN in (32, 64, 256, 512, 1024):   # the GPU tests', the presets' and the 400m's
             yield s._samu_step, ("radial_bound",), dict(BN=BN, K=K)

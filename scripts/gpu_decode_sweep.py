@@ -1,0 +1,92 @@
+"""Launch settings of decoding's kernels at the 400m preset's shapes, each timed alone in a CUDA graph
+(20 launches per replay, so no host launch cost): the fused block steps (warps; RG-LRU gate rows per
+pass) and the skinny products (output columns and K per tile, pipeline stages) against cuBLAS.
+
+Usage: python scripts/gpu_decode_sweep.py [--out DIR]   writes DIR/decode_sweep.json, prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from samu.bench.records import environment  # noqa: E402
+from samu.ops import gemv, gemv_triton, step, step_triton  # noqa: E402
+from tests.helpers import rglru_params, samu_params  # noqa: E402
+
+D, HIDDEN, VOCAB, K_CONV = 1664, 3 * 1664, 256, 4
+
+
+def graph_us(fn, per_replay=20, replays=20):
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(per_replay):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        g.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (replays * per_replay)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args()
+    rows = []
+    dev = "cuda"
+    for B in (1, 8, 64):
+        z = torch.randn(B, 2 * D, device=dev, dtype=torch.bfloat16)
+        cw = (0.3 * torch.randn(K_CONV, D, device=dev)).to(torch.bfloat16)
+        cb = torch.zeros(D, device=dev, dtype=torch.bfloat16)
+        cs = torch.zeros(B, K_CONV - 1, D, device=dev, dtype=torch.bfloat16)
+        h = torch.zeros(B, D, device=dev)
+        sp = [p.detach() for p in samu_params(D, 1, device=dev)]
+        rp = [p.detach() for p in rglru_params(D, 16, 1, device=dev)]
+        for warps in (4, 8, 16):
+            step_triton.SAMU_WARPS = warps
+            us = graph_us(lambda: step.samu_block_step(z, cw, cb, cs, *sp, h))
+            rows.append({"kernel": "samu_block_step", "B": B, "warps": warps, "us": us})
+        for warps, gate_rows in itertools.product((4, 8), (32, 64)):
+            step_triton.RGLRU_WARPS, step_triton.GATE_ROWS = warps, gate_rows
+            us = graph_us(lambda: step.rglru_block_step(z, cw, cb, cs, *rp, h))
+            rows.append({"kernel": "rglru_block_step", "B": B, "warps": warps, "rows": gate_rows, "us": us})
+        for name, N, K, geglu in (("in", 2 * D, D, False), ("out", D, D, False), ("geglu", HIDDEN, D, True),
+                                  ("down", D, HIDDEN, False), ("head", VOCAB, D, False)):
+            x = torch.randn(B, K, device=dev, dtype=torch.bfloat16)
+            w = (torch.randn((2 if geglu else 1) * N, K, device=dev) * K ** -0.5).to(torch.bfloat16)
+            b = torch.zeros(w.shape[0], device=dev, dtype=torch.bfloat16)
+            nbytes = w.numel() * 2
+            us = graph_us(lambda: F.linear(x, w, b))
+            rows.append({"kernel": f"cublas_{name}", "B": B, "us": us, "TB_per_s": nbytes / us / 1e6})
+            for bn, bk, stages, warps in itertools.product((16, 32), (128, 256), (2, 4), (4,)):
+                gemv_triton.BN, gemv_triton.BK, gemv_triton.STAGES, gemv_triton.WARPS = bn, bk, stages, warps
+                fn = (lambda: gemv.geglu(x, w, b, "triton")) if geglu else (lambda: gemv.linear(x, w, b, None, "triton"))
+                us = graph_us(fn)
+                rows.append({"kernel": f"gemv_{name}", "B": B, "BN": bn, "BK": bk, "stages": stages, "warps": warps,
+                             "us": us, "TB_per_s": nbytes / us / 1e6})
+        with open(os.path.join(args.out, "decode_sweep.json"), "w") as f:
+            json.dump({"env": environment(torch.device("cuda")), "rows": rows}, f, indent=1)
+    for key in sorted({(r["kernel"], r["B"]) for r in rows}):
+        best = min((r for r in rows if (r["kernel"], r["B"]) == key), key=lambda r: r["us"])
+        cfg = {k: v for k, v in best.items() if k not in ("kernel", "B", "us", "TB_per_s")}
+        print(f"{key[0]:18} B={key[1]:3} best {best['us']:7.2f} us {best.get('TB_per_s', 0):5.2f} TB/s  {cfg}")
+
+
+if __name__ == "__main__":
+    main()
