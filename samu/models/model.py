@@ -105,7 +105,8 @@ class LanguageModel(nn.Module):
         x = self.embed(token)
         for layer, s in zip(self.layers, state):
             x = layer.decode(x, s)
-        return gemv.linear(self.final_norm(x), self.embed.weight, backend=self.final_norm.backend)
+        norm = self.final_norm
+        return gemv.linear(x, self.embed.weight, backend=norm.backend, norm=(norm.weight, norm.eps))
 
     def step(self, token, state=None):
         self._check_tokens("token", token, 1)

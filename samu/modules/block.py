@@ -92,11 +92,13 @@ class RecurrentBlock(nn.Module):
         return BlockState(self.conv1d.empty_state(batch, device, dtype),
                           torch.zeros(batch, self.lru_width, device=device, dtype=state_dtype(dtype)))
 
-    def decode(self, u_t, state: BlockState, residual=None):
-        """residual + out_t [B, width] from u_t [B, width] (residual None: out_t), updating ``state`` in
-        place: the decoding loop's step, unchecked (on CUDA three kernels: the in-projection, the fused
-        step between the projections of samu.ops.step, the out-projection with the residual sum)."""
-        z = gemv.linear(u_t, self.linear_in.weight, self.linear_in.bias, backend=self.glue_backend)
+    def decode(self, u_t, state: BlockState, residual=None, norm=None):
+        """residual + out_t [B, width] for the input norm(u_t) (u_t [B, width]; residual None: no sum, norm
+        an RMSNorm or None), updating ``state`` in place: the decoding loop's step, unchecked. On CUDA three
+        kernels: the RMSNorm and in-projection, the fused step between the projections (samu.ops.step), the
+        out-projection with the residual sum (samu.ops.gemv)."""
+        z = gemv.linear(u_t, self.linear_in.weight, self.linear_in.bias, backend=self.glue_backend,
+                        norm=None if norm is None else (norm.weight, norm.eps))
         g = self.mixer.block_step(z, self.conv1d.weight, self.conv1d.bias, state.conv, state.mixer)
         return gemv.linear(g, self.linear_out.weight, self.linear_out.bias, residual, self.glue_backend)
 
@@ -156,8 +158,8 @@ class ResidualLayer(nn.Module):
 
     def decode(self, x_t, state: BlockState):
         """x_t [B, width] -> x_t, updating ``state`` in place (unchecked; RecurrentBlock.decode)."""
-        x_t = self.block.decode(self.temporal_norm(x_t), state, residual=x_t)
-        return self.mlp.decode(self.mlp_norm(x_t), residual=x_t)
+        x_t = self.block.decode(x_t, state, residual=x_t, norm=self.temporal_norm)
+        return self.mlp.decode(x_t, residual=x_t, norm=self.mlp_norm)
 
     def step(self, x_t, state=None):
         check_token("x_t", x_t, self.block.width)

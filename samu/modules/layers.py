@@ -119,8 +119,9 @@ class RMSNorm(nn.Module):
 class GatedMLP(nn.Module):
     """GeGLU feed-forward: (GeLU(x W_gate + b) * (x W_up + b)) W_down + b, hidden = expansion * width.
 
-    decode(x_t [B, width], residual) -> residual + mlp(x_t): one token per row, through decoding's fused
-    skinny products on CUDA (samu.ops.gemv; ``backend`` "auto", "torch" or "triton")."""
+    decode(x_t [B, width], residual, norm) -> residual + mlp(norm(x_t)): one token per row (norm an RMSNorm or
+    None), through decoding's fused skinny products on CUDA (samu.ops.gemv; ``backend`` "auto", "torch" or
+    "triton")."""
 
     def __init__(self, width: int, expansion: int = 3, *, backend: str = "auto", device=None, dtype=None):
         super().__init__()
@@ -143,8 +144,9 @@ class GatedMLP(nn.Module):
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.down(F.gelu(gate, approximate="tanh") * up)
 
-    def decode(self, x_t, residual=None):
-        h = gemv.geglu(x_t, self.gate_up.weight, self.gate_up.bias, self.backend)
+    def decode(self, x_t, residual=None, norm=None):
+        h = gemv.geglu(x_t, self.gate_up.weight, self.gate_up.bias, self.backend,
+                       norm=None if norm is None else (norm.weight, norm.eps))
         return gemv.linear(h, self.down.weight, self.down.bias, residual, self.backend)
 
     def extra_repr(self):

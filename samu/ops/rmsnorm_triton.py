@@ -12,7 +12,7 @@ import triton.language as tl
 
 from samu.ops.triton_utils import cast_to, cdiv, next_power_of_2
 
-ROWS = 32
+ROWS, FEW_ROWS = 32, 1024
 
 
 @triton.jit
@@ -60,7 +60,9 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float):
     R = x.numel() // W
     y = torch.empty_like(x)
     rstd = x.new_empty(R, dtype=torch.float32)
-    _rmsnorm_fwd[(cdiv(R, ROWS),)](x, weight, y, rstd, R, W, eps, BW=next_power_of_2(W), ROWS=ROWS,
+    # up to FEW_ROWS rows (decoding) one program each, for latency; more ROWS per program
+    rows = ROWS if R > FEW_ROWS else 1
+    _rmsnorm_fwd[(cdiv(R, rows),)](x, weight, y, rstd, R, W, eps, BW=next_power_of_2(W), ROWS=rows,
                                    num_warps=4 if W <= 2048 else 8)
     return y, rstd
 

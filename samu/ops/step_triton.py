@@ -18,20 +18,23 @@ import triton.language as tl
 
 from samu.ops.glue_triton import _gelu_tanh
 from samu.ops.rglru.triton_fwd import _sigmoid_channel, _softplus, math_mode
-from samu.ops.triton_utils import cast_to, next_power_of_2, one_minus_exp_neg, tanh
+from samu.ops.triton_utils import cast_to, cdiv, next_power_of_2, one_minus_exp_neg, tanh
 
 # input rows of the RG-LRU gate matrices one pass of the matvec reads; warps of a program (one batch row,
 # and for RG-LRU one head): a decoding step at batch 1 is one program per row, so latency-bound
 GATE_ROWS = 32
-SAMU_WARPS = 4
+SAMU_WARPS = 8
 RGLRU_WARPS = 4
+# batch rows of one RG-LRU program (the gate matvecs as one [rows, head] @ [head, head] product)
+STEP_ROWS = 16
 
 
 @triton.jit
 def _conv_in(x, cw, cb, state, b, ch, ok, D, K: tl.constexpr, SHIFT: tl.constexpr):
-    """Channels ch of the mixer input for batch row b, fp32: x[ch] itself (K = 0), or the block's Conv1D
-    of width K over its state and x, rounded to x's dtype like the forward's; SHIFT also writes the new
-    Conv1D state (the last K - 1 inputs) over the old, each element by the thread that read it."""
+    """Channels ch of the mixer input for batch row(s) b (x offset to those rows), fp32: x[ch] itself
+    (K = 0), or the block's Conv1D of width K over its state and x, rounded to x's dtype like the forward's;
+    SHIFT also writes the new Conv1D state (the last K - 1 inputs) over the old, each element by the thread
+    that read it. b and ch broadcast: a row and [C] channels, or [BB, 1] rows and [1, C] channels."""
     v = tl.load(x + ch, mask=ok, other=0.0)
     if K == 0:
         return v.to(tl.float32)
@@ -96,36 +99,41 @@ def _samu_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, st
 
 
 @triton.jit
-def _rglru_step(x, w_a, b_a, w_x, b_x, a_param, h, y, h_out, cw, cb, state, D, HD, sx, c, BH: tl.constexpr,
-                ROWS: tl.constexpr, MATH: tl.constexpr, K: tl.constexpr):
-    b, head = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+def _rglru_step(x, w_a, b_a, w_x, b_x, a_param, h, y, h_out, cw, cb, state, B, D, HD, sx, c, BB: tl.constexpr,
+                BH: tl.constexpr, ROWS: tl.constexpr, MATH: tl.constexpr, K: tl.constexpr):
+    # one program: BB batch rows of one head, so the head's gate matrices are read once for BB rows
+    rb, head = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    r = (rb.to(tl.int64) * BB + tl.arange(0, BB))[:, None]   # [BB, 1] batch rows
+    r_ok = r < B
     j = tl.arange(0, BH)   # [BH] output channels of the head
-    ok = j < HD
-    xb = x + b * sx
-    # gate_a = sigmoid(x_h w_a[h] + b_a), gate_x likewise, accumulated over ROWS input rows at a time
-    acc_a = tl.zeros((BH,), tl.float32)
-    acc_x = tl.zeros((BH,), tl.float32)
+    j_ok = j < HD
+    xb = x + r * sx
+    # gate_a = sigmoid(x_h w_a[h] + b_a), gate_x likewise: [BB, ROWS] @ [ROWS, BH] per pass over ROWS inputs
+    acc_a = tl.zeros((BB, BH), tl.float32)
+    acc_x = tl.zeros((BB, BH), tl.float32)
     for i0 in tl.range(0, HD, ROWS):
         i = i0 + tl.arange(0, ROWS)   # [ROWS] input channels
         i_ok = i < HD
-        xi = _conv_in(xb, cw, cb, state, b, head * HD + i, i_ok, D, K, False)
-        wm = i_ok[:, None] & ok[None, :]
+        xi = _conv_in(xb, cw, cb, state, r, head * HD + i[None, :], r_ok & i_ok[None, :], D, K, False)
+        wm = i_ok[:, None] & j_ok[None, :]
         w_off = head * HD * HD + i[:, None] * HD + j[None, :]
-        acc_a += tl.sum(xi[:, None] * tl.load(w_a + w_off, mask=wm, other=0.0), axis=0)
-        acc_x += tl.sum(xi[:, None] * tl.load(w_x + w_off, mask=wm, other=0.0), axis=0)
-    ch = head * HD + j
+        acc_a = tl.dot(xi, tl.load(w_a + w_off, mask=wm, other=0.0), acc_a, input_precision="ieee")
+        acc_x = tl.dot(xi, tl.load(w_x + w_off, mask=wm, other=0.0), acc_x, input_precision="ieee")
+    ch = (head * HD + j)[None, :]
+    col_ok = j_ok[None, :]
+    ok = r_ok & col_ok
     # every thread has read the Conv1D state of the head's channels before any writes the new state
     tl.debug_barrier()
-    xt = _conv_in(xb, cw, cb, state, b, ch, ok, D, K, True)
+    xt = _conv_in(xb, cw, cb, state, r, ch, ok, D, K, True)
     # the forward kernels' correctly rounded per-channel functions
-    gate_a = _sigmoid_channel(acc_a + tl.load(b_a + ch, mask=ok, other=0.0), MATH)
-    gate_x = _sigmoid_channel(acc_x + tl.load(b_x + ch, mask=ok, other=0.0), MATH)
-    log_a = -c * gate_a * _softplus(tl.load(a_param + ch, mask=ok, other=0.0), MATH)
+    gate_a = _sigmoid_channel(acc_a + tl.load(b_a + ch, mask=col_ok, other=0.0), MATH)
+    gate_x = _sigmoid_channel(acc_x + tl.load(b_x + ch, mask=col_ok, other=0.0), MATH)
+    log_a = -c * gate_a * _softplus(tl.load(a_param + ch, mask=col_ok, other=0.0), MATH)
     # h = a h + sqrt(1 - a^2) gate_x x, with 1 - a^2 = 1 - exp(2 log a) free of cancellation
-    hv = tl.load(h + b * D + ch, mask=ok, other=0.0)
+    hv = tl.load(h + r * D + ch, mask=ok, other=0.0)
     new = tl.exp(log_a) * hv + tl.sqrt(one_minus_exp_neg(-2.0 * log_a)) * gate_x * xt
-    tl.store(h_out + b * D + ch, new, mask=ok)
-    _store_out(y + b * D, new, xb, ch, ok, D, K)
+    tl.store(h_out + r * D + ch, new, mask=ok)
+    _store_out(y + r * D, new, xb, ch, ok, D, K)
 
 
 def _conv_args(x_t, conv):
@@ -155,7 +163,7 @@ def rglru_step(x_t, w_a, b_a, w_x, b_x, a_param, h, c, h_out, conv=None):
     H = w_a.shape[0]
     cw, cb, cs, K = _conv_args(x_t, conv)
     y = torch.empty_like(h, dtype=x_t.dtype)
-    _rglru_step[(B, H)](x_t, w_a, b_a, w_x, b_x, a_param, h, y, h_out, cw, cb, cs, D, D // H, x_t.stride(0),
-                        float(c), BH=max(16, next_power_of_2(D // H)), ROWS=GATE_ROWS, MATH=math_mode(False),
-                        K=K, num_warps=RGLRU_WARPS)
+    _rglru_step[(cdiv(B, STEP_ROWS), H)](x_t, w_a, b_a, w_x, b_x, a_param, h, y, h_out, cw, cb, cs, B, D, D // H,
+                                         x_t.stride(0), float(c), BB=STEP_ROWS, BH=max(16, next_power_of_2(D // H)),
+                                         ROWS=GATE_ROWS, MATH=math_mode(False), K=K, num_warps=RGLRU_WARPS)
     return y

@@ -67,3 +67,29 @@ def test_more_rows_than_a_program_holds_take_pytorch():
     x, w, b, r = _inputs(gemv.MAX_ROWS + 1, 32, 16, torch.float32, seed=1)
     x, w, b, r = (t.to(DEVICE) for t in (x, w, b, r))
     assert torch.equal(gemv.linear(x, w, b, r, backend="triton"), r + F.linear(x, w, b))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 3, 20])   # fused RMSNorm up to NORM_ROWS rows, its own kernel beyond
+def test_rmsnorm_first_and_split_k(M, dtype, monkeypatch):
+    from samu.ops import gemv_triton
+    from samu.ops.rmsnorm import rms_norm_torch
+
+    monkeypatch.setattr(gemv_triton, "TARGET_PROGRAMS", 64)   # K split in several slices at these sizes
+    K, N = 700, 48
+    x, w, b, r = _inputs(M, K, N, dtype, seed=M)
+    g = (1 + 0.3 * torch.randn(K, generator=torch.Generator().manual_seed(5))).to(dtype)
+    dev = [t.to(DEVICE) for t in (x, w, b, r, g)]
+    got = gemv.linear(*dev[:4], backend="triton", norm=(dev[4], 1e-6))
+    xn = rms_norm_torch(x.double(), g.double(), 1e-6)
+    exact = r.double() + F.linear(xn, w.double(), b.double())
+    assert _close(got, gemv.linear(x, w, b, r, backend="torch", norm=(g, 1e-6)), exact, dtype)
+    w2 = torch.cat([w, w.flip(0)])
+    got = gemv.geglu(dev[0], w2.to(DEVICE), torch.cat([b, b]).to(DEVICE), backend="triton", norm=(dev[4], 1e-6))
+    gate, up = F.linear(xn, w2.double(), torch.cat([b, b]).double()).chunk(2, dim=-1)
+    assert _close(got, gemv.geglu(x, w2, torch.cat([b, b]), backend="torch", norm=(g, 1e-6)),
+                  F.gelu(gate, approximate="tanh") * up, dtype)
+    # the ticket counters are back to zero for the next launch, and a rerun is the same to the bit
+    assert not gemv_triton._buffers(dev[0].device)[0].any()
+    assert torch.equal(got, gemv.geglu(dev[0], w2.to(DEVICE), torch.cat([b, b]).to(DEVICE), backend="triton",
+                                       norm=(dev[4], 1e-6)))

@@ -20,8 +20,9 @@ PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 pytestmark = pytest.mark.skipif(not os.path.exists(PTXAS), reason="this triton wheel carries no ptxas")
 
 # pointers to I/O tensors in the storage dtype; every other pointer is fp32, every other scalar i32
-IO = {"z", "state", "xc", "a", "dxc", "da", "dz", "x", "y", "dy", "dx", "cw", "cb", "w", "b", "r"}
-SCALARS = ("L", "E", "R", "W", "n_l", "N", "D", "HD", "sx", "M", "K")
+IO = {"z", "state", "xc", "a", "dxc", "da", "dz", "x", "y", "dy", "dx", "cw", "cb", "w", "b", "r", "nw"}
+SCALARS = ("L", "E", "R", "W", "n_l", "N", "D", "HD", "sx", "M", "K", "KS", "B")
+INT_POINTERS = {"ticket"}
 
 
 def _signature(fn, floats=()):
@@ -34,7 +35,7 @@ def _signature(fn, floats=()):
         elif p.name in SCALARS or p.name.startswith(("sz_", "ss_", "so_")):
             out[p.name] = "i32"
         else:
-            out[p.name] = "*bf16" if p.name in IO else "*fp32"
+            out[p.name] = "*bf16" if p.name in IO else "*i32" if p.name in INT_POINTERS else "*fp32"
     return out
 
 
@@ -52,15 +53,18 @@ def _cases():
     for BW in (1024, 2048):
         yield r._rmsnorm_fwd, ("eps",), dict(BW=BW, ROWS=r.ROWS)
         yield r._rmsnorm_bwd, (), dict(BW=BW, ROWS=r.ROWS)
-    for BM in (16, 64):   # decoding's products at batch 1 to 16 and up to 64
-        for bias, res, geglu in ((True, True, False), (True, False, True), (False, False, False)):
-            yield v._gemv, (), dict(HAS_BIAS=bias, HAS_RES=res, GEGLU=geglu, IEEE=False, BM=BM, BN=v.BN, BK=v.BK)
+    for BM in (16, 64):   # decoding's products at batch 1 to 16 and up to 64, split along K or not
+        for norm, bias, res, geglu in ((True, True, True, False), (True, True, False, True), (False, False, False, False)):
+            for split in (1, 3):
+                yield v._gemv, ("eps",), dict(NORM=norm and BM == 16, HAS_BIAS=bias, HAS_RES=res, GEGLU=geglu,
+                                              IEEE=False, SPLIT=split, BM=BM, BN=v.BN,
+                                              BK=v.BK if BM == 16 else v.BK // 2)
     for K in (0, 1, 4):   # the mixer's own step, and the block's with Conv1D widths 1 and 4
         for BN in (32, 64, 256, 512, 1024):   # the GPU tests', the presets' and the 400m's
             yield s._samu_step, ("radial_bound",), dict(BN=BN, K=K)
         for BH in (16, 32, 64, 128, 256):
             for MATH in (1, 2):
-                yield s._rglru_step, ("c",), dict(BH=BH, ROWS=s.GATE_ROWS, MATH=MATH, K=K)
+                yield s._rglru_step, ("c",), dict(BB=s.STEP_ROWS, BH=BH, ROWS=s.GATE_ROWS, MATH=MATH, K=K)
 
 
 def compile_all():

@@ -47,7 +47,8 @@ def test_samu_step_matches_the_reference(B, D, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("B,D,H", [(1, 16, 2), (2, 40, 4), (1, 96, 2), (1, 128, 2)])   # head dims 8, 10, 48, 64
+@pytest.mark.parametrize("B,D,H", [(1, 16, 2), (2, 40, 4), (1, 96, 2), (1, 128, 2), (18, 16, 2)])
+# head dims 8, 10, 48, 64; 18 rows: more than one program's STEP_ROWS
 def test_rglru_step_matches_the_reference(B, D, H, dtype):
     _check(rglru_step, rglru_params(D, H, seed=D), B, D, dtype, seed=B + D, c=8.0)
 
@@ -119,7 +120,7 @@ def _block_inputs(B, E, K, dtype, seed):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mixer,B,E,H,K", [("samu", 2, 20, None, 4), ("samu", 1, 64, None, 1),
-                                           ("rglru", 2, 40, 4, 4), ("rglru", 1, 96, 2, 3)])
+                                           ("rglru", 2, 40, 4, 4), ("rglru", 1, 96, 2, 3), ("rglru", 17, 16, 2, 4)])
 def test_block_step_matches_the_float64_block_step(mixer, B, E, H, K, dtype):
     from samu.ops.step import rglru_block_step, samu_block_step
 
@@ -160,4 +161,6 @@ def test_a_block_decoding_with_the_fused_step_follows_its_forward(mixer, dtype):
         for t in range(7):
             assert rel_err(block.decode(u[:, t], state).float(), full[:, t].float()) < tol, t
     assert state.conv is conv and state.mixer is mix   # updated in place
-    assert torch.equal(state.conv, final.conv) and rel_err(state.mixer, final.mixer) < 1e-5
+    # the Conv1D window holds the in-projection's outputs: decoding's product (samu.ops.gemv) and the
+    # forward's GEMM sum in different orders, so equal within the same rule, not to the bit
+    assert rel_err(state.conv.float(), final.conv.float()) < tol and rel_err(state.mixer, final.mixer) < 1e-5
