@@ -19,6 +19,9 @@ from samu.ops.rmsnorm import rms_norm
 
 # the most rows one kernel takes; the most whose RMSNorm each program recomputes (beyond, a kernel of its own)
 MAX_ROWS, NORM_ROWS = 64, 16
+# the plain products, or the GeGLU, through cuBLAS instead, with the RMSNorm, the residual sum and the gate
+# as kernels of their own (set by scripts/gpu_gen.py to compare)
+CUBLAS_LINEAR = CUBLAS_GEGLU = False
 
 
 def _fused(x, weight, backend) -> bool:
@@ -43,13 +46,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, residual=None, back
         x = x if norm is None else rms_norm(x, *norm, backend)
         y = F.linear(x, weight, bias)
         return y if residual is None else residual + y
+    if CUBLAS_LINEAR:
+        y = F.linear(x if norm is None else rms_norm(x, *norm, backend), weight, bias)
+        return y if residual is None else residual + y
     return _kernel(x, weight, bias, residual, False, norm, backend)
 
 
 def geglu(x: torch.Tensor, weight: torch.Tensor, bias=None, backend: str = "auto", norm=None) -> torch.Tensor:
     """GeLU(x' W_g^T + b_g) * (x' W_u^T + b_u) [M, H] with weight = [W_g; W_u] [2H, K], bias [2H] and x' as
     for ``linear``."""
-    if not _fused(x, weight, backend):
+    if not _fused(x, weight, backend) or CUBLAS_GEGLU:
         x = x if norm is None else rms_norm(x, *norm, backend)
         gate, up = F.linear(x, weight, bias).chunk(2, dim=-1)
         return F.gelu(gate, approximate="tanh") * up

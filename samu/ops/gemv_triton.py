@@ -26,12 +26,17 @@ from samu.ops.triton_utils import _INTERPRETED, cast_to, cdiv, next_power_of_2
 # into slices until there are about this many)
 BN, BK, STAGES, WARPS = 32, 256, 4, 4
 TARGET_PROGRAMS = 264
+# inputs of at most CORE_ROWS rows multiply on the CUDA cores (tl.dot needs 16 rows)
+CORE_ROWS = 1
 
 
 @triton.jit
-def _tile_dot(xt, w, cols, n_ok, k, k_ok, K, acc, IEEE: tl.constexpr):
+def _tile_dot(xt, w, cols, n_ok, k, k_ok, K, acc, IEEE: tl.constexpr, CORE: tl.constexpr):
     wt = tl.load(w + cols[:, None] * K + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-    if _INTERPRETED:
+    if CORE:
+        # a row or two on the CUDA cores: no tensor-core layouts, loads straight into registers
+        return acc + tl.sum(xt.to(tl.float32)[:, None, :] * wt.to(tl.float32)[None, :, :], axis=2)
+    elif _INTERPRETED:
         # the interpreter multiplies 16-bit matrices as raw integers: upcast (exact)
         return tl.dot(xt.to(tl.float32), tl.trans(wt.to(tl.float32)), acc)
     elif IEEE:
@@ -42,8 +47,8 @@ def _tile_dot(xt, w, cols, n_ok, k, k_ok, K, acc, IEEE: tl.constexpr):
 
 @triton.jit
 def _gemv(x, nw, w, b, r, y, part, ticket, M, N, K, KS, eps, NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
-          HAS_RES: tl.constexpr, GEGLU: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr,
-          BN: tl.constexpr, BK: tl.constexpr):
+          HAS_RES: tl.constexpr, GEGLU: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr, CORE: tl.constexpr,
+          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     tile, s = tl.program_id(0), tl.program_id(1)
     n = tile.to(tl.int64) * BN + tl.arange(0, BN)   # [BN] output columns
     m = tl.arange(0, BM)                              # [BM] rows
@@ -66,10 +71,10 @@ def _gemv(x, nw, w, b, r, y, part, ticket, M, N, K, KS, eps, NORM: tl.constexpr,
         if NORM:
             g = tl.load(nw + k, mask=k_ok, other=0.0).to(tl.float32)
             xt = cast_to(xt.to(tl.float32) * rstd[:, None] * g[None, :], dt)
-        acc = _tile_dot(xt, w, n, n_ok, k, k_ok, K, acc, IEEE)
+        acc = _tile_dot(xt, w, n, n_ok, k, k_ok, K, acc, IEEE, CORE)
         if GEGLU:
             # the up projection's rows follow the gate's: W = [W_g; W_u], N = hidden
-            acc_u = _tile_dot(xt, w, N + n, n_ok, k, k_ok, K, acc_u, IEEE)
+            acc_u = _tile_dot(xt, w, N + n, n_ok, k, k_ok, K, acc_u, IEEE, CORE)
     where = m[:, None] * N + n[None, :]
     ok = m_ok[:, None] & n_ok[None, :]
     last = True
@@ -123,8 +128,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias, residual, geglu: bool, nor
     [2N, K]), bias [N] / [2N] or None, residual [M, N] or None, norm (RMSNorm weight [K], eps) or None."""
     M, K = x.shape
     N = weight.shape[0] // 2 if geglu else weight.shape[0]
-    BM = max(16, next_power_of_2(M))
-    bk = min(BK if BM <= 16 else BK // 2, max(16, next_power_of_2(K)))   # shared memory of the pipeline
+    core = M <= CORE_ROWS
+    BM = next_power_of_2(M) if core else max(16, next_power_of_2(M))
+    # the pipeline's shared memory: half the K tile for 64 rows and for fp32
+    bk = BK // (2 if BM > 16 else 1) // (2 if x.dtype == torch.float32 else 1)
+    bk = min(bk, max(16, next_power_of_2(K)))
     tiles = cdiv(N, BN)
     split = max(1, min(cdiv(TARGET_PROGRAMS, tiles), cdiv(K, bk)))
     if tiles > _TICKETS or 2 * split * M * N > _PART:
@@ -137,5 +145,5 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias, residual, geglu: bool, nor
     _gemv[(tiles, split)](x, nw, weight, x if bias is None else bias, x if residual is None else residual, y, part,
                           tickets, M, N, K, ks, float(eps), NORM=norm is not None, HAS_BIAS=bias is not None,
                           HAS_RES=residual is not None, GEGLU=geglu, IEEE=x.dtype == torch.float32, SPLIT=split,
-                          BM=BM, BN=BN, BK=bk, num_warps=WARPS, num_stages=STAGES)
+                          CORE=core, BM=BM, BN=BN, BK=bk, num_warps=WARPS, num_stages=STAGES)
     return y

@@ -57,8 +57,11 @@ def _cases():
         for norm, bias, res, geglu in ((True, True, True, False), (True, True, False, True), (False, False, False, False)):
             for split in (1, 3):
                 yield v._gemv, ("eps",), dict(NORM=norm and BM == 16, HAS_BIAS=bias, HAS_RES=res, GEGLU=geglu,
-                                              IEEE=False, SPLIT=split, BM=BM, BN=v.BN,
+                                              IEEE=False, SPLIT=split, CORE=False, BM=BM, BN=v.BN,
                                               BK=v.BK if BM == 16 else v.BK // 2)
+    for norm, geglu in ((True, False), (True, True), (False, False)):   # one row on the CUDA cores
+        yield v._gemv, ("eps",), dict(NORM=norm, HAS_BIAS=True, HAS_RES=not geglu, GEGLU=geglu, IEEE=False, SPLIT=3,
+                                      CORE=True, BM=1, BN=v.BN, BK=v.BK)
     for K in (0, 1, 4):   # the mixer's own step, and the block's with Conv1D widths 1 and 4
         for BN in (32, 64, 256, 512, 1024):   # the GPU tests', the presets' and the 400m's
             yield s._samu_step, ("radial_bound",), dict(BN=BN, K=K)
