@@ -1,7 +1,6 @@
-"""Launch settings of decoding's kernels at the 400m preset's shapes, each timed alone in a CUDA graph
-(20 launches per replay, so no host launch cost): the fused block steps (warps; RG-LRU gate rows per
-pass) and the skinny products (output columns per tile, programs aimed at by splitting K) against cuBLAS.
-A setting that fails to launch (shared memory, say) is recorded with its error.
+"""Launch settings of the fused block steps at the 400m preset's shapes (warps; RG-LRU gate rows per pass),
+each timed alone in a CUDA graph (20 launches per replay, so no host launch cost; their few reads stay in
+L2, as in a decode). A setting that fails to launch (shared memory, say) is recorded with its error.
 
 Usage: python scripts/gpu_decode_sweep.py [--out DIR]   writes DIR/decode_sweep.json, prints a table.
 """
@@ -15,15 +14,14 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from samu.bench.records import environment  # noqa: E402
-from samu.ops import gemv, gemv_triton, step, step_triton  # noqa: E402
+from samu.ops import step, step_triton  # noqa: E402
 from tests.helpers import rglru_params, samu_params  # noqa: E402
 
-D, HIDDEN, VOCAB, K_CONV = 1664, 3 * 1664, 256, 4
+D, K_CONV = 1664, 4
 
 
 def graph_us(fn, per_replay=20, replays=20):
@@ -76,30 +74,15 @@ def main():
             step_triton.RGLRU_WARPS, step_triton.GATE_ROWS = warps, gate_rows
             timed(rows, {"kernel": "rglru_block_step", "B": B, "warps": warps, "rows": gate_rows},
                   lambda: step.rglru_block_step(z, cw, cb, cs, *rp, h))
-        step_triton.SAMU_WARPS, step_triton.RGLRU_WARPS, step_triton.GATE_ROWS = 8, 4, 32
-        for name, N, K, geglu in (("in", 2 * D, D, False), ("out", D, D, False), ("geglu", HIDDEN, D, True),
-                                  ("down", D, HIDDEN, False), ("head", VOCAB, D, False)):
-            x = torch.randn(B, K, device=dev, dtype=torch.bfloat16)
-            w = (torch.randn((2 if geglu else 1) * N, K, device=dev) * K ** -0.5).to(torch.bfloat16)
-            b = torch.zeros(w.shape[0], device=dev, dtype=torch.bfloat16)
-            nbytes = w.numel() * 2
-            row = timed(rows, {"kernel": f"cublas_{name}", "B": B}, lambda: F.linear(x, w, b))
-            row["TB_per_s"] = nbytes / row["us"] / 1e6
-            for bn, target in itertools.product((16, 32), (132, 264, 528)):
-                gemv_triton.BN, gemv_triton.TARGET_PROGRAMS = bn, target
-                fn = (lambda: gemv.geglu(x, w, b, "triton")) if geglu else (lambda: gemv.linear(x, w, b, None, "triton"))
-                row = timed(rows, {"kernel": f"gemv_{name}", "B": B, "BN": bn, "target": target}, fn)
-                if "us" in row:
-                    row["TB_per_s"] = nbytes / row["us"] / 1e6
-            gemv_triton.BN, gemv_triton.TARGET_PROGRAMS = 32, 264
+        step_triton.SAMU_WARPS, step_triton.RGLRU_WARPS, step_triton.GATE_ROWS = 8, 8, 32
         with open(os.path.join(args.out, "decode_sweep.json"), "w") as f:
             json.dump({"env": environment(torch.device("cuda")), "rows": rows}, f, indent=1)
     for key in sorted({(r["kernel"], r["B"]) for r in rows}):
         best = min((r for r in rows if (r["kernel"], r["B"]) == key and "us" in r), key=lambda r: r["us"])
-        cfg = {k: v for k, v in best.items() if k not in ("kernel", "B", "us", "TB_per_s")}
+        cfg = {k: v for k, v in best.items() if k not in ("kernel", "B", "us")}
         failed = sum("error" in r for r in rows if (r["kernel"], r["B"]) == key)
         cfg = {**cfg, **({"settings failed": failed} if failed else {})}
-        print(f"{key[0]:18} B={key[1]:3} best {best['us']:7.2f} us {best.get('TB_per_s', 0):5.2f} TB/s  {cfg}")
+        print(f"{key[0]:18} B={key[1]:3} best {best['us']:7.2f} us  {cfg}")
 
 
 if __name__ == "__main__":

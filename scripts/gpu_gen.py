@@ -1,10 +1,9 @@
 """Where a decoding step's time goes: the 400m preset in bf16, one token per row through generate()'s
 Decoder, graphed and eager, with the kernels of one step and the weight-read floor.
 
-Usage: python scripts/gpu_gen.py [--out DIR] [--batches 1,8,64] [--mixers samu,rglru] [--configs a,b]
-[--no-kernels]. A config sets launch settings of samu.ops.gemv (CONFIGS), so one run compares them on a
-real decode (weights streamed from memory, not warm in L2 as in a loop over one product).
-Writes DIR/gen_profile.json and prints a table.
+Usage: python scripts/gpu_gen.py [--out DIR] [--batches 1,8,64] [--mixers samu,rglru] [--no-kernels]
+Writes DIR/gen_profile.json and prints a table. Times are of a real decode: every step streams the weights
+from memory (a loop over one product alone would find them in L2).
 """
 
 from __future__ import annotations
@@ -20,20 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from samu.bench.records import environment  # noqa: E402
 from samu.models import LanguageModel, LMConfig  # noqa: E402
-from samu.models import generate as _  # noqa: E402,F401
-from samu.ops import gemv, gemv_triton  # noqa: E402
-
-gen = sys.modules["samu.models.generate"]
-CONFIGS = {
-    "default": {},
-    "split_dot": {(gemv_triton, "CORE_ROWS"): 0},
-    "nosplit_dot": {(gemv_triton, "CORE_ROWS"): 0, (gemv_triton, "TARGET_PROGRAMS"): 1},
-    "nosplit_core": {(gemv_triton, "TARGET_PROGRAMS"): 1},
-    "cublas_linear": {(gemv, "CUBLAS_LINEAR"): True},
-    "cublas_linear_dot": {(gemv, "CUBLAS_LINEAR"): True, (gemv_triton, "CORE_ROWS"): 0},
-    "cublas_all": {(gemv, "CUBLAS_LINEAR"): True, (gemv, "CUBLAS_GEGLU"): True},
-}
-DEFAULTS = {key: getattr(*key) for settings in CONFIGS.values() for key in settings}
+from samu.models.generate import decoder  # noqa: E402
 
 
 def replay_ms(fn, iters):
@@ -63,7 +49,6 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--mixers", default="samu,rglru")
-    ap.add_argument("--configs", default="default")
     ap.add_argument("--no-kernels", action="store_true")
     args = ap.parse_args()
     out = {"env": environment(torch.device("cuda")), "command": "python scripts/gpu_gen.py " + " ".join(sys.argv[1:]), "rows": []}
@@ -72,17 +57,14 @@ def main():
         torch.manual_seed(0)
         model = LanguageModel(LMConfig.preset("400m", mixer=mixer), device="cuda").to(torch.bfloat16).eval()
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        for config, B in ((c, B) for c in args.configs.split(",") for B in map(int, args.batches.split(","))):
-            for (module, name), value in {**DEFAULTS, **CONFIGS[config]}.items():
-                setattr(module, name, value)
-            gen._decoders.pop(model, None)   # decoders captured under other settings
+        for B in map(int, args.batches.split(",")):
             with torch.no_grad():
                 prompt = torch.randint(256, (B, 16), device="cuda")
                 logits, state = model(prompt, return_state=True)
                 rows = torch.arange(B, device="cuda")
-                row = {"mixer": mixer, "config": config, "batch": B, "weight_bytes": weight_bytes}
+                row = {"mixer": mixer, "batch": B, "weight_bytes": weight_bytes}
                 for graph in (True, False):
-                    dec = gen.decoder(model, B, 0.0, None, graph)
+                    dec = decoder(model, B, 0.0, None, graph)
                     dec.load(rows, state)
                     dec.run(model, logits[:, -1], 2, None)
                     step = dec.graph.replay if graph else (lambda d=dec: d._step(model))
@@ -95,14 +77,14 @@ def main():
             out["rows"].append(row)
             with open(path, "w") as f:
                 json.dump(out, f, indent=1)
-            print(f"{mixer:6} {config:18} B={B:3} graph {row['graph_ms']:.3f} ms/step ({row['graph_tokens_per_s']:,.0f} tok/s) "
+            print(f"{mixer:6} B={B:3} graph {row['graph_ms']:.3f} ms/step ({row['graph_tokens_per_s']:,.0f} tok/s) "
                   f"eager {row['eager_ms']:.3f} ms/step  weight floor {row['weight_floor_ms']:.3f} ms"
                   + (f"  kernels (eager) {row['kernel_ms']:.3f} ms" if "kernel_ms" in row else ""), flush=True)
         del model
         torch.cuda.empty_cache()
     for row in out["rows"]:
         if "kernels" in row:
-            print(f"--- {row['mixer']} {row['config']} B={row['batch']} kernels of one eager step (count, us)")
+            print(f"--- {row['mixer']} B={row['batch']} kernels of one eager step (count, us)")
             for name, count, us in row["kernels"][:14]:
                 print(f"  {name:70} {count:5.1f} {us:8.1f}")
 

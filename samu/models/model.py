@@ -10,7 +10,6 @@ from torch.utils.checkpoint import checkpoint
 from samu.models.config import LMConfig
 from samu.modules.block import BlockState, ResidualLayer
 from samu.modules.layers import RMSNorm
-from samu.ops import gemv
 from samu.ops.glue import fused_backend
 
 
@@ -105,8 +104,7 @@ class LanguageModel(nn.Module):
         x = self.embed(token)
         for layer, s in zip(self.layers, state):
             x = layer.decode(x, s)
-        norm = self.final_norm
-        return gemv.linear(x, self.embed.weight, backend=norm.backend, norm=(norm.weight, norm.eps))
+        return self._head(x)
 
     def step(self, token, state=None):
         self._check_tokens("token", token, 1)

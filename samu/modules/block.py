@@ -9,7 +9,6 @@ import torch.nn as nn
 
 from samu.modules.layers import Conv1D, GatedMLP, RMSNorm, check_sequence, check_tensor, check_token, lecun_normal_
 from samu.modules.mixers import RGLRUMixer, SAMUMixer
-from samu.ops import gemv
 from samu.ops.glue import conv_gelu, fused_backend
 from samu.ops.scan import state_dtype
 from samu.validate import positive_int
@@ -92,15 +91,12 @@ class RecurrentBlock(nn.Module):
         return BlockState(self.conv1d.empty_state(batch, device, dtype),
                           torch.zeros(batch, self.lru_width, device=device, dtype=state_dtype(dtype)))
 
-    def decode(self, u_t, state: BlockState, residual=None, norm=None):
-        """residual + out_t [B, width] for the input norm(u_t) (u_t [B, width]; residual None: no sum, norm
-        an RMSNorm or None), updating ``state`` in place: the decoding loop's step, unchecked. On CUDA three
-        kernels: the RMSNorm and in-projection, the fused step between the projections (samu.ops.step), the
-        out-projection with the residual sum (samu.ops.gemv)."""
-        z = gemv.linear(u_t, self.linear_in.weight, self.linear_in.bias, backend=self.glue_backend,
-                        norm=None if norm is None else (norm.weight, norm.eps))
+    def decode(self, u_t, state: BlockState):
+        """out_t [B, width] from u_t [B, width], updating ``state`` in place: the decoding loop's step,
+        unchecked (one fused kernel between the two projections on CUDA, samu.ops.step)."""
+        z = self.linear_in(u_t)
         g = self.mixer.block_step(z, self.conv1d.weight, self.conv1d.bias, state.conv, state.mixer)
-        return gemv.linear(g, self.linear_out.weight, self.linear_out.bias, residual, self.glue_backend)
+        return self.linear_out(g)
 
     def step(self, u_t, state=None):
         check_token("u_t", u_t, self.width)
@@ -145,7 +141,7 @@ class ResidualLayer(nn.Module):
         self.temporal_norm = RMSNorm(width, norm_eps, backend=fused, **kw)
         self.block = RecurrentBlock(width, mixer, lru_width, num_heads, conv_width, backend=backend, **kw)
         self.mlp_norm = RMSNorm(width, norm_eps, backend=fused, **kw)
-        self.mlp = GatedMLP(width, mlp_expansion, backend=fused, **kw)
+        self.mlp = GatedMLP(width, mlp_expansion, **kw)
 
     def forward(self, x, state=None, return_state=False):
         check_sequence("x", x, self.block.width)
@@ -158,8 +154,8 @@ class ResidualLayer(nn.Module):
 
     def decode(self, x_t, state: BlockState):
         """x_t [B, width] -> x_t, updating ``state`` in place (unchecked; RecurrentBlock.decode)."""
-        x_t = self.block.decode(x_t, state, residual=x_t, norm=self.temporal_norm)
-        return self.mlp.decode(x_t, residual=x_t, norm=self.mlp_norm)
+        x_t = x_t + self.block.decode(self.temporal_norm(x_t), state)
+        return x_t + self.mlp(self.mlp_norm(x_t))
 
     def step(self, x_t, state=None):
         check_token("x_t", x_t, self.block.width)

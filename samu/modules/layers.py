@@ -6,7 +6,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from samu.ops import gemv
 from samu.ops.glue import GLUE_BACKENDS, causal_conv
 from samu.ops.rmsnorm import rms_norm
 from samu.validate import finite_number, positive_int
@@ -117,17 +116,10 @@ class RMSNorm(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """GeGLU feed-forward: (GeLU(x W_gate + b) * (x W_up + b)) W_down + b, hidden = expansion * width.
+    """GeGLU feed-forward: (GeLU(x W_gate + b) * (x W_up + b)) W_down + b, hidden = expansion * width."""
 
-    decode(x_t [B, width], residual, norm) -> residual + mlp(norm(x_t)): one token per row (norm an RMSNorm or
-    None), through decoding's fused skinny products on CUDA (samu.ops.gemv; ``backend`` "auto", "torch" or
-    "triton")."""
-
-    def __init__(self, width: int, expansion: int = 3, *, backend: str = "auto", device=None, dtype=None):
+    def __init__(self, width: int, expansion: int = 3, *, device=None, dtype=None):
         super().__init__()
-        if backend not in GLUE_BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(GLUE_BACKENDS)}, got {backend!r}")
-        self.backend = backend
         self.width = positive_int("width", width)
         self.expansion = positive_int("expansion", expansion)
         hidden = expansion * width
@@ -143,11 +135,6 @@ class GatedMLP(nn.Module):
     def forward(self, x):
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.down(F.gelu(gate, approximate="tanh") * up)
-
-    def decode(self, x_t, residual=None, norm=None):
-        h = gemv.geglu(x_t, self.gate_up.weight, self.gate_up.bias, self.backend,
-                       norm=None if norm is None else (norm.weight, norm.eps))
-        return gemv.linear(h, self.down.weight, self.down.bias, residual, self.backend)
 
     def extra_repr(self):
         return f"width={self.width}, expansion={self.expansion}"

@@ -24,7 +24,7 @@ from samu.ops.triton_utils import cast_to, cdiv, next_power_of_2, one_minus_exp_
 # and for RG-LRU one head): a decoding step at batch 1 is one program per row, so latency-bound
 GATE_ROWS = 32
 SAMU_WARPS = 8
-RGLRU_WARPS = 4
+RGLRU_WARPS = 8
 # batch rows of one RG-LRU program (the gate matvecs as one [rows, head] @ [head, head] product)
 STEP_ROWS = 16
 
