@@ -54,7 +54,8 @@ main() {
     --peers fla-chunk_hgrn,ascan-scalar,ascan-complex --out "$OUT/bench_sweeps.json"
   stage modules 90 $SAMU bench --quiet $EXTRA $BENCH_EXTRA --scopes block,step,model \
     --shapes "${MODULE_SHAPES:-block,step}" --out "$OUT/bench_modules.json"
-  # ~50 s expected (the arithmetic is at GEN in samu/bench/shapes.py)
+  # ~50 s expected (docs/measurement.md, "Sizing the gen stage"); the prefill scope is timed on its own
+  # (`samu bench --scopes prefill --shapes prefill`, ~60 s): one more record would pass the 8 files
   stage gen 90 $SAMU bench --quiet $EXTRA $BENCH_EXTRA --scopes gen --shapes "${GEN_SHAPES:-gen}" \
     --out "$OUT/bench_gen.json"
 
