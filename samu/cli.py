@@ -202,6 +202,8 @@ def cmd_generate(args):
     from samu.models import generate, load_model
     from samu.train import CHECKPOINT, resolve_device
 
+    if args.prompt_ids and args.prompt:
+        raise ValueError("give --prompt or --prompt-ids, not both")
     device = resolve_device(args.device or "auto")
     path = Path(args.checkpoint)
     if path.is_dir():

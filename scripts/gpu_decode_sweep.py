@@ -58,6 +58,7 @@ def main():
     args = ap.parse_args()
     rows = []
     dev = "cuda"
+    saved = step_triton.SAMU_WARPS, step_triton.RGLRU_WARPS, step_triton.GATE_ROWS
     for B in (1, 64):
         z = torch.randn(B, 2 * D, device=dev, dtype=torch.bfloat16)
         cw = (0.3 * torch.randn(K_CONV, D, device=dev)).to(torch.bfloat16)
@@ -74,7 +75,7 @@ def main():
             step_triton.RGLRU_WARPS, step_triton.GATE_ROWS = warps, gate_rows
             timed(rows, {"kernel": "rglru_block_step", "B": B, "warps": warps, "rows": gate_rows},
                   lambda: step.rglru_block_step(z, cw, cb, cs, *rp, h))
-        step_triton.SAMU_WARPS, step_triton.RGLRU_WARPS, step_triton.GATE_ROWS = 8, 8, 32
+        step_triton.SAMU_WARPS, step_triton.RGLRU_WARPS, step_triton.GATE_ROWS = saved
         with open(os.path.join(args.out, "decode_sweep.json"), "w") as f:
             json.dump({"env": environment(torch.device("cuda")), "rows": rows}, f, indent=1)
     for key in sorted({(r["kernel"], r["B"]) for r in rows}):

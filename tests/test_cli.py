@@ -56,7 +56,8 @@ def test_train_resume_generate(tmp_path, corpus, capsys):
     captured = capsys.readouterr()
     first, second = captured.out[:-1].split("\n---\n")
     assert first.startswith("ab") and second.startswith("def x")
-    assert "prefill: 7 tokens" in captured.err and "decode: 8 tokens" in captured.err and "batch 2" in captured.err
+    # 4 new tokens a row: the first from the prefill, 3 by decoding steps
+    assert "prefill: 7 tokens" in captured.err and "decode: 6 tokens" in captured.err and "batch 2" in captured.err
 
 
 def test_train_on_a_token_file(tmp_path, capsys):
@@ -80,6 +81,8 @@ def test_train_on_a_token_file(tmp_path, capsys):
     (["train", "--device", "foo"], "train", "--device must be auto, cpu, cuda or cuda:N, got 'foo'"),
     (["demo", "--device", "foo"], "demo", "--device must be auto, cpu, cuda or cuda:N, got 'foo'"),
     (["generate", "/no/such.pt", "--device", "foo"], "generate", "--device must be auto, cpu, cuda"),
+    (["generate", "/no/such.pt", "--prompt", "a", "--prompt-ids", "1"], "generate",
+     "give --prompt or --prompt-ids, not both"),
     (["demo", "--device", "mps"], "demo", "--device must be auto, cpu, cuda or cuda:N, got 'mps'"),
     (["train", "--device", "meta"], "train", "--device must be auto, cpu, cuda or cuda:N, got 'meta'"),
     (["generate", "/no/such.pt"], "generate", "checkpoint not found"),

@@ -310,8 +310,10 @@ def _inference(scope, name, op, impl, model, B, L, gen, n_params, preset) -> Can
 
     @torch.no_grad()
     def run():
-        dec.load(rows, state)   # every call decodes from the prompt's state
-        return dec.run(model, last, L, None)
+        # every call decodes from the prompt's state (the reload, 2 copies a layer, is timed with it) and
+        # makes L + 1 tokens: the first from the prompt's logits, then L decoding steps
+        dec.load(rows, state)
+        return dec.run(model, last, L + 1, None)
 
     how = "one CUDA graph replay per token" if dec.graph is not None else "eager steps"
     return Candidate(name, op, impl, False, run, n_params, "step",

@@ -8,7 +8,8 @@ autocast (whose weight cache a graph cannot hold), the same step runs eagerly. T
 loop every CHUNK tokens to draw the next chunk's uniforms and collect its tokens.
 
 Sampling takes one uniform draw per row and token, by inverse CDF over the softmax, so a seeded run draws
-the same numbers whether the step is graphed or eager: the two decode the same tokens.
+the same numbers whether the step is graphed or eager: the two decode the same tokens. Logits that are not
+finite (a model producing nan or inf) raise an error at the end of the chunk instead of decoding garbage.
 """
 
 from __future__ import annotations
@@ -31,12 +32,15 @@ _decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def sample(logits: torch.Tensor, temperature: float, top_k: int | None, u: torch.Tensor) -> torch.Tensor:
-    """One token per row of ``logits`` [B, V] from the uniform draws ``u`` [B] in [0, 1): the first index
-    whose cumulative probability exceeds u (softmax of logits / temperature, over the top_k likeliest
-    when given); temperature 0 picks the most likely token and ignores u. No host synchronisation."""
+    """One token per row of finite ``logits`` [B, V] from the uniform draws ``u`` [B] in [0, 1): the first
+    index whose cumulative probability exceeds u (softmax of logits / temperature, over the top_k
+    likeliest when given); temperature 0 picks the most likely token and ignores u. No host
+    synchronisation (rows that are not finite give some token: check them apart, as Decoder does)."""
     if temperature == 0:
         return logits.argmax(-1)
-    logits = logits.float() / temperature
+    # the row's maximum first, so a small temperature cannot overflow
+    logits = logits.float()
+    logits = (logits - logits.amax(-1, keepdim=True)) / temperature
     V = logits.shape[-1]
     if top_k is not None and top_k < V:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
@@ -54,72 +58,89 @@ class Decoder:
     [batch, n] tokens, the first sampled from ``logits`` [batch, V] (the prompt's last), then n - 1 steps.
     """
 
+    @torch.no_grad()
     def __init__(self, model: LanguageModel, batch: int, temperature: float, top_k: int | None, graph: bool):
-        device = model.embed.weight.device
+        self.device = device = model.embed.weight.device
         self.batch, self.temperature, self.top_k = batch, temperature, top_k
         self.state = model.init_state(batch)
         self.token = torch.zeros(batch, dtype=torch.int64, device=device)
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)
+        self.bad = torch.zeros(1, dtype=torch.bool, device=device)   # a step saw logits not finite
         self.chunk = CHUNK
-        self.uniforms = torch.zeros(CHUNK, batch, device=device)
+        # float64 draws: a token's probability is resolved well below fp32's 2^-24
+        self.uniforms = torch.zeros(CHUNK, batch, dtype=torch.float64, device=device)
         self.out = torch.zeros(CHUNK, batch, dtype=torch.int64, device=device)
         self.graph = self._capture(model) if graph else None
 
+    def _sample(self, logits, u):
+        self.bad.logical_or_(~torch.isfinite(logits).all())
+        return sample(logits, self.temperature, self.top_k, u)
+
     def _step(self, model):
-        logits = model.decode(self.token, self.state)
-        token = sample(logits, self.temperature, self.top_k, self.uniforms.index_select(0, self.counter)[0])
+        token = self._sample(model.decode(self.token, self.state), self.uniforms.index_select(0, self.counter)[0])
         self.out.index_copy_(0, self.counter, token[None])
         self.token.copy_(token)
         self.counter.add_(1)
 
     def _capture(self, model) -> torch.cuda.CUDAGraph:
-        # warm-up steps on a side stream compile the kernels and set up cuBLAS outside the capture; what
-        # they write into the buffers is replaced by load() and run()
-        stream = torch.cuda.Stream(self.token.device)
-        stream.wait_stream(torch.cuda.current_stream(self.token.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
+        # warm-up steps on a side stream of the model's device compile the kernels and set up cuBLAS outside
+        # the capture; what they write into the buffers is replaced by load() and run()
+        with torch.cuda.device(self.device):
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self._step(model)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
                 self._step(model)
-        torch.cuda.current_stream(self.token.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._step(model)
         return graph
 
+    @torch.no_grad()
     def load(self, rows: torch.Tensor, state) -> None:
         """Copy ``state`` (model.forward's, one entry per row of ``rows``) into those rows of the buffers."""
         for buf, s in zip(self.state, state):
             buf.conv.index_copy_(0, rows, s.conv.to(buf.conv.dtype))
             buf.mixer.index_copy_(0, rows, s.mixer.to(buf.mixer.dtype))
 
+    @torch.no_grad()
     def run(self, model, logits: torch.Tensor, n: int, generator) -> torch.Tensor:
+        """[batch, n] tokens: the first sampled from ``logits``, then n - 1 decoding steps."""
         chunks = []
+        self.bad.zero_()
         for start in range(0, n, self.chunk):
             size = min(self.chunk, n - start)
             if self.temperature > 0:
                 self.uniforms.uniform_(generator=generator)
             first = 0
             if start == 0:
-                token = sample(logits, self.temperature, self.top_k, self.uniforms[0])
+                token = self._sample(logits, self.uniforms[0])
                 self.token.copy_(token)
                 self.out[0].copy_(token)
                 first = 1
             self.counter.fill_(first)
             for _ in range(first, size):
                 if self.graph is not None:
-                    self.graph.replay()
+                    with torch.cuda.device(self.device):
+                        self.graph.replay()
                 else:
                     self._step(model)
             chunks.append(self.out[:size].clone())
+            if bool(self.bad):
+                raise ValueError("the model's logits hold nan or inf while decoding (weights or activations "
+                                 "overflowed?); nothing was sampled from them")
         return torch.cat(chunks).T
 
 
 def _key(model, batch, temperature, top_k, graph):
-    """What a decoder's captured graph depends on: the batch, the sampling, every tensor's address and
-    dtype (a moved or cast model gets a new decoder) and every backend choice."""
-    tensors = tuple((t.data_ptr(), t.dtype) for t in (*model.parameters(), *model.buffers()))
-    backends = tuple(getattr(m, name, None) for m in model.modules() for name in ("backend", "glue_backend"))
-    return batch, float(temperature), top_k, graph, tensors, backends
+    """What a decoder's captured graph depends on: the batch, the sampling, every tensor's address, shape
+    and dtype (a moved or cast model gets a new decoder), every backend choice and every module's settings
+    (eps, radial_bound, c, ...: their extra_repr)."""
+    tensors = tuple((t.data_ptr(), tuple(t.shape), t.dtype) for t in (*model.parameters(), *model.buffers()))
+    settings = tuple((m.extra_repr(), *(getattr(m, name, None) for name in ("backend", "glue_backend")))
+                     for m in model.modules())
+    return batch, float(temperature), top_k, graph, tensors, settings
 
 
 def decoder(model: LanguageModel, batch: int, temperature: float, top_k: int | None, graph: bool) -> Decoder:
@@ -141,7 +162,10 @@ def _prompts(prompt, vocab: int, device) -> tuple[list[torch.Tensor], bool]:
     rows = list(prompt) if ragged else None
     if ragged:
         if not rows or not all(isinstance(r, torch.Tensor) and r.dim() == 1 and r.numel() for r in rows):
-            raise ValueError("prompt must be a non-empty list of non-empty [T_i] tensors of tokens")
+            got = ", ".join(sorted({type(r).__name__ if not isinstance(r, torch.Tensor) else f"{r.dim()}-D tensor"
+                                    for r in rows})) or "nothing"
+            raise ValueError(f"prompt must be a non-empty list of non-empty [T_i] tensors of tokens (one per "
+                             f"prompt; a single prompt may be a [T] tensor), got a list of {got}")
     elif not isinstance(prompt, torch.Tensor) or prompt.dim() not in (1, 2) or prompt.numel() == 0:
         shape = list(prompt.shape) if isinstance(prompt, torch.Tensor) else type(prompt).__name__
         raise ValueError(f"prompt must be a non-empty [B, T] or [T] tensor of tokens, or a list of [T_i] tensors, "
@@ -177,8 +201,9 @@ def generate(model: LanguageModel, prompt, max_new_tokens: int, *, temperature: 
         top_k: sample among the k most likely tokens only (None: all).
         seed: seeds the sampling generator for reproducible samples.
         graph: decode through a CUDA graph (None: on CUDA unless autocast is on; True there only).
-        stats: a dict to fill with prefill_tokens, prefill_s, decode_tokens and decode_s (timing
-            synchronises the device).
+        stats: a dict to fill with prefill_tokens, prefill_s, decode_tokens and decode_s: the prompts'
+            tokens, and the tokens made by decoding steps (the first new token of a row comes from its
+            prefill), each with its seconds (timing synchronises the device).
 
     Returns:
         [B, T + max_new_tokens] (or [T + max_new_tokens] for a 1-D prompt) int64 tokens; for a list, a list
@@ -206,6 +231,8 @@ def generate(model: LanguageModel, prompt, max_new_tokens: int, *, temperature: 
         generator = torch.Generator(device=device)
         generator.manual_seed(seed)
     new = torch.zeros(len(rows), 0, dtype=torch.int64, device=device)
+    if stats is not None:
+        stats.update(prefill_tokens=0, prefill_s=0.0, decode_tokens=0, decode_s=0.0)
     was_training = model.training
     model.eval()
     try:
@@ -225,7 +252,7 @@ def generate(model: LanguageModel, prompt, max_new_tokens: int, *, temperature: 
             new = dec.run(model, logits, max_new_tokens, generator)
             if stats is not None:
                 stats.update(prefill_tokens=sum(map(len, rows)), prefill_s=prefilled - start,
-                             decode_tokens=len(rows) * max_new_tokens, decode_s=_synchronize(device) - prefilled)
+                             decode_tokens=len(rows) * (max_new_tokens - 1), decode_s=_synchronize(device) - prefilled)
     finally:
         model.train(was_training)
     result = [torch.cat([r, n]) for r, n in zip(rows, new)]

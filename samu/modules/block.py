@@ -70,6 +70,12 @@ class RecurrentBlock(nn.Module):
         conv, mixer = state
         check_tensor("state.conv", conv, (batch, self.conv1d.kernel_size - 1, self.lru_width))
         check_tensor("state.mixer", mixer, (batch, self.lru_width))
+        device = self.linear_in.weight.device
+        for name, t in (("state.conv", conv), ("state.mixer", mixer)):
+            if not t.is_floating_point():
+                raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+            if t.device != device:
+                raise ValueError(f"{name} is on {t.device}, the block on {device}")
         return conv, mixer
 
     def forward(self, u, state=None, return_state=False):
@@ -109,8 +115,9 @@ class RecurrentBlock(nn.Module):
         conv_state, mixer_state = self._unpack(state, batch)
         if state is None:
             return self.init_state(batch)
-        return BlockState(conv_state.clone(memory_format=torch.contiguous_format),
-                          mixer_state.to(state_dtype(self.linear_in.weight.dtype), copy=True).contiguous())
+        dtype = self.linear_in.weight.dtype
+        return BlockState(conv_state.to(dtype, copy=True).contiguous(),
+                          mixer_state.to(state_dtype(dtype), copy=True).contiguous())
 
     def extra_repr(self):
         return f"width={self.width}, lru_width={self.lru_width}, mixer={self.mixer_name!r}"
@@ -129,7 +136,8 @@ class ResidualLayer(nn.Module):
     """x + RecurrentBlock(RMSNorm(x)), then + GatedMLP(RMSNorm(.)): one layer of the language model.
 
     forward(x [B, L, width], state: BlockState | None, return_state) -> (x [B, L, width], BlockState | None)
-    step(x_t [B, width], state: BlockState | None) -> (x_t [B, width], BlockState)
+    step(x_t [B, width], state: BlockState | None) -> (x_t [B, width], a new BlockState)
+    init_state(batch) -> a zero BlockState; decode(x_t, state) -> x_t, updating the state in place
     """
 
     def __init__(self, width: int, mixer: str = "samu", lru_width: int | None = None,

@@ -12,24 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
-from samu.ops.triton_utils import cast_to, cdiv, tanh
-
-_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
-_GELU_CUBIC = tl.constexpr(0.044715)
+from samu.ops.triton_utils import cast_to, cdiv, gelu_tanh, gelu_tanh_grad
 
 # rows of one tile and channels of one tile; the backward walks ROWS rows per program in tiles of BL
 BL, BE, ROWS = 32, 128, 512
-
-
-@triton.jit
-def _gelu_tanh(v):
-    return 0.5 * v * (1.0 + tanh(_SQRT_2_OVER_PI * (v + _GELU_CUBIC * v * v * v)))
-
-
-@triton.jit
-def _gelu_tanh_grad(v):
-    t = tanh(_SQRT_2_OVER_PI * (v + _GELU_CUBIC * v * v * v))
-    return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_CUBIC * v * v)
 
 
 @triton.jit
@@ -61,7 +47,7 @@ def _conv_gelu_fwd(z, weight, bias, state, xc, a, L, E, sz_b, sz_l, ss_b, ss_k, 
     out = b * so_b + t[:, None] * so_l + e[None, :]
     tl.store(xc + out, cast_to(acc, xc.dtype.element_ty), mask=valid)
     zy = tl.load(z + b * sz_b + t[:, None] * sz_l + E + e[None, :], mask=valid, other=0.0).to(tl.float32)
-    tl.store(a + out, cast_to(_gelu_tanh(zy), a.dtype.element_ty), mask=valid)
+    tl.store(a + out, cast_to(gelu_tanh(zy), a.dtype.element_ty), mask=valid)
 
 
 @triton.jit
@@ -103,7 +89,7 @@ def _conv_gelu_bwd(dxc, da, z, weight, state, dz, dw_part, db_part, L, E, n_l, s
         # dz_y = da * GeLU'(z_y)
         zy = tl.load(z + b * sz_b + t[:, None] * sz_l + E + e[None, :], mask=valid, other=0.0).to(tl.float32)
         d = tl.load(da + b * so_b + t[:, None] * so_l + e[None, :], mask=valid, other=0.0).to(tl.float32)
-        tl.store(dz + b * sz_b + t[:, None] * sz_l + E + e[None, :], cast_to(d * _gelu_tanh_grad(zy),
+        tl.store(dz + b * sz_b + t[:, None] * sz_l + E + e[None, :], cast_to(d * gelu_tanh_grad(zy),
                  dz.dtype.element_ty), mask=valid)
     part = b * n_l + pid_l   # int64, as b is
     out = dw_part + part * K * E + e

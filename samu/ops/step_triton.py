@@ -1,13 +1,15 @@
 """Triton kernels of one decoding step of each mixer (samu.ops.step): one launch per token and mixer.
 
 Both evaluate the serial reference's definitions (samu.reference) for a single token in fp32, read the
-mixer state [B, D] fp32 and write the new state and y_t; the new state may be written over the old one.
+mixer state [B, D] fp32 and write the new state and y_t (the mixer's own step into a fresh buffer, the
+block's over the old state).
 
 With K > 0 a kernel is the RecurrentBlock's whole step between its two projections: it reads the
-in-projection row z = [z_x | z_y] [B, 2D], runs the block's causal Conv1D of width K on z_x (its state
-[B, K-1, D] shifted in place), the mixer, and writes y_t = mixer_t * GeLU(z_y), rounding where the
+in-projection row z = [z_x | z_y] [B, 2D], runs the block's causal Conv1D of width K <= 4 on z_x (its
+state [B, K-1, D] shifted in place), the mixer, and writes y_t = mixer_t * GeLU(z_y), rounding where the
 block's forward rounds (the Conv1D output, the mixer output and the GeLU in the storage dtype), so a
-decode follows the forward of samu.ops.glue and the mixers.
+decode follows the forward of samu.ops.glue and the mixers. A program owns its batch rows' channels
+(SAMU: one row, all channels; RG-LRU: 16 rows, one head), so no two programs touch the same state.
 """
 
 from __future__ import annotations
@@ -16,12 +18,11 @@ import torch
 import triton
 import triton.language as tl
 
-from samu.ops.glue_triton import _gelu_tanh
 from samu.ops.rglru.triton_fwd import _sigmoid_channel, _softplus, math_mode
-from samu.ops.triton_utils import cast_to, cdiv, next_power_of_2, one_minus_exp_neg, tanh
+from samu.ops.triton_utils import cast_to, cdiv, gelu_tanh, next_power_of_2, one_minus_exp_neg, tanh
 
-# input rows of the RG-LRU gate matrices one pass of the matvec reads; warps of a program (one batch row,
-# and for RG-LRU one head): a decoding step at batch 1 is one program per row, so latency-bound
+# input rows of the RG-LRU gate matrices one pass of the matvec reads; warps of a program (a decoding step
+# at batch 1 is latency-bound: SAMU takes at most one warp per 32 modes, so no thread holds a copy)
 GATE_ROWS = 32
 SAMU_WARPS = 8
 RGLRU_WARPS = 8
@@ -32,23 +33,38 @@ STEP_ROWS = 16
 @triton.jit
 def _conv_in(x, cw, cb, state, b, ch, ok, D, K: tl.constexpr, SHIFT: tl.constexpr):
     """Channels ch of the mixer input for batch row(s) b (x offset to those rows), fp32: x[ch] itself
-    (K = 0), or the block's Conv1D of width K over its state and x, rounded to x's dtype like the forward's;
-    SHIFT also writes the new Conv1D state (the last K - 1 inputs) over the old, each element by the thread
-    that read it. b and ch broadcast: a row and [C] channels, or [BB, 1] rows and [1, C] channels."""
+    (K = 0), or the block's Conv1D of width K <= 4 over its state and x, rounded to x's dtype like the
+    forward's. SHIFT then writes the new Conv1D state (the last K - 1 inputs) over the old, after a
+    barrier: every thread of the program has read the old state before any writes. b and ch broadcast:
+    a row and [C] channels, or [BB, 1] rows and [1, C] channels."""
     v = tl.load(x + ch, mask=ok, other=0.0)
     if K == 0:
         return v.to(tl.float32)
     else:
         acc = tl.load(cb + ch, mask=ok, other=0.0).to(tl.float32)
         row = state + b * (K - 1) * D + ch
-        for i in tl.static_range(K - 1):
-            s = tl.load(row + i * D, mask=ok, other=0.0)
-            acc += s.to(tl.float32) * tl.load(cw + i * D + ch, mask=ok, other=0.0).to(tl.float32)
-            if SHIFT and i > 0:
-                tl.store(row + (i - 1) * D, s, mask=ok)
+        if K > 1:
+            s0 = tl.load(row, mask=ok, other=0.0)
+            acc += s0.to(tl.float32) * tl.load(cw + ch, mask=ok, other=0.0).to(tl.float32)
+        if K > 2:
+            s1 = tl.load(row + D, mask=ok, other=0.0)
+            acc += s1.to(tl.float32) * tl.load(cw + D + ch, mask=ok, other=0.0).to(tl.float32)
+        if K > 3:
+            s2 = tl.load(row + 2 * D, mask=ok, other=0.0)
+            acc += s2.to(tl.float32) * tl.load(cw + 2 * D + ch, mask=ok, other=0.0).to(tl.float32)
         acc += v.to(tl.float32) * tl.load(cw + (K - 1) * D + ch, mask=ok, other=0.0).to(tl.float32)
         if SHIFT and K > 1:
-            tl.store(row + (K - 2) * D, v.to(state.dtype.element_ty), mask=ok)
+            tl.debug_barrier()
+            new = v.to(state.dtype.element_ty)
+            if K == 2:
+                tl.store(row, new, mask=ok)
+            if K == 3:
+                tl.store(row, s1, mask=ok)
+                tl.store(row + D, new, mask=ok)
+            if K == 4:
+                tl.store(row, s1, mask=ok)
+                tl.store(row + D, s2, mask=ok)
+                tl.store(row + 2 * D, new, mask=ok)
         return cast_to(acc, x.dtype.element_ty).to(tl.float32)
 
 
@@ -57,7 +73,7 @@ def _store_out(y, new, x, ch, ok, D, K: tl.constexpr):
     """y[ch] = new in y's dtype, times GeLU(z_y[ch]) after the block's roundings when K > 0."""
     out = cast_to(new, y.dtype.element_ty)
     if K > 0:
-        g = cast_to(_gelu_tanh(tl.load(x + D + ch, mask=ok, other=0.0).to(tl.float32)), y.dtype.element_ty)
+        g = cast_to(gelu_tanh(tl.load(x + D + ch, mask=ok, other=0.0).to(tl.float32)), y.dtype.element_ty)
         out = cast_to(out.to(tl.float32) * g.to(tl.float32), y.dtype.element_ty)
     tl.store(y + ch, out, mask=ok)
 
@@ -122,8 +138,8 @@ def _rglru_step(x, w_a, b_a, w_x, b_x, a_param, h, y, h_out, cw, cb, state, B, D
     ch = (head * HD + j)[None, :]
     col_ok = j_ok[None, :]
     ok = r_ok & col_ok
-    # every thread has read the Conv1D state of the head's channels before any writes the new state
-    tl.debug_barrier()
+    # the Conv1D of the head's channels again, now shifting its state: _conv_in's barrier comes after
+    # every thread's reads of that state, the matvec's included
     xt = _conv_in(xb, cw, cb, state, r, ch, ok, D, K, True)
     # the forward kernels' correctly rounded per-channel functions
     gate_a = _sigmoid_channel(acc_a + tl.load(b_a + ch, mask=col_ok, other=0.0), MATH)
@@ -136,23 +152,26 @@ def _rglru_step(x, w_a, b_a, w_x, b_x, a_param, h, y, h_out, cw, cb, state, B, D
     _store_out(y + r * D, new, xb, ch, ok, D, K)
 
 
-def _conv_args(x_t, conv):
-    """(weight, bias, state, K) of the block's Conv1D (x_t is then z [B, 2D]), or placeholders and K = 0."""
+def _conv_args(conv):
+    """(weight, bias, state, K) of the block's Conv1D (x_t is then z [B, 2D]); no pointers and K = 0 for the
+    mixer's own step."""
     if conv is None:
-        return x_t, x_t, x_t, 0
+        return None, None, None, 0
     weight, bias, state = conv
-    return weight, bias, state, weight.shape[0]
+    return weight.contiguous(), bias.contiguous(), state, weight.shape[0]
 
 
 def samu_step(x_t, nu, theta_log, directions, amplitudes, h, radial_bound, h_out, conv=None):
     """y_t [B, D] in x_t's dtype; writes the new fp32 state into h_out (which may be h). With ``conv`` =
-    (weight [K, D], bias [D], state [B, K-1, D]) x_t is z [B, 2D], y_t is the block's mixer_t * GeLU(z_y)
-    and the Conv1D state is updated in place."""
+    (weight [K, D], bias [D], contiguous state [B, K-1, D]) x_t is z [B, 2D], y_t is the block's
+    mixer_t * GeLU(z_y) and the Conv1D state is updated in place."""
     B, D = h.shape
-    cw, cb, cs, K = _conv_args(x_t, conv)
+    cw, cb, cs, K = _conv_args(conv)
     y = torch.empty_like(h, dtype=x_t.dtype)
-    _samu_step[(B,)](x_t, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, cs, D // 2, x_t.stride(0),
-                     float(radial_bound), BN=next_power_of_2(D // 2), K=K, num_warps=SAMU_WARPS)
+    BN = next_power_of_2(D // 2)
+    _samu_step[(B,)](x=x_t, nu=nu, theta_log=theta_log, directions=directions, amplitudes=amplitudes, h=h, y=y,
+                     h_out=h_out, cw=cw, cb=cb, state=cs, N=D // 2, sx=x_t.stride(0), radial_bound=float(radial_bound),
+                     BN=BN, K=K, num_warps=max(1, min(SAMU_WARPS, BN // 32)))
     return y
 
 
@@ -161,9 +180,10 @@ def rglru_step(x_t, w_a, b_a, w_x, b_x, a_param, h, c, h_out, conv=None):
     samu_step."""
     B, D = h.shape
     H = w_a.shape[0]
-    cw, cb, cs, K = _conv_args(x_t, conv)
+    cw, cb, cs, K = _conv_args(conv)
     y = torch.empty_like(h, dtype=x_t.dtype)
-    _rglru_step[(cdiv(B, STEP_ROWS), H)](x_t, w_a, b_a, w_x, b_x, a_param, h, y, h_out, cw, cb, cs, B, D, D // H,
-                                         x_t.stride(0), float(c), BB=STEP_ROWS, BH=max(16, next_power_of_2(D // H)),
-                                         ROWS=GATE_ROWS, MATH=math_mode(False), K=K, num_warps=RGLRU_WARPS)
+    _rglru_step[(cdiv(B, STEP_ROWS), H)](
+        x=x_t, w_a=w_a, b_a=b_a, w_x=w_x, b_x=b_x, a_param=a_param, h=h, y=y, h_out=h_out, cw=cw, cb=cb, state=cs,
+        B=B, D=D, HD=D // H, sx=x_t.stride(0), c=float(c), BB=STEP_ROWS, BH=max(16, next_power_of_2(D // H)),
+        ROWS=GATE_ROWS, MATH=math_mode(False), K=K, num_warps=RGLRU_WARPS)
     return y

@@ -61,6 +61,23 @@ def tanh(x):
     return tl.where(x < 0, -t, t)
 
 
+_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+_GELU_CUBIC = tl.constexpr(0.044715)
+
+
+@triton.jit
+def gelu_tanh(v):
+    """GeLU, tanh approximation (PyTorch's approximate="tanh"), in fp32."""
+    return 0.5 * v * (1.0 + tanh(_SQRT_2_OVER_PI * (v + _GELU_CUBIC * v * v * v)))
+
+
+@triton.jit
+def gelu_tanh_grad(v):
+    """d gelu_tanh(v) / dv."""
+    t = tanh(_SQRT_2_OVER_PI * (v + _GELU_CUBIC * v * v * v))
+    return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_CUBIC * v * v)
+
+
 # Triton's interpreter truncates fp32 -> bf16 (the GPU rounds to nearest even); kernels run in the
 # interpreter exactly when this is set at import, as Triton decides that when it decorates them.
 _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")

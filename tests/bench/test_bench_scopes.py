@@ -130,7 +130,7 @@ def test_gen_scope_decodes_greedily_from_the_prompt_state(op):
     model = LanguageModel(LMConfig(width=16, num_layers=2, lru_width=8, num_heads=2, mixer=op))
     c = _inference("gen", "x", op, "auto", model, 2, 5, torch.Generator().manual_seed(9), 0, "t")
     prompt = torch.randint(model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(9))
-    assert torch.equal(c.run(), generate(model, prompt, 5, temperature=0.0)[:, 16:])
+    assert torch.equal(c.run(), generate(model, prompt, 6, temperature=0.0)[:, 16:])   # L = 5 steps after the first
     # prefill: the forward over B prompts of L tokens, returning the last layer's mixer state
     c = _inference("prefill", "x", op, "auto", model, 2, 7, torch.Generator().manual_seed(4), 0, "t")
     tokens = torch.randint(model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(4))

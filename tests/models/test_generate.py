@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from samu.models import LanguageModel, LMConfig, generate
+from samu.ops import dispatch
 from samu.models.generate import decoder, sample
 from tests.helpers import rel_err
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CONFIGS = [LMConfig(vocab_size=19, width=12, num_layers=2, mixer="samu", lru_width=10),
            LMConfig(vocab_size=19, width=12, num_layers=2, mixer="rglru", lru_width=8, num_heads=4)]
 
@@ -42,9 +44,20 @@ def test_sample_is_the_inverse_cdf():
             i = int(token[row])
             below = 0.0 if i == 0 else float(cdf[row, i - 1])
             assert probs[row, i] > 0 and below <= u * float(cdf[row, -1]) < float(cdf[row, i]), (u, row, i)
-    # top_k keeps the k likeliest; temperature 0 is the argmax whatever u
+    # top_k keeps the k likeliest; temperature 0 is the argmax whatever u; a tiny temperature cannot overflow
     assert sample(logits, 1.0, 1, torch.tensor([0.99, 0.99])).tolist() == [3, 0]
     assert torch.equal(sample(logits, 0.0, None, torch.rand(2)), logits.argmax(-1))
+    assert torch.equal(sample(logits, 1e-40, None, torch.tensor([0.7, 0.7])), logits.argmax(-1))
+
+
+def test_logits_that_are_not_finite_raise():
+    model = _model(CONFIGS[0], 9)
+    dec = decoder(model, 2, 1.0, None, False)
+    logits = torch.zeros(2, 19)
+    logits[1, 4] = float("nan")
+    with pytest.raises(ValueError, match="logits hold nan or inf while decoding"):
+        dec.run(model, logits, 3, None)
+    assert dec.run(model, torch.zeros(2, 19), 3, None).shape == (2, 3)   # the flag is cleared per run
 
 
 def test_sample_frequencies_follow_the_softmax():
@@ -95,11 +108,22 @@ def test_init_state_decode_in_place_and_step_leaves_the_state_alone():
 
 
 def test_decoders_are_kept_per_setting():
-    model = _model(CONFIGS[1], 4)
+    from samu.models.generate import KEEP
+
+    model = _model(CONFIGS[0], 4)
     a = decoder(model, 2, 0.0, None, False)
     assert decoder(model, 2, 0.0, None, False) is a
     assert decoder(model, 3, 0.0, None, False) is not a and decoder(model, 2, 1.0, None, False) is not a
-    model.double()   # every tensor moved: a new decoder
+    # a setting baked into the step (a module's scalar, a backend) makes a new decoder
+    model.layers[0].block.mixer.radial_bound = 3.0
+    b = decoder(model, 2, 0.0, None, False)
+    assert b is not a
+    model.layers[0].block.mixer.backend = "torch"
+    assert decoder(model, 2, 0.0, None, False) is not b
+    for batch in range(1, KEEP + 2):   # only the KEEP most recent are kept
+        decoder(model, 10 + batch, 0.0, None, False)
+    assert decoder(model, 2, 0.0, None, False) is not b
+    model.double()   # the cast tensors (all but the mixers' fp32 parameters) moved: a new decoder
     assert decoder(model, 2, 0.0, None, False) is not a
 
 
@@ -107,13 +131,42 @@ def test_stats_and_bad_inputs():
     model = _model(CONFIGS[0], 5)
     stats = {}
     generate(model, torch.tensor([[1, 2], [3, 4]]), 5, stats=stats)
-    assert stats["prefill_tokens"] == 4 and stats["decode_tokens"] == 10 and stats["decode_s"] > 0
+    # 5 new tokens a row: the first from the prefill's logits, 4 by decoding steps
+    assert stats["prefill_tokens"] == 4 and stats["decode_tokens"] == 8
+    assert stats["prefill_s"] >= 0 and stats["decode_s"] >= 0
+    generate(model, torch.tensor([[1, 2]]), 0, stats=stats)
+    assert stats["decode_tokens"] == 0 and stats["prefill_tokens"] == 0
     with pytest.raises(ValueError, match="prompt must be a non-empty list"):
         generate(model, [torch.tensor([1]), torch.tensor([], dtype=torch.long)], 2)
+    with pytest.raises(ValueError, match="got a list of int"):
+        generate(model, [1, 2, 3], 2)
     with pytest.raises(ValueError, match=r"tokens in \[0, 19\)"):
         generate(model, [torch.tensor([1]), torch.tensor([19])], 2)
     with pytest.raises(ValueError, match="graph=True needs a model on CUDA"):
         generate(model, torch.tensor([1]), 2, graph=True)
+
+
+@pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.mixer)
+def test_decoding_through_the_fused_kernels_follows_the_forward(config, monkeypatch):
+    # a Triton backend everywhere (the interpreter on CPU): the block step kernel, counted, and RMSNorm
+    from samu.ops import step_triton
+
+    calls = []
+    for name in ("samu_step", "rglru_step"):
+        kernel = getattr(step_triton, name)
+        monkeypatch.setattr(step_triton, name, lambda *a, _k=kernel, **kw: calls.append(1) or _k(*a, **kw))
+    torch.manual_seed(7)
+    model = LanguageModel(config, backend=sorted(dispatch.variants(config.mixer))[0], device=DEVICE)
+    tokens = torch.randint(0, 19, (2, 9), device=DEVICE)
+    with torch.no_grad():
+        logits, _ = model(tokens)
+        state = model.init_state(2)
+        for t in range(9):
+            assert rel_err(model.decode(tokens[:, t], state), logits[:, t]) < 1e-5, t
+    assert len(calls) == 9 * config.num_layers
+    out = generate(model, tokens[0, :3], 6, temperature=0)
+    assert torch.equal(out[:3], tokens[0, :3]) and len(out) == 9
 
 
 @pytest.mark.gpu

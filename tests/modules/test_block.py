@@ -134,6 +134,16 @@ def test_block_bad_inputs():
         block.step(torch.randn(2, 8), state=BlockState(torch.zeros(2, 4, 8), torch.zeros(2, 8)))
     with pytest.raises(ValueError, match=r"u_t must have shape \[B, 8\]"):
         block.step(torch.randn(2, 1, 8))
+    with pytest.raises(TypeError, match="state.conv must be a floating-point tensor"):
+        block.step(torch.randn(2, 8), state=BlockState(torch.zeros(2, 3, 8, dtype=torch.int64), torch.zeros(2, 8)))
+    with pytest.raises(TypeError, match="state.mixer must be a floating-point tensor"):
+        block.step(torch.randn(2, 8), state=BlockState(torch.zeros(2, 3, 8), torch.zeros(2, 8, dtype=torch.int64)))
+    with pytest.raises(ValueError, match="state.mixer is on meta, the block on cpu"):
+        block.step(torch.randn(2, 8), state=BlockState(torch.zeros(2, 3, 8), torch.zeros(2, 8, device="meta")))
+    # a state of another float dtype is taken in the block's (the caller's tensors untouched)
+    conv = torch.randn(2, 3, 8, dtype=torch.bfloat16)
+    _, new = block.step(torch.randn(2, 8), state=BlockState(conv, torch.zeros(2, 8, dtype=torch.float64)))
+    assert new.conv.dtype == torch.float32 and new.mixer.dtype == torch.float32 and conv.dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("kw", CASES)

@@ -46,23 +46,25 @@ def _cases():
     tiles = dict(BL=g.BL, BE=g.BE)
     for K in (1, 2, 4):
         for state in (False, True):
-            yield g._conv_gelu_fwd, {}, dict(K=K, HAS_STATE=state, **tiles)
-            yield g._conv_gelu_bwd, {}, dict(K=K, HAS_STATE=state, ROWS=g.ROWS, **tiles)
+            yield g._conv_gelu_fwd, {}, dict(K=K, HAS_STATE=state, **tiles), 4
+            yield g._conv_gelu_bwd, {}, dict(K=K, HAS_STATE=state, ROWS=g.ROWS, **tiles), 4
     for BW in (1024, 2048):
-        yield r._rmsnorm_fwd, ("eps",), dict(BW=BW, ROWS=r.ROWS)
-        yield r._rmsnorm_bwd, (), dict(BW=BW, ROWS=r.ROWS)
+        for rows in (1, r.ROWS):   # one row a program (decoding) or many
+            yield r._rmsnorm_fwd, ("eps",), dict(BW=BW, ROWS=rows), 4 if BW <= 2048 else 8
+        yield r._rmsnorm_bwd, (), dict(BW=BW, ROWS=r.ROWS), 4
     for K in (0, 1, 4):   # the mixer's own step, and the block's with Conv1D widths 1 and 4
         for BN in (32, 64, 256, 512, 1024):   # the GPU tests', the presets' and the 400m's
-            yield s._samu_step, ("radial_bound",), dict(BN=BN, K=K)
+            yield s._samu_step, ("radial_bound",), dict(BN=BN, K=K), max(1, min(s.SAMU_WARPS, BN // 32))
         for BH in (16, 32, 64, 128, 256):
             for MATH in (1, 2):
-                yield s._rglru_step, ("c",), dict(BB=s.STEP_ROWS, BH=BH, ROWS=s.GATE_ROWS, MATH=MATH, K=K)
+                yield (s._rglru_step, ("c",), dict(BB=s.STEP_ROWS, BH=BH, ROWS=s.GATE_ROWS, MATH=MATH, K=K),
+                       s.RGLRU_WARPS)
 
 
 def compile_all():
-    for fn, floats, constexprs in _cases():
+    for fn, floats, constexprs, warps in _cases():   # each with the warps it launches with
         source = ASTSource(fn=fn, signature=_signature(fn, floats), constexprs=constexprs)
-        triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+        triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     print("compiled")
 
 
