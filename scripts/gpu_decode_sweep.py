@@ -16,7 +16,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 
+from gpu_profile import graph_time  # noqa: E402
 from samu.bench.records import environment  # noqa: E402
 from samu.ops import step, step_triton  # noqa: E402
 from tests.helpers import rglru_params, samu_params  # noqa: E402
@@ -24,28 +26,9 @@ from tests.helpers import rglru_params, samu_params  # noqa: E402
 D, K_CONV = 1664, 4
 
 
-def graph_us(fn, per_replay=20, replays=20):
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(per_replay):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (replays * per_replay)
-
-
 def timed(rows, row, fn):
     try:
-        row["us"] = graph_us(fn)
+        row["us"] = graph_time(fn, [], iters=20, per_replay=20) * 1e3
     except Exception as err:   # a setting the GPU cannot launch
         row["error"] = f"{type(err).__name__}: {str(err)[:200]}"
     rows.append(row)

@@ -37,8 +37,9 @@ def make(op, shape, backend, dtype=torch.bfloat16):
     return fwd, fb, [x, *params]
 
 
-def graph_time(step, leaves, iters=50):
-    """Median-free mean time of a captured graph replay (no host launch overhead)."""
+def graph_time(step, leaves, iters=50, per_replay=1):
+    """Median-free mean time of one step in a captured graph replay (no host launch overhead); a graph of
+    per_replay steps for steps of a few microseconds, whose replay alone would cost as much."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -49,7 +50,8 @@ def graph_time(step, leaves, iters=50):
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        step()
+        for _ in range(per_replay):
+            step()
     g.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -58,7 +60,7 @@ def graph_time(step, leaves, iters=50):
         g.replay()
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+    return start.elapsed_time(end) / (iters * per_replay)
 
 
 def host_time(step, leaves, iters=50, warmup=0, until_done=False):
