@@ -16,7 +16,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 
+from gpu_profile import kernel_table  # noqa: E402
 from samu.bench.records import environment  # noqa: E402
 from samu.models import LanguageModel, LMConfig  # noqa: E402
 from samu.models.generate import decoder  # noqa: E402
@@ -32,16 +34,6 @@ def replay_ms(fn, iters):
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / iters
-
-
-def kernels(fn, steps=5):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
-    rows = [(e.key[:70], e.count / steps, e.device_time_total / steps) for e in prof.key_averages()
-            if e.device_time_total > 0]
-    return sorted(rows, key=lambda r: -r[2])
 
 
 def main():
@@ -70,10 +62,10 @@ def main():
                     dec.counter.zero_()   # the steps below index the chunk's buffers by it: fewer than CHUNK
                     step = dec.graph.replay if graph else (lambda d=dec: d._step(model))
                     iters = 200 if graph else 30
-                    assert iters + 8 < dec.chunk   # the timed steps, one untimed, 5 profiled
+                    assert iters + 10 < dec.chunk   # the timed steps, one untimed, 3 + 5 profiled
                     row["graph_ms" if graph else "eager_ms"] = replay_ms(step, iters)
                     if B in (1, 64) and not graph and not args.no_kernels:
-                        row["kernels"] = kernels(step)
+                        row["kernels"] = kernel_table(step, [])
                         row["kernel_ms"] = sum(k[2] for k in row["kernels"]) / 1e3
                 row["graph_tokens_per_s"] = B / row["graph_ms"] * 1e3
                 row["weight_floor_ms"] = weight_bytes / 4.2e12 * 1e3

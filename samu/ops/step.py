@@ -45,11 +45,16 @@ def _runs_fused(x_t, tensors, backend) -> bool:
     return fused_kernels(x_t, backend)
 
 
+def _fp32(params):
+    """The mixer parameters as the kernels read them: fp32, contiguous."""
+    return [p.to(torch.float32).contiguous() for p in params]
+
+
 def _operands(x_t, state, params):
     """x_t, the fp32 parameters and state (contiguous), and a fresh buffer for the new state."""
     h = (torch.zeros(x_t.shape, dtype=torch.float32, device=x_t.device) if state is None
          else state.to(torch.float32).contiguous())
-    return x_t.contiguous(), [p.to(torch.float32).contiguous() for p in params], h, torch.empty_like(h)
+    return x_t.contiguous(), _fp32(params), h, torch.empty_like(h)
 
 
 def samu_step(x_t, nu, theta_log, directions, amplitudes, state=None, radial_bound=2.0, backend="auto"):
@@ -85,8 +90,7 @@ def _block_step(mixer, z, conv_weight, conv_bias, conv_state, params, mixer_stat
         from samu.ops import step_triton
 
         kernel = step_triton.samu_step if mixer == "samu" else step_triton.rglru_step
-        params = [p.to(torch.float32).contiguous() for p in params]
-        return kernel(z, *params, mixer_state, config, mixer_state, conv=(conv_weight, conv_bias, conv_state))
+        return kernel(z, *_fp32(params), mixer_state, config, mixer_state, conv=(conv_weight, conv_bias, conv_state))
     zx = z[:, None, :E]
     xc, _ = causal_conv(zx, conv_weight, conv_bias, conv_state)
     conv_state.copy_(last_inputs(zx, conv_state, conv_weight.shape[0]))
