@@ -7,7 +7,8 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
-from samu.modules.layers import Conv1D, GatedMLP, RMSNorm, check_sequence, check_tensor, check_token, lecun_normal_
+from samu.modules.layers import (Conv1D, GatedMLP, RMSNorm, check_sequence, check_tensor, check_token, lecun_normal_,
+                                 linear_onto)
 from samu.modules.mixers import RGLRUMixer, SAMUMixer
 from samu.ops.glue import conv_gelu, fused_backend
 from samu.ops.scan import state_dtype
@@ -97,12 +98,13 @@ class RecurrentBlock(nn.Module):
         return BlockState(self.conv1d.empty_state(batch, device, dtype),
                           torch.zeros(batch, self.lru_width, device=device, dtype=state_dtype(dtype)))
 
-    def decode(self, u_t, state: BlockState):
+    def decode(self, u_t, state: BlockState, residual=None):
         """out_t [B, width] from u_t [B, width], updating ``state`` in place: the decoding loop's step,
-        unchecked (one fused kernel between the two projections on CUDA, samu.ops.step)."""
+        unchecked (one fused kernel between the two projections on CUDA, samu.ops.step). With
+        ``residual`` (holding linear_out's bias, RMSNorm.decode), residual + out_t in the out-projection."""
         z = self.linear_in(u_t)
         g = self.mixer.block_step(z, self.conv1d.weight, self.conv1d.bias, state.conv, state.mixer)
-        return self.linear_out(g)
+        return self.linear_out(g) if residual is None else linear_onto(residual, g, self.linear_out)
 
     def step(self, u_t, state=None):
         check_token("u_t", u_t, self.width)
@@ -149,7 +151,7 @@ class ResidualLayer(nn.Module):
         self.temporal_norm = RMSNorm(width, norm_eps, backend=fused, **kw)
         self.block = RecurrentBlock(width, mixer, lru_width, num_heads, conv_width, backend=backend, **kw)
         self.mlp_norm = RMSNorm(width, norm_eps, backend=fused, **kw)
-        self.mlp = GatedMLP(width, mlp_expansion, **kw)
+        self.mlp = GatedMLP(width, mlp_expansion, backend=fused, **kw)
 
     def forward(self, x, state=None, return_state=False):
         check_sequence("x", x, self.block.width)
@@ -162,8 +164,11 @@ class ResidualLayer(nn.Module):
 
     def decode(self, x_t, state: BlockState):
         """x_t [B, width] -> x_t, updating ``state`` in place (unchecked; RecurrentBlock.decode)."""
-        x_t = x_t + self.block.decode(self.temporal_norm(x_t), state)
-        return x_t + self.mlp(self.mlp_norm(x_t))
+        # each norm also writes x_t + the next product's bias, which adds the residual in its epilogue
+        u_t, residual = self.temporal_norm.decode(x_t, self.block.linear_out.bias)
+        x_t = self.block.decode(u_t, state, residual)
+        v_t, residual = self.mlp_norm.decode(x_t, self.mlp.down.bias)
+        return self.mlp.decode(v_t, residual)
 
     def step(self, x_t, state=None):
         check_token("x_t", x_t, self.block.width)

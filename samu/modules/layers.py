@@ -6,8 +6,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from samu.ops.geglu import geglu
 from samu.ops.glue import GLUE_BACKENDS, causal_conv
-from samu.ops.rmsnorm import rms_norm
+from samu.ops.rmsnorm import rms_norm, rms_norm_shifted
 from samu.validate import finite_number, positive_int
 
 
@@ -37,6 +38,22 @@ def check_token(name: str, x_t, width: int) -> None:
     if not isinstance(x_t, torch.Tensor) or x_t.dim() != 2 or x_t.shape[1] != width:
         shape = list(x_t.shape) if isinstance(x_t, torch.Tensor) else type(x_t).__name__
         raise ValueError(f"{name} must have shape [B, {width}], got {shape}")
+
+
+def check_glue_backend(backend: str) -> str:
+    if backend not in GLUE_BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(GLUE_BACKENDS)}, got {backend!r}")
+    return backend
+
+
+def linear_onto(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    """residual + x W^T, where ``residual`` already holds the linear's bias (RMSNorm.decode's shifted
+    output): the decoding step's product with the residual sum in its epilogue (one kernel) where the
+    dtypes agree and autocast is off, else the product and the sum (as the forward promotes them)."""
+    w = linear.weight
+    if residual.dtype == x.dtype == w.dtype and not torch.is_autocast_enabled(x.device.type):
+        return torch.addmm(residual, x, w.t())
+    return residual + F.linear(x, w)
 
 
 def lecun_normal_(linear: nn.Linear) -> nn.Linear:
@@ -95,9 +112,7 @@ class RMSNorm(nn.Module):
 
     def __init__(self, width: int, eps: float = 1e-6, *, backend: str = "auto", device=None, dtype=None):
         super().__init__()
-        if backend not in GLUE_BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(GLUE_BACKENDS)}, got {backend!r}")
-        self.backend = backend
+        self.backend = check_glue_backend(backend)
         self.width = positive_int("width", width)
         self.eps = float(finite_number("eps", eps, positive=True))
         self.weight = nn.Parameter(torch.ones(width, device=device, dtype=dtype))
@@ -111,17 +126,27 @@ class RMSNorm(nn.Module):
             raise ValueError(f"x must have shape [..., {self.width}], got {shape}")
         return rms_norm(x, self.weight, self.eps, self.backend)
 
+    def decode(self, x_t, shift):
+        """(RMSNorm(x_t), x_t + shift) in one pass, unchecked: the decoding step's norm (rms_norm_shifted)."""
+        return rms_norm_shifted(x_t, self.weight, self.eps, shift, self.backend)
+
     def extra_repr(self):
-        return f"width={self.width}, eps={self.eps}" + ("" if self.backend == "auto" else f", backend={self.backend!r}")
+        return f"width={self.width}, eps={self.eps}" + _backend_repr(self.backend)
+
+
+def _backend_repr(backend: str) -> str:
+    return "" if backend == "auto" else f", backend={backend!r}"
 
 
 class GatedMLP(nn.Module):
-    """GeGLU feed-forward: (GeLU(x W_gate + b) * (x W_up + b)) W_down + b, hidden = expansion * width."""
+    """GeGLU feed-forward: (GeLU(x W_gate + b) * (x W_up + b)) W_down + b, hidden = expansion * width
+    (the gate one fused kernel each way on CUDA, samu.ops.geglu; ``backend`` "auto", "torch" or "triton")."""
 
-    def __init__(self, width: int, expansion: int = 3, *, device=None, dtype=None):
+    def __init__(self, width: int, expansion: int = 3, *, backend: str = "auto", device=None, dtype=None):
         super().__init__()
         self.width = positive_int("width", width)
         self.expansion = positive_int("expansion", expansion)
+        self.backend = check_glue_backend(backend)
         hidden = expansion * width
         kw = dict(device=device, dtype=dtype)
         self.gate_up = nn.Linear(width, 2 * hidden, **kw)
@@ -133,8 +158,12 @@ class GatedMLP(nn.Module):
         lecun_normal_(self.down)
 
     def forward(self, x):
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.gelu(gate, approximate="tanh") * up)
+        return self.down(geglu(self.gate_up(x), self.backend))
+
+    def decode(self, x_t, residual):
+        """residual + GatedMLP(x_t) for x_t [B, width], with ``residual`` holding the down product's bias
+        (RMSNorm.decode), unchecked: the decoding step's MLP."""
+        return linear_onto(residual, geglu(self.gate_up(x_t), self.backend), self.down)
 
     def extra_repr(self):
-        return f"width={self.width}, expansion={self.expansion}"
+        return f"width={self.width}, expansion={self.expansion}" + _backend_repr(self.backend)

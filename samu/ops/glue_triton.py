@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from samu.ops.triton_utils import cast_to, cdiv, gelu_tanh, gelu_tanh_grad
+from samu.ops.triton_utils import cast_to, cdiv, gelu_tanh, gelu_tanh_grad, launch
 
 # rows of one tile and channels of one tile; the backward walks ROWS rows per program in tiles of BL
 BL, BE, ROWS = 32, 128, 512
@@ -111,9 +111,9 @@ def conv_gelu_fwd(z: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, sta
     a = z.new_empty(B, L, E)
     s = state if state is not None else z
     grid = (cdiv(L, BL), cdiv(E, BE), B)
-    _conv_gelu_fwd[grid](z, weight, bias, s, xc, a, L, E, z.stride(0), z.stride(1),
-                         s.stride(0), s.stride(1), xc.stride(0), xc.stride(1),
-                         K=K, HAS_STATE=state is not None, BL=BL, BE=BE, num_warps=4)
+    launch(_conv_gelu_fwd, grid, z, weight, bias, s, xc, a, L, E, z.stride(0), z.stride(1),
+           s.stride(0), s.stride(1), xc.stride(0), xc.stride(1),
+           K=K, HAS_STATE=state is not None, BL=BL, BE=BE, num_warps=4)
     return xc, a
 
 
@@ -127,8 +127,8 @@ def conv_gelu_bwd(dxc: torch.Tensor, da: torch.Tensor, z: torch.Tensor, weight: 
     db_part = z.new_empty(B * n_l, E, dtype=torch.float32)
     s = state if state is not None else z
     grid = (n_l, cdiv(E, BE), B)
-    _conv_gelu_bwd[grid](dxc, da, z, weight, s, dz, dw_part, db_part, L, E, n_l, z.stride(0), z.stride(1),
-                         s.stride(0), s.stride(1), dxc.stride(0), dxc.stride(1),
-                         K=K, HAS_STATE=state is not None, BL=BL, BE=BE, ROWS=ROWS, num_warps=4)
+    launch(_conv_gelu_bwd, grid, dxc, da, z, weight, s, dz, dw_part, db_part, L, E, n_l, z.stride(0), z.stride(1),
+           s.stride(0), s.stride(1), dxc.stride(0), dxc.stride(1),
+           K=K, HAS_STATE=state is not None, BL=BL, BE=BE, ROWS=ROWS, num_warps=4)
     # a fixed-order reduction of the per-program partials: the same bits on every run
     return dz, dw_part.sum(0), db_part.sum(0)

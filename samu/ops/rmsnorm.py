@@ -19,7 +19,7 @@ class _RMSNorm(torch.autograd.Function):
     def forward(ctx, x, weight, eps):
         from samu.ops.rmsnorm_triton import rmsnorm_fwd
 
-        y, rstd = rmsnorm_fwd(x, weight, eps)
+        y, rstd, _ = rmsnorm_fwd(x, weight, eps)
         ctx.save_for_backward(x, weight, rstd)
         return y
 
@@ -38,3 +38,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "
     if not fused_kernels(x, backend):
         return rms_norm_torch(x, weight, eps)
     return _RMSNorm.apply(x.contiguous(), weight, eps)
+
+
+def rms_norm_shifted(x: torch.Tensor, weight: torch.Tensor, eps: float, shift: torch.Tensor, backend: str = "auto"):
+    """(RMSNorm(x), x + shift), both in x's dtype, from one pass over x [..., W] (no autograd): the decoding
+    step's norm, whose second output is the residual stream plus the next product's bias, so that the
+    product adds the residual in its epilogue (samu.modules.layers.linear_onto)."""
+    if not fused_kernels(x, backend):
+        return rms_norm_torch(x, weight, eps), (x.float() + shift.float()).to(x.dtype)
+    from samu.ops.rmsnorm_triton import rmsnorm_fwd
+
+    y, _, shifted = rmsnorm_fwd(x.contiguous(), weight, eps, shift.contiguous())
+    return y, shifted

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from samu.ops.rglru.triton_fwd import _sigmoid_channel, _softplus, math_mode
-from samu.ops.triton_utils import cast_to, cdiv, gelu_tanh, next_power_of_2, one_minus_exp_neg, tanh
+from samu.ops.triton_utils import cast_to, cdiv, gelu_tanh, launch, next_power_of_2, one_minus_exp_neg, tanh
 
 # input rows of the RG-LRU gate matrices one pass of the matvec reads; warps of a program (a decoding step
 # at batch 1 is latency-bound: SAMU takes at most one warp per 32 modes, so no thread holds a copy)
@@ -169,9 +169,9 @@ def samu_step(x_t, nu, theta_log, directions, amplitudes, h, radial_bound, h_out
     cw, cb, cs, K = _conv_args(conv)
     y = torch.empty_like(h, dtype=x_t.dtype)
     BN = next_power_of_2(D // 2)
-    _samu_step[(B,)](x=x_t, nu=nu, theta_log=theta_log, directions=directions, amplitudes=amplitudes, h=h, y=y,
-                     h_out=h_out, cw=cw, cb=cb, state=cs, N=D // 2, sx=x_t.stride(0), radial_bound=float(radial_bound),
-                     BN=BN, K=K, num_warps=max(1, min(SAMU_WARPS, BN // 32)))
+    launch(_samu_step, (B,), x=x_t, nu=nu, theta_log=theta_log, directions=directions, amplitudes=amplitudes, h=h, y=y,
+           h_out=h_out, cw=cw, cb=cb, state=cs, N=D // 2, sx=x_t.stride(0), radial_bound=float(radial_bound),
+           BN=BN, K=K, num_warps=max(1, min(SAMU_WARPS, BN // 32)))
     return y
 
 
@@ -182,8 +182,8 @@ def rglru_step(x_t, w_a, b_a, w_x, b_x, a_param, h, c, h_out, conv=None):
     H = w_a.shape[0]
     cw, cb, cs, K = _conv_args(conv)
     y = torch.empty_like(h, dtype=x_t.dtype)
-    _rglru_step[(cdiv(B, STEP_ROWS), H)](
-        x=x_t, w_a=w_a, b_a=b_a, w_x=w_x, b_x=b_x, a_param=a_param, h=h, y=y, h_out=h_out, cw=cw, cb=cb, state=cs,
-        B=B, D=D, HD=D // H, sx=x_t.stride(0), c=float(c), BB=STEP_ROWS, BH=max(16, next_power_of_2(D // H)),
-        ROWS=GATE_ROWS, MATH=math_mode(False), K=K, num_warps=RGLRU_WARPS)
+    launch(_rglru_step, (cdiv(B, STEP_ROWS), H),
+           x=x_t, w_a=w_a, b_a=b_a, w_x=w_x, b_x=b_x, a_param=a_param, h=h, y=y, h_out=h_out, cw=cw, cb=cb, state=cs,
+           B=B, D=D, HD=D // H, sx=x_t.stride(0), c=float(c), BB=STEP_ROWS, BH=max(16, next_power_of_2(D // H)),
+           ROWS=GATE_ROWS, MATH=math_mode(False), K=K, num_warps=RGLRU_WARPS)
     return y

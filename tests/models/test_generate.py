@@ -149,22 +149,26 @@ def test_stats_and_bad_inputs():
 @pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.mixer)
 def test_decoding_through_the_fused_kernels_follows_the_forward(config, monkeypatch):
-    # a Triton backend everywhere (the interpreter on CPU): the block step kernel, counted, and RMSNorm
-    from samu.ops import step_triton
+    # a Triton backend everywhere (the interpreter on CPU): the block step, GeGLU and RMSNorm kernels, counted
+    from samu.ops import geglu_triton, rmsnorm_triton, step_triton
 
     calls = []
-    for name in ("samu_step", "rglru_step"):
-        kernel = getattr(step_triton, name)
-        monkeypatch.setattr(step_triton, name, lambda *a, _k=kernel, **kw: calls.append(1) or _k(*a, **kw))
+    for module, name in ((step_triton, "samu_step"), (step_triton, "rglru_step"), (geglu_triton, "geglu_fwd"),
+                         (rmsnorm_triton, "rmsnorm_fwd")):
+        kernel = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _k=kernel, _n=name, **kw: calls.append(_n) or _k(*a, **kw))
     torch.manual_seed(7)
     model = LanguageModel(config, backend=sorted(dispatch.variants(config.mixer))[0], device=DEVICE)
     tokens = torch.randint(0, 19, (2, 9), device=DEVICE)
     with torch.no_grad():
         logits, _ = model(tokens)
+        calls.clear()
         state = model.init_state(2)
         for t in range(9):
             assert rel_err(model.decode(tokens[:, t], state), logits[:, t]) < 1e-5, t
-    assert len(calls) == 9 * config.num_layers
+    step = f"{config.mixer}_step"
+    assert [n for n in calls if n in (step, "geglu_fwd")] == [step, "geglu_fwd"] * 9 * config.num_layers
+    assert calls.count("rmsnorm_fwd") == 9 * (2 * config.num_layers + 1)
     out = generate(model, tokens[0, :3], 6, temperature=0)
     assert torch.equal(out[:3], tokens[0, :3]) and len(out) == 9
 

@@ -119,5 +119,11 @@ def test_gated_mlp_is_geglu_with_expansion_3():
     gate, up = x @ w[:18].t() + b[:18], x @ w[18:].t() + b[18:]
     expected = (F.gelu(gate, approximate="tanh") * up) @ mlp.down.weight.t() + mlp.down.bias
     assert torch.allclose(mlp(x), expected, atol=1e-6)
+    # decoding: the residual (holding the down product's bias) added in the product
+    r = torch.randn(2, 6) + mlp.down.bias
+    x_t = x[:, 0]
+    assert torch.allclose(mlp.decode(x_t, r), r - mlp.down.bias + mlp(x_t), atol=1e-6)
     with pytest.raises(ValueError, match="expansion"):
         GatedMLP(6, expansion=0)
+    with pytest.raises(ValueError, match="backend must be one of auto, torch, triton, got 'fast'"):
+        GatedMLP(6, backend="fast")

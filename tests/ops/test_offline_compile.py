@@ -1,4 +1,4 @@
-"""The fused glue, RMSNorm and decoding-step kernels compile for sm_90 (H100/H200) on any machine, no GPU needed.
+"""The fused glue, GeGLU, RMSNorm and decoding-step kernels compile for sm_90 (H100/H200) on any machine, no GPU needed.
 
 The Triton interpreter runs kernels as Python, so it accepts some code the compiler refuses (a plain
 global read inside a kernel, say); compiling each specialisation the block launches catches that on CPU.
@@ -20,8 +20,8 @@ PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 pytestmark = pytest.mark.skipif(not os.path.exists(PTXAS), reason="this triton wheel carries no ptxas")
 
 # pointers to I/O tensors in the storage dtype; every other pointer is fp32, every other scalar i32
-IO = {"z", "state", "xc", "a", "dxc", "da", "dz", "x", "y", "dy", "dx", "cw", "cb"}
-SCALARS = ("L", "E", "R", "W", "n_l", "N", "D", "HD", "sx", "B")
+IO = {"z", "state", "xc", "a", "dxc", "da", "dz", "x", "y", "dy", "dx", "cw", "cb", "shift", "shifted"}
+SCALARS = ("L", "E", "R", "W", "n_l", "N", "D", "HD", "sx", "B", "H")
 
 
 def _signature(fn, floats=()):
@@ -39,6 +39,7 @@ def _signature(fn, floats=()):
 
 
 def _cases():
+    from samu.ops import geglu_triton as gg
     from samu.ops import glue_triton as g
     from samu.ops import rmsnorm_triton as r
     from samu.ops import step_triton as s
@@ -50,8 +51,12 @@ def _cases():
             yield g._conv_gelu_bwd, {}, dict(K=K, HAS_STATE=state, ROWS=g.ROWS, **tiles), 4
     for BW in (1024, 2048):
         for rows in (1, r.ROWS):   # one row a program (decoding) or many
-            yield r._rmsnorm_fwd, ("eps",), dict(BW=BW, ROWS=rows), 4 if BW <= 2048 else 8
+            for shift in (False, True):   # the decoding step's norm also writes x + shift
+                yield r._rmsnorm_fwd, ("eps",), dict(BW=BW, ROWS=rows, HAS_SHIFT=shift), 4 if BW <= 2048 else 8
         yield r._rmsnorm_bwd, (), dict(BW=BW, ROWS=r.ROWS), 4
+    for block in (gg.BLOCK, gg.FEW_BLOCK):
+        yield gg._geglu_fwd, (), dict(BLOCK=block), 4
+        yield gg._geglu_bwd, (), dict(BLOCK=block), 4
     for K in (0, 1, 4):   # the mixer's own step, and the block's with Conv1D widths 1 and 4
         for BN in (32, 64, 256, 512, 1024):   # the GPU tests', the presets' and the 400m's
             yield s._samu_step, ("radial_bound",), dict(BN=BN, K=K), max(1, min(s.SAMU_WARPS, BN // 32))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from samu.ops import dispatch
-from samu.ops.rmsnorm import rms_norm
+from samu.ops.rmsnorm import rms_norm, rms_norm_shifted
 from tests.helpers import rel_err
 
 pytestmark = pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
@@ -60,3 +60,16 @@ def test_bf16_no_worse_than_unfused_and_deterministic():
         assert f.dtype == u.dtype, name
         assert rel_err(f.cpu(), e) <= max(rel_err(u, e), rounding), name
         assert torch.equal(f, f2), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 5])   # one-row programs (FEW_ROWS = 2 here) and ROWS-row ones
+def test_shifted_norm_also_writes_x_plus_shift(dtype, rows):
+    g = torch.Generator().manual_seed(rows)
+    x, w, b = torch.randn(rows, 40, generator=g).to(dtype), torch.randn(40, generator=g), torch.randn(40, generator=g)
+    b = b.to(dtype)
+    y, shifted = rms_norm_shifted(x.to(DEVICE), w.to(DEVICE), 1e-6, b.to(DEVICE), "triton")
+    assert torch.equal(y, rms_norm(x.to(DEVICE), w.to(DEVICE), 1e-6, "triton"))
+    assert shifted.dtype == dtype and torch.equal(shifted.cpu(), (x.float() + b.float()).to(dtype))
+    y_torch, shifted_torch = rms_norm_shifted(x, w, 1e-6, b, "torch")
+    assert torch.equal(y_torch, rms_norm(x, w, 1e-6, "torch")) and torch.equal(shifted_torch, shifted.cpu())

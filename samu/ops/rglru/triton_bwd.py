@@ -507,6 +507,6 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
     db_x = new_buffer((D,), torch.float32, dev)
     da = new_buffer((D,), torch.float32, dev)
     BLOCK = 1024
-    _rglru_reduce_kernel[(cdiv(M, BLOCK),)](part, dw_a, dw_x, db_a, db_x, da, a_param, B * NG, M,
+    launch(_rglru_reduce_kernel, (cdiv(M, BLOCK),), part, dw_a, dw_x, db_a, db_x, da, a_param, B * NG, M,
                                                   H * n * n, D, BLOCK=BLOCK, MATH=MATH, num_warps=4)
     return dx, dw_a, db_a, dw_x, db_x, da, dh0

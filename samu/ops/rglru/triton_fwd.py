@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from samu.ops.triton_utils import cdiv, next_power_of_2
+from samu.ops.triton_utils import launch as triton_launch
 from samu.ops.triton_utils import expm1 as _expm1_interp
 
 try:
@@ -671,8 +672,8 @@ def split_weights(w_a: torch.Tensor, w_x: torch.Tensor) -> torch.Tensor:
     w3 = new_buffer((2, 3, H, NPW, NPW), torch.bfloat16, w_a.device)
     HPP = H * NPW * NPW
     BLOCK = 1024
-    _rglru_split_weights_kernel[(cdiv(2 * HPP, BLOCK),)](w_a.contiguous(), w_x.contiguous(), w3, n, HPP,
-                                                                 NPW=NPW, BLOCK=BLOCK, num_warps=4)
+    launch(_rglru_split_weights_kernel, (cdiv(2 * HPP, BLOCK),), w_a.contiguous(), w_x.contiguous(), w3, n, HPP,
+           NPW=NPW, BLOCK=BLOCK, num_warps=4)
     return w3
 
 
@@ -696,9 +697,9 @@ def launch(kernel, grid, *args, **meta):
     """kernel[grid](*args, **meta), again without software pipelining if its buffers do not fit in
     shared memory (wide heads with fp32 inputs); stages change timing only, never results."""
     try:
-        kernel[grid](*args, **meta)
+        triton_launch(kernel, grid, *args, **meta)
     except triton.runtime.OutOfResources:
-        kernel[grid](*args, **dict(meta, num_stages=1))
+        triton_launch(kernel, grid, *args, **dict(meta, num_stages=1))
 
 
 def group_width(NG: int) -> int:

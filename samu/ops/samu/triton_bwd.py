@@ -25,7 +25,7 @@ import triton.language as tl
 
 from samu.ops.samu.triton_fwd import (CTL, _both, _cfma, _clamp, _controls, _entering, _gamma, _input_step,
                                       _load_pair, _mode_row, _store_pair, _store_quad, _transition, prefix)
-from samu.ops.triton_utils import cdiv, tanh
+from samu.ops.triton_utils import cdiv, launch, tanh
 
 
 @triton.jit
@@ -290,8 +290,8 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     f32 = dict(device=x.device, dtype=torch.float32)
     rsum = empty(B, n_chunks, 2, D, **f32)
     trig = empty(B, 2, L, **f32)  # cos phi, sin phi, rebuilt by the adjoint summaries
-    _adjoint_summary_kernel[(n_chunks, n_tiles, B)](dy, ctl, trig, nu, theta_log, rsum, L, D, N, n_chunks, K=K,
-                                                    BN=BN, U=unroll, num_warps=num_warps)
+    launch(_adjoint_summary_kernel, (n_chunks, n_tiles, B), dy, ctl, trig, nu, theta_log, rsum, L, D, N, n_chunks, K=K,
+           BN=BN, U=unroll, num_warps=num_warps)
     # the final-state cotangent is the adjoint entering from the right end (tokens past L are identity)
     rck, right = prefix(rsum, dfinal, G=G, BN=BN, reverse=True, empty=empty)
     rck = rck if G > 1 else right
@@ -302,22 +302,22 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     n_items = B * n_chunks * n_tiles
     n_slots = _slots(x.device, n_items, slots_per_sm)
     slots = torch.empty(n_slots, K, 2 * BN, **f32)
-    _main_kernel[(n_slots,)](x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part, rows,
-                             dh0 if has_h0 else rows, L, D, N, n_chunks, n_groups, n_tiles, n_items,
-                             K=K, BN=BN, U=unroll, G=G, HAS_H0=has_h0, num_warps=num_warps)
+    launch(_main_kernel, (n_slots,), x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part, rows,
+           dh0 if has_h0 else rows, L, D, N, n_chunks, n_groups, n_tiles, n_items,
+           K=K, BN=BN, U=unroll, G=G, HAS_H0=has_h0, num_warps=num_warps)
     BT = 128
     n_tb = cdiv(L, BT)
     dp = empty(B, 2, L, **f32)
     dA_rows = empty(B * n_tb, 4, **f32)
-    _controller_kernel[(n_tb, B)](ctl, amplitudes, part, dp, dA_rows, L, n_tiles, float(radial_bound), BT=BT,
-                                  num_warps=4)
+    launch(_controller_kernel, (n_tb, B), ctl, amplitudes, part, dp, dA_rows, L, n_tiles, float(radial_bound), BT=BT,
+           num_warps=4)
     dx = empty(B, L, D, device=x.device, dtype=x.dtype)
-    _dx_kernel[(n_chunks, n_tiles, B)](x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, dp, dx,
-                                       rows, L, D, N, n_chunks, n_groups, K=K, BN=BN, U=unroll, G=G,
-                                       num_warps=num_warps)
+    launch(_dx_kernel, (n_chunks, n_tiles, B), x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, dp, dx,
+           rows, L, D, N, n_chunks, n_groups, K=K, BN=BN, U=unroll, G=G,
+           num_warps=num_warps)
     out = empty(3 * D, **f32)
     dA = empty(4, **f32)
     BC = 128
-    _reduce_kernel[(cdiv(3 * D, BC) + 1,)](rows, dA_rows, theta_log, rnorm, out, dA, B * n_chunks,
-                                           B * n_tb, D, N, BR=16, BC=BC, num_warps=4)
+    launch(_reduce_kernel, (cdiv(3 * D, BC) + 1,), rows, dA_rows, theta_log, rnorm, out, dA, B * n_chunks,
+           B * n_tb, D, N, BR=16, BC=BC, num_warps=4)
     return dx, out[:N], out[N:D], out[D:].view(2, D), dA.view(2, 2), dh0

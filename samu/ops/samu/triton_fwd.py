@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from samu.ops.triton_utils import cast_to, cdiv, next_power_of_2, one_minus_exp_neg, tanh
+from samu.ops.triton_utils import cast_to, cdiv, launch, next_power_of_2, one_minus_exp_neg, tanh
 
 CTL = tl.constexpr(4)  # planes of ctl: p0, p1, m, phi
 
@@ -260,13 +260,13 @@ def prefix(summ, init, *, G, BN, reverse=False, empty=torch.empty):
         n_groups = cdiv(n_chunks, G)
         ck = empty(B, n_chunks, 2, D, **f32)
         groups = empty(B, n_groups, 2, D, **f32)
-        _compose_kernel[(n_groups, n_tiles, B)](summ, summ, ck, groups, n_chunks, G, D, N, BN=BN, HAS_INIT=False,
-                                                MAPS=True, REVERSE=reverse, num_warps=1)
+        launch(_compose_kernel, (n_groups, n_tiles, B), summ, summ, ck, groups, n_chunks, G, D, N, BN=BN,
+               HAS_INIT=False, MAPS=True, REVERSE=reverse, num_warps=1)
     n_groups = groups.shape[1]
     start = empty(B, n_groups, D, **f32)
     has_init = init is not None
-    _compose_kernel[(1, n_tiles, B)](groups, init if has_init else groups, start, groups, n_groups, n_groups, D, N,
-                                     BN=BN, HAS_INIT=has_init, MAPS=False, REVERSE=reverse, num_warps=1)
+    launch(_compose_kernel, (1, n_tiles, B), groups, init if has_init else groups, start, groups, n_groups, n_groups,
+           D, N, BN=BN, HAS_INIT=has_init, MAPS=False, REVERSE=reverse, num_warps=1)
     return ck, start
 
 
@@ -330,17 +330,17 @@ def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *
     trig = empty(B, 2, L, **f32)
     rnorm = empty(2, **f32)
     BT = 16
-    _controller_kernel[(cdiv(L, BT), B)](x, directions, amplitudes, ctl, trig, rnorm, L, D, float(radial_bound),
-                                         BT=BT, BD=min(256, next_power_of_2(D)), num_warps=4)
+    launch(_controller_kernel, (cdiv(L, BT), B), x, directions, amplitudes, ctl, trig, rnorm, L, D, float(radial_bound),
+           BT=BT, BD=min(256, next_power_of_2(D)), num_warps=4)
     csum = empty(B, n_chunks, 2, D, **f32)
-    _summary_kernel[(n_chunks, n_tiles, B)](x, ctl, trig, nu, theta_log, csum, L, D, N, n_chunks, K=K, BN=BN,
-                                            U=unroll, num_warps=num_warps)
+    launch(_summary_kernel, (n_chunks, n_tiles, B), x, ctl, trig, nu, theta_log, csum, L, D, N, n_chunks, K=K, BN=BN,
+           U=unroll, num_warps=num_warps)
     ck, start = prefix(csum, initial_state, G=G, BN=BN, empty=empty)
     n_groups = start.shape[1]
     y = empty(B, L, D, device=x.device, dtype=x.dtype)
     bound = empty(B, n_chunks, D, **f32)
     final = empty(B, D, **f32) if want_final else None
-    _replay_kernel[(n_chunks, n_tiles, B)](x, ctl, trig, nu, theta_log, ck if G > 1 else start, start, y, bound,
-                                           final if want_final else bound, L, D, N, n_chunks, n_groups,
-                                           K=K, BN=BN, U=unroll, G=G, HAS_FINAL=want_final, num_warps=num_warps)
+    launch(_replay_kernel, (n_chunks, n_tiles, B), x, ctl, trig, nu, theta_log, ck if G > 1 else start, start, y, bound,
+           final if want_final else bound, L, D, N, n_chunks, n_groups,
+           K=K, BN=BN, U=unroll, G=G, HAS_FINAL=want_final, num_warps=num_warps)
     return y, final, ctl, rnorm, bound

@@ -1,0 +1,69 @@
+"""Triton kernels of the GeGLU gate (samu.ops.geglu): a = GeLU_tanh(gate) * up from z = [gate | up], one
+pass forward (reads z, writes a) and one backward (reads da and z, writes dz whole: no slice-backward
+zero fill and no concatenation).
+
+Both round where the PyTorch ops round: GeLU(gate) to the storage dtype, then the product; backward
+da * up, then times GeLU'(gate), and da * GeLU(gate), each rounded once from fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from samu.ops.triton_utils import cast_to, cdiv, gelu_tanh, gelu_tanh_grad, launch
+
+# columns of one program; rows of at most FEW_ROWS (decoding) take narrower programs, for latency
+BLOCK, FEW_BLOCK, FEW_ROWS = 1024, 256, 1024
+
+
+@triton.jit
+def _geglu_fwd(z, a, H, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)   # rows * 2H passes 2^31 at long shapes
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = c < H
+    src = z + row * 2 * H + c
+    gate = tl.load(src, mask=ok, other=0.0).to(tl.float32)
+    up = tl.load(src + H, mask=ok, other=0.0).to(tl.float32)
+    g = cast_to(gelu_tanh(gate), a.dtype.element_ty).to(tl.float32)
+    tl.store(a + row * H + c, cast_to(g * up, a.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _geglu_bwd(da, z, dz, H, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = c < H
+    src = row * 2 * H + c
+    gate = tl.load(z + src, mask=ok, other=0.0).to(tl.float32)
+    up = tl.load(z + src + H, mask=ok, other=0.0).to(tl.float32)
+    d = tl.load(da + row * H + c, mask=ok, other=0.0).to(tl.float32)
+    dt = dz.dtype.element_ty
+    g = cast_to(gelu_tanh(gate), dt).to(tl.float32)
+    dg = cast_to(d * up, dt).to(tl.float32)
+    tl.store(dz + src, cast_to(dg * gelu_tanh_grad(gate), dt), mask=ok)
+    tl.store(dz + src + H, cast_to(d * g, dt), mask=ok)
+
+
+def _grid(R: int, H: int):
+    block = BLOCK if R > FEW_ROWS else FEW_BLOCK
+    return (R, cdiv(H, block)), block
+
+
+def geglu_fwd(z: torch.Tensor) -> torch.Tensor:
+    """a [..., H] in z's dtype from a contiguous z [..., 2H]."""
+    H = z.shape[-1] // 2
+    a = z.new_empty(*z.shape[:-1], H)
+    grid, block = _grid(z.numel() // (2 * H), H)
+    launch(_geglu_fwd, grid, z, a, H, BLOCK=block, num_warps=4)
+    return a
+
+
+def geglu_bwd(da: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """dz [..., 2H] in z's dtype from contiguous da [..., H] and z."""
+    H = z.shape[-1] // 2
+    dz = torch.empty_like(z)
+    grid, block = _grid(z.numel() // (2 * H), H)
+    launch(_geglu_bwd, grid, da, z, dz, H, BLOCK=block, num_warps=4)
+    return dz

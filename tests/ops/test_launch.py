@@ -1,0 +1,86 @@
+"""samu.ops.triton_utils.launch: the cached launch path, on a stand-in for a Triton kernel (no GPU needed).
+
+A launch whose key (tensor dtypes and 16-byte alignment, every other argument's type and value, the
+options, the device) was seen before calls the compiled kernel's launcher with every argument in
+parameter order; any other goes through Triton.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from samu.ops import triton_utils  # noqa: E402
+
+
+class _Compiled:
+    function, packed_metadata = "fn", "meta"
+
+    def __init__(self, log):
+        self.log = log
+
+    def run(self, gx, gy, gz, stream, function, packed, metadata, enter, exit, *values):
+        self.log.append(("direct", (gx, gy, gz), stream, values))
+
+
+class _Kernel:
+    """kernel[grid](*args, **kwargs) as Triton's JITFunction: parameter names, the Python function."""
+
+    def __init__(self):
+        self.log = []
+
+        def fn(x, y, n, flag, eps=0.5, BLOCK=64):
+            pass
+
+        self.fn, self.arg_names = fn, ["x", "y", "n", "flag", "eps", "BLOCK"]
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.log.append(("triton", grid, args, kwargs))
+            return _Compiled(self.log)
+        return run
+
+
+@pytest.fixture
+def cached(monkeypatch):
+    monkeypatch.setattr(triton_utils, "_INTERPRET", False)
+    monkeypatch.setattr(triton_utils, "_CACHED_LAUNCH", True)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
+
+
+def test_a_seen_key_launches_directly_with_every_argument_in_order(cached):
+    k = _Kernel()
+    x, y = torch.zeros(8), torch.zeros(8)
+    triton_utils.launch(k, (3,), x, y, 16, flag=True, BLOCK=32, num_warps=4)
+    triton_utils.launch(k, (5, 2), x, y, 16, flag=True, BLOCK=32, num_warps=4)
+    assert [e[0] for e in k.log] == ["triton", "direct"]
+    assert k.log[1][1:] == ((5, 2, 1), 1234, (x, y, 16, True, 0.5, 32))   # eps from its default
+
+
+def test_every_key_change_goes_through_triton(cached):
+    k = _Kernel()
+    x, y = torch.zeros(8), torch.zeros(8)
+    base = dict(flag=True, BLOCK=32, num_warps=4)
+    triton_utils.launch(k, (1,), x, y, 16, **base)
+    triton_utils.launch(k, (1,), x, y, 17, **base)                               # an int's value
+    triton_utils.launch(k, (1,), x.double(), y, 16, **base)                      # a dtype
+    triton_utils.launch(k, (1,), torch.zeros(9)[1:], y, 16, **base)              # 4-byte alignment
+    triton_utils.launch(k, (1,), x, y, 16, **dict(base, flag=1))                 # True and 1
+    triton_utils.launch(k, (1,), x, y, 16, **dict(base, num_warps=8))            # an option
+    triton_utils.launch(k, (1,), x, y, 16, **dict(base, BLOCK=64))               # a constexpr
+    triton_utils.launch(k, (1,), x, y, 16, eps=0.25, **base)                     # a float's value
+    assert [e[0] for e in k.log] == ["triton"] * 8
+    triton_utils.launch(k, (1,), torch.ones(8), y, 17, **base)                   # other data, a seen key
+    assert k.log[-1][0] == "direct"
+
+
+def test_the_interpreter_and_the_switch_always_go_through_triton(monkeypatch):
+    k = _Kernel()
+    x = torch.zeros(8)
+    for interpret, cached_launch in ((True, True), (False, False)):
+        monkeypatch.setattr(triton_utils, "_INTERPRET", interpret)
+        monkeypatch.setattr(triton_utils, "_CACHED_LAUNCH", cached_launch)
+        for _ in range(2):
+            triton_utils.launch(k, (1,), x, x, 16, flag=False)
+    assert [e[0] for e in k.log] == ["triton"] * 4
