@@ -34,6 +34,7 @@ from samu.errors import RunFolderBusy, TrainingDiverged, TrainingInterrupted
 from samu.models import LanguageModel, LMConfig, load_checkpoint, load_model, save_checkpoint
 from samu.models.checkpoint import CheckpointError, atomic_write, temporaries
 from samu.models.flops import mfu, peak_flops
+from samu.modules import RecurrentBlock
 from samu.ops.checks import NonFiniteParameters, set_check_finite
 from samu.paths import RUN_MARKER, FileLock
 from samu.validate import cpu_or_cuda, finite_number, nonneg_int, positive_int
@@ -206,8 +207,21 @@ def _compiles(config: TrainConfig, device: torch.device) -> bool:
     return config.compile == "on" or (config.compile == "auto" and device.type == "cuda")
 
 
+def _choose_mixers(model: LanguageModel, config: TrainConfig, device: torch.device) -> None:
+    """Each mixer's implementation at the training shape, chosen eagerly (gating its class where no record
+    covers it), before torch.compile traces the model: dispatch never gates inside a trace."""
+    dtype = torch.bfloat16 if _autocasts(config, device) else next(model.parameters()).dtype
+    for block in model.modules():
+        if isinstance(block, RecurrentBlock):
+            block.mixer.choose(config.batch_size, config.seq_len, dtype, device)
+
+
+def _autocasts(config: TrainConfig, device: torch.device) -> bool:
+    return config.autocast == "bf16" or (config.autocast == "auto" and device.type == "cuda")
+
+
 def _autocast(config: TrainConfig, device: torch.device):
-    if config.autocast == "bf16" or (config.autocast == "auto" and device.type == "cuda"):
+    if _autocasts(config, device):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -512,6 +526,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         engine = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
     compiled = _compiles(config, device)
     if compiled:
+        _choose_mixers(model, config, device)
         engine = torch.compile(engine)
     log.update(compiled=compiled, activation_checkpointing=config.activation_checkpointing)
     peak, params = peak_flops(device), model.num_params()

@@ -3,10 +3,11 @@
 Usage: python scripts/gpu_host.py [--out DIR] [--shape 1,8192,1024]
 
 For each mixer at the shape (bf16, backend auto): the host time of a back-to-back eager fwd+bwd with
-the parameter finiteness check off and on, the CUDA-graph time beside it, and a cProfile of 30 calls
-(top functions by own time and by cumulative time, written to host_<op>.txt). Then the cost of one
-Triton launch of a 16-argument kernel through ``kernel[grid](...)`` against the compiled kernel's own
-launcher, and of one ``torch.empty``: what a leaner launch path could save per launch.
+the parameter finiteness check off and on, with samu's cached launches and with Triton's own (5 rounds
+each, interleaved; medians), the CUDA-graph time beside it, and a cProfile of 30 calls (top functions
+by own time and by cumulative time, written to host_<op>.txt). Then the cost of one launch of a
+16-argument kernel through ``kernel[grid](...)``, through samu's cached ``launch`` and through the
+compiled kernel's launcher, and of one ``torch.empty``.
 Writes host.json and host_<op>.txt under DIR.
 """
 
@@ -30,6 +31,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import samu  # noqa: E402
 from gpu_profile import graph_time, host_time, make  # noqa: E402
+from samu.ops import triton_utils  # noqa: E402
 
 
 @triton.jit
@@ -68,6 +70,7 @@ def launch_costs():
                                                             p5=ts[5], p6=ts[6], p7=ts[7], n0=8192, n1=1024,
                                                             n2=512, n3=32, n4=256, n5=7, f0=1.5, BLOCK=128)),
         "direct_launch_us": per_call_us(direct),
+        "samu_launch_us": per_call_us(lambda: triton_utils.launch(_noop, grid, *ts, *ints, 1.5, BLOCK=128)),
         "torch_empty_us": per_call_us(lambda: torch.empty(4, 8192, 1024, device="cuda", dtype=torch.bfloat16)),
         "torch_zeros_us": per_call_us(lambda: torch.zeros(4, 1024, device="cuda")),
     }
@@ -109,14 +112,22 @@ def main():
         samu.set_check_finite(True)
         entry["fb_host_ms_check_on"] = host_time(fb, leaves, warmup=3)
         samu.set_check_finite(False)
-        entry["fb_host_ms"] = host_time(fb, leaves, warmup=3)
+        rounds = {True: [], False: []}
+        for _ in range(5):
+            for cached in (False, True):
+                triton_utils._CACHED_LAUNCH = cached
+                rounds[cached].append(host_time(fb, leaves, warmup=3))
+        triton_utils._CACHED_LAUNCH = True
+        entry["fb_host_ms_triton_launch"] = sorted(rounds[False])[2]
+        entry["fb_host_ms"] = sorted(rounds[True])[2]
         entry["fwd_host_ms"] = host_time(fwd, leaves, warmup=3)
         entry["fb_graph_ms"] = graph_time(fb, leaves)
         text = profile_text(fb, leaves)
         with open(os.path.join(args.out, f"host_{op}.txt"), "w") as f:
             f.write(text)
         record["ops"][op] = entry
-        print(f"{op} {shape}: fwd+bwd host {entry['fb_host_ms']:.3f} ms (check on {entry['fb_host_ms_check_on']:.3f}),"
+        print(f"{op} {shape}: fwd+bwd host {entry['fb_host_ms']:.3f} ms (Triton's launches "
+              f"{entry['fb_host_ms_triton_launch']:.3f}; check on {entry['fb_host_ms_check_on']:.3f}),"
               f" fwd host {entry['fwd_host_ms']:.3f}, graph {entry['fb_graph_ms']:.3f} ms", flush=True)
     with open(os.path.join(args.out, "host.json"), "w") as f:
         json.dump(record, f, indent=1, default=str)

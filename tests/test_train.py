@@ -275,16 +275,25 @@ def test_training_turns_the_per_call_finiteness_check_off_and_restores_it(tmp_pa
 
 
 def test_compile_on_trains_through_torch_compile(tmp_path, monkeypatch):
-    compiled = []
+    from samu.modules import SAMUMixer
+
+    compiled, events = [], []
 
     def fake_compile(module, **kw):
         compiled.append(module)
+        events.append("compile")
         return module
 
     monkeypatch.setattr(torch, "compile", fake_compile)
+    choose = SAMUMixer.choose
+    monkeypatch.setattr(SAMUMixer, "choose", lambda self, *a: events.append(a[:2]) or choose(self, *a))
     data = text_corpus(_text(tmp_path))
-    result = train(_config(tmp_path, "on", steps=2, compile="on"), data=data)
+    config = _config(tmp_path, "on", steps=2, compile="on")
+    result = train(config, data=data)
     assert result.log["compiled"] and compiled == [result.model]
+    # every mixer's implementation chosen (gated where no record covers it) before the trace, at the training shape
+    shape = (config.batch_size, config.seq_len)
+    assert events == [shape] * result.model.config.num_layers + ["compile"]
     result = train(_config(tmp_path, "auto", steps=2), data=data)   # auto: CUDA only
     assert not result.log["compiled"] and len(compiled) == 1
 

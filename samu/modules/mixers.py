@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 
 from samu.modules.layers import check_token
+from samu.ops import dispatch
 from samu.ops.checks import check_rglru_inputs, check_samu_inputs
 from samu.ops.functional import rglru_mixer, samu_mixer
 from samu.ops.glue import fused_backend
@@ -28,6 +29,13 @@ class _FP32Parameters(nn.Module):
         self._step_backend = fused_backend(value)
         self._backend = value
 
+    def choose(self, batch: int, length: int, dtype: torch.dtype, device=None) -> dispatch.Choice:
+        """The implementation a [batch, length, width] input of ``dtype`` runs (samu.dispatch.choose), gating
+        its class now if no record covers it: call it eagerly before torch.compile, which never gates."""
+        device = next(self.parameters()).device if device is None else device
+        return dispatch.choose(self.OP, batch, length, self.width, dtype, device, self.backend,
+                               heads=getattr(self, "num_heads", 16))
+
     def _apply(self, fn, recurse=True):
         def keep_fp32(t):
             # a cast that changes dtype moves the tensor only; other conversions apply as asked
@@ -46,6 +54,8 @@ class SAMUMixer(_FP32Parameters):
     step(x_t [B, D], state [B, D] | None) -> (y_t [B, D], new_state [B, D] fp32; float64 for float64 x_t)
     Parameters stay fp32 when the module is cast to another dtype.
     """
+
+    OP = "samu"
 
     def __init__(self, width: int, *, r_min: float = 0.9, r_max: float = 0.999,
                  max_phase: float = math.pi / 10, radial_bound: float = 2.0, backend: str = "auto",
@@ -107,6 +117,8 @@ class RGLRUMixer(_FP32Parameters):
     forward(x [B, L, D], initial_state [B, D] | None, output_final_state) -> (y, final_state | None)
     step(x_t [B, D], state [B, D] | None) -> (y_t [B, D], new_state [B, D] fp32)
     """
+
+    OP = "rglru"
 
     def __init__(self, width: int, num_heads: int = 16, *, c: float = 8.0, r_min: float = 0.9,
                  r_max: float = 0.999, backend: str = "auto", device=None):

@@ -13,48 +13,54 @@ import triton.language as tl
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # Cached launches (``launch``): SAMU_TRITON_LAUNCH=jit launches every kernel through Triton's own path.
 _CACHED_LAUNCH = os.environ.get("SAMU_TRITON_LAUNCH", "cached") != "jit"
-_LAUNCHES: dict = {}   # kernel -> (parameter names, defaults, {key: compiled kernel})
-_MAX_ENTRIES = 256     # per kernel: distinct argument keys (shapes) before the cache starts over
+_MAX_ENTRIES = 256     # per kernel: distinct argument keys (shapes) before its cache starts over
 
 
-def _key(a):
-    # everything Triton specialises a launch on: a tensor's dtype and 16-byte alignment; for any other
-    # argument (ints, floats, constexprs, flags) its type and exact value, stricter than Triton's classes
-    if isinstance(a, torch.Tensor):
-        return a.dtype, a.data_ptr() % 16 == 0
-    return type(a), a   # the type too: True and 1 compile differently
+def _launcher(compiled):
+    """(call, prefix) launching ``compiled`` as call(grid x, y, z, stream, *prefix, *arguments): its C
+    launcher itself where the kernel needs no scratch memory (Triton's CudaLauncher, else its own call)."""
+    run = compiled.run   # loads the module on first use
+    fixed = (compiled.function, compiled.packed_metadata, None, None, None)
+    if getattr(run, "global_scratch_size", 1) == 0 and getattr(run, "profile_scratch_size", 1) == 0:
+        return run.launch, (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None, *fixed[1:])
+    return run, fixed
 
 
 def launch(kernel, grid, *args, **kwargs):
     """``kernel[grid](*args, **kwargs)`` at about half Triton's host cost per launch.
 
-    The first launch with a given key (each tensor's dtype and alignment, every other argument's exact
-    value, the options, the device) goes through Triton, which compiles or finds the kernel; later ones
-    call that compiled kernel's launcher directly, skipping Triton's per-launch binding, cache-key and
-    hook work (Triton's launch hooks, used by its profilers, see only the first). In the interpreter,
-    and with SAMU_TRITON_LAUNCH=jit, every launch goes through Triton.
+    The first launch with a given key (each tensor's dtype and 16-byte alignment, every other argument's
+    type and exact value, the options, the device) goes through Triton, which compiles or finds the
+    kernel; later ones call that kernel's launcher directly, skipping Triton's per-launch binding,
+    cache-key and hook work (Triton's launch hooks, used by its profilers, see only the first). In the
+    interpreter, and with SAMU_TRITON_LAUNCH=jit, every launch goes through Triton.
     """
     if _INTERPRET or not _CACHED_LAUNCH:
         return kernel[grid](*args, **kwargs)
-    entry = _LAUNCHES.get(kernel)
+    entry = kernel.__dict__.get("_samu_launch")
     if entry is None:
-        names = kernel.arg_names
         defaults = {n: p.default for n, p in inspect.signature(kernel.fn).parameters.items()
                     if p.default is not inspect.Parameter.empty}
-        entry = _LAUNCHES[kernel] = (names, defaults, {})
-    names, defaults, compiled = entry
+        entry = kernel._samu_launch = (kernel.arg_names, defaults, {})
+    names, defaults, cache = entry
     device = torch._C._cuda_getDevice()
-    key = (device, *map(_key, args), *((k, _key(v)) for k, v in kwargs.items()))
-    hit = compiled.get(key)
+    # everything Triton specialises a launch on: a tensor's dtype and 16-byte alignment; for any other
+    # argument (ints, floats, constexprs, flags) its type and value, stricter than Triton's own classes
+    # (the type too: True and 1 compile differently)
+    key = (device, *[(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else (type(a), a)
+                     for a in args],
+           *[(k, (v.dtype, v.data_ptr() % 16 == 0) if isinstance(v, torch.Tensor) else (type(v), v))
+             for k, v in kwargs.items()])
+    hit = cache.get(key)
     if hit is None:
-        if len(compiled) >= _MAX_ENTRIES:
-            compiled.clear()
-        compiled[key] = kernel[grid](*args, **kwargs)
+        if len(cache) >= _MAX_ENTRIES:
+            cache.clear()
+        cache[key] = _launcher(kernel[grid](*args, **kwargs))
         return
-    values = (*args, *(kwargs[n] if n in kwargs else defaults[n] for n in names[len(args):]))
+    call, prefix = hit
     g = (*grid, 1, 1)
-    hit.run(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(device), hit.function, hit.packed_metadata,
-            None, None, None, *values)
+    call(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(device), *prefix, *args,
+         *[kwargs[n] if n in kwargs else defaults[n] for n in names[len(args):]])
 
 
 def cdiv(a: int, b: int) -> int:

@@ -14,20 +14,44 @@ from samu.ops import triton_utils  # noqa: E402
 
 
 class _Compiled:
+    """A compiled kernel whose launcher needs scratch memory: launched through its own call."""
+
     function, packed_metadata = "fn", "meta"
 
     def __init__(self, log):
         self.log = log
 
     def run(self, gx, gy, gz, stream, function, packed, metadata, enter, exit, *values):
+        assert (function, packed, metadata, enter, exit) == ("fn", "meta", None, None, None)
         self.log.append(("direct", (gx, gy, gz), stream, values))
+
+
+class _CLauncher:
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid, launch_pdl = False, True
+
+    def __init__(self, log):
+        self.log = log
+
+    def launch(self, gx, gy, gz, stream, function, coop, pdl, scratch, profile, packed, metadata, enter, exit, *values):
+        assert (function, coop, pdl, scratch, profile, packed, metadata, enter, exit) == (
+            "fn", False, True, None, None, "meta", None, None, None)
+        self.log.append(("direct", (gx, gy, gz), stream, values))
+
+
+class _CompiledNoScratch(_Compiled):
+    """One that needs none: launched through its C launcher itself."""
+
+    @property
+    def run(self):
+        return _CLauncher(self.log)
 
 
 class _Kernel:
     """kernel[grid](*args, **kwargs) as Triton's JITFunction: parameter names, the Python function."""
 
-    def __init__(self):
-        self.log = []
+    def __init__(self, compiled=_Compiled):
+        self.log, self.compiled = [], compiled
 
         def fn(x, y, n, flag, eps=0.5, BLOCK=64):
             pass
@@ -37,7 +61,7 @@ class _Kernel:
     def __getitem__(self, grid):
         def run(*args, **kwargs):
             self.log.append(("triton", grid, args, kwargs))
-            return _Compiled(self.log)
+            return self.compiled(self.log)
         return run
 
 
@@ -49,8 +73,9 @@ def cached(monkeypatch):
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
 
 
-def test_a_seen_key_launches_directly_with_every_argument_in_order(cached):
-    k = _Kernel()
+@pytest.mark.parametrize("compiled", [_Compiled, _CompiledNoScratch])
+def test_a_seen_key_launches_directly_with_every_argument_in_order(cached, compiled):
+    k = _Kernel(compiled)
     x, y = torch.zeros(8), torch.zeros(8)
     triton_utils.launch(k, (3,), x, y, 16, flag=True, BLOCK=32, num_warps=4)
     triton_utils.launch(k, (5, 2), x, y, 16, flag=True, BLOCK=32, num_warps=4)
