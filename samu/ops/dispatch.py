@@ -248,19 +248,22 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
     if ungated and "passed" not in status.values():
         command = " ".join(gate_command(op, B, L, D, dtype, heads, ungated))
         where = "; ".join(f"{n} in {classes[n]}" for n in ungated)
-        if _in_trace_or_capture():
+        why_not = auto_gate_enabled()
+        can_gate = why_not is None and _can_gate(device)
+        tracing = _in_trace_or_capture()
+        if can_gate and tracing:
+            # an eager call would gate here; a trace cannot (with gating off it takes the path eager takes)
             raise RuntimeError(f"no gate record covers {op} at (B={B}, L={L}, D={D}) {_dname(dtype)} ({where}), and "
                                f"samu never gates inside torch.compile or a CUDA-graph capture: run `{command}` "
                                f"first (or one eager call), or pass a backend")
-        why_not = auto_gate_enabled()
         if not gate:
             return Choice("torch", None, f"{backend}: no gate record covers this class ({where}); the first call "
                                          f"gates it (`{command}`)" + ("" if why_not is None else
                                                                       f", unless {why_not}"))
-        if why_not is None and _can_gate(device):
+        if can_gate:
             _gate_now(op, B, L, D, heads, dtype, device, ungated)
             status = verdicts()
-        elif backend == "auto" and (op, classes[ungated[0]]) not in _warned:
+        elif backend == "auto" and not tracing and (op, classes[ungated[0]]) not in _warned:
             _warned.add((op, classes[ungated[0]]))
             warnings.warn(f"samu: no gate record covers {op} at (B={B}, L={L}, D={D}) {_dname(dtype)} ({where}) and "
                           f"{why_not or 'CUDA is not available'}, so {op} uses the chunked PyTorch path there, "

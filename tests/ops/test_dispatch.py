@@ -148,8 +148,15 @@ def test_auto_gate_off_warns_once_with_the_command(empty_status, monkeypatch):
 def test_ungated_class_inside_a_trace_is_an_error_naming_the_command(empty_status, monkeypatch):
     monkeypatch.setattr(dispatch.subprocess, "run", lambda *a, **k: pytest.fail("must not gate in a trace"))
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(dispatch, "_can_gate", lambda device: True)   # where an eager call would gate
     with pytest.raises(RuntimeError, match=r"never gates inside torch.compile.*samu gate --ops samu"):
         dispatch.choose("samu", 1, 64, 8, torch.bfloat16, "cuda")
+    # with gating off a trace takes the path an eager call takes: the PyTorch one (the eager call warns)
+    monkeypatch.setenv("SAMU_AUTO_GATE", "0")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert dispatch.choose("samu", 1, 64, 8, torch.bfloat16, "cuda").backend == "torch"
 
 
 @needs_triton
