@@ -26,10 +26,8 @@ TRAIN = ((16, 256, 128), (16, 256, 512), (16, 256, 1664), (1, 8192, 2048), (1, 6
 SETS = {"primary": PRIMARY, "length": LENGTH, "width": WIDTH, "block": BLOCK, "step": STEP, "gen": GEN,
         "prefill": PREFILL, "train": TRAIN}
 # Every shape a sequence kernel is benchmarked at (a gate speaks only for the numerics of its shape),
-# the generation prompts' prefill and the training shapes above. Not yet the prefill scope's: RG-LRU's
-# classes at (64, 512, 1664) and (1, 32768, 1664) have no committed gate record (dispatch gates them on
-# first use); once `samu gate --shapes prefill` records are committed, PREFILL joins GATE.
-GATE = tuple(dict.fromkeys(PRIMARY + LENGTH + WIDTH + BLOCK + STEP + GEN_PREFILL + TRAIN))
+# the generation prompts' prefill, the prefill scope's and the training shapes above.
+GATE = tuple(dict.fromkeys(PRIMARY + LENGTH + WIDTH + BLOCK + STEP + GEN_PREFILL + PREFILL + TRAIN))
 SETS["gate"] = GATE
 
 
