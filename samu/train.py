@@ -197,6 +197,14 @@ def _setup_distributed(config: TrainConfig) -> tuple[_Dist, torch.device]:
         return _Dist(), device
     owns = not dist.is_initialized()
     if owns:
+        # Imported before the group exists. DDP's constructor imports torch._dynamo, which imports
+        # modules (torch.distributed.nn.functional and others) whose functions take group.WORLD as a
+        # default argument: imported once the group exists, those defaults hold it for good, so
+        # destroy_process_group() frees nothing and gloo's worker threads run on into interpreter
+        # shutdown, where one that releases a finished all_reduce's tensor takes the GIL and is ended
+        # mid-destructor ("terminate called without an active exception"). Imported first, those
+        # defaults are None, and destroy_process_group() joins the workers.
+        import torch._dynamo as _  # noqa: F401  (as _: a plain import would make torch local here)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     if device.type == "cuda":
         torch.cuda.set_device(device)

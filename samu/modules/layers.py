@@ -48,11 +48,12 @@ def check_glue_backend(backend: str) -> str:
 
 def linear_onto(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
     """residual + x W^T, where ``residual`` already holds the linear's bias (RMSNorm.decode's shifted
-    output): the decoding step's product with the residual sum in its epilogue (one kernel) where the
-    dtypes agree and autocast is off, else the product and the sum (as the forward promotes them)."""
+    output, a fresh tensor this consumes): the decoding step's product accumulating onto the residual in
+    place, in its epilogue (one kernel, no copy), where the dtypes agree and autocast is off, else the
+    product and the sum (as the forward promotes them)."""
     w = linear.weight
     if residual.dtype == x.dtype == w.dtype and not torch.is_autocast_enabled(x.device.type):
-        return torch.addmm(residual, x, w.t())
+        return residual.addmm_(x, w.t())
     return residual + F.linear(x, w)
 
 
