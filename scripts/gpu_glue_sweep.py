@@ -1,4 +1,4 @@
-"""The block glue's tiles (samu.ops.glue_triton BL, BE, ROWS) swept on the GPU: each kernel alone in a
+"""The block glue's tiles (samu.ops.glue_triton BL, BE; BWD_BL, BWD_BE, ROWS) swept on the GPU: each kernel alone in a
 CUDA graph, forward and backward, bf16, Conv1D width 4, against its bytes at the measured copy bandwidth.
 
 The backward's weight gradient is a per-program partial sum, so its tiles change its bits (each setting is
@@ -23,7 +23,7 @@ from gpu_profile import graph_time  # noqa: E402
 from samu.bench.records import environment  # noqa: E402
 from samu.ops import glue_triton  # noqa: E402
 
-CURRENT = (glue_triton.BL, glue_triton.BE, glue_triton.ROWS)
+CURRENT = (glue_triton.BL, glue_triton.BE, glue_triton.BWD_BL, glue_triton.BWD_BE, glue_triton.ROWS)
 
 K = 4
 # (BL, BE) pairs whose five [BL, BE] fp32 accumulators fit the registers of 4 warps, and rows per program
@@ -53,7 +53,7 @@ def main():
         elt = 2 * B * L * E   # bytes of one [B, L, E] bf16 tensor
         floors = {"fwd": 4 * elt / bw * 1e3, "bwd": 6 * elt / bw * 1e3}   # fwd: z in, x_c, a out; bwd: dx_c, da, z in, dz out
         for BL, BE in TILES:
-            glue_triton.BL, glue_triton.BE = BL, BE
+            glue_triton.BL, glue_triton.BE = glue_triton.BWD_BL, glue_triton.BWD_BE = BL, BE
             ms = graph_time(lambda: glue_triton.conv_gelu_fwd(z, w, bias, None), [])
             record["rows"].append(dict(shape=[B, L, E], kernel="fwd", BL=BL, BE=BE, ms=ms, floor_ms=floors["fwd"]))
             for rows in ROWS:
@@ -70,7 +70,7 @@ def main():
             for r in rows[:4]:
                 tiles = ", ".join(f"{k}={r[k]}" for k in ("BL", "BE", "ROWS") if k in r)
                 print(f"{shape} {kernel}: {r['ms']:.3f} ms ({r['ms'] / r['floor_ms']:.2f}x floor)  {tiles}")
-    print(f"committed tiles: BL={CURRENT[0]}, BE={CURRENT[1]}, ROWS={CURRENT[2]}")
+    print("committed tiles: forward BL={}, BE={}; backward BL={}, BE={}, ROWS={}".format(*CURRENT))
 
 
 if __name__ == "__main__":

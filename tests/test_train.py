@@ -173,16 +173,42 @@ def test_config_bad_values(kw, match):
         TrainConfig(**kw)
 
 
+# `python -m samu.cli`, then exit 3 should a gloo thread still run: destroy_process_group() must have
+# joined them. Left running into interpreter shutdown, a worker that releases a finished all_reduce's
+# tensor there takes the GIL and is ended mid-destructor: "terminate called without an active exception",
+# a rare abort (CI saw it once) whose precondition this checks every run.
+_CLI_THEN_NO_GLOO_THREADS = """
+import os, runpy, sys
+try:
+    runpy.run_module("samu.cli", run_name="__main__", alter_sys=True)
+    code = 0
+except SystemExit as e:
+    code = e.code
+names = []
+if os.path.isdir("/proc/self/task"):
+    for task in os.listdir("/proc/self/task"):
+        try:
+            names.append(open(f"/proc/self/task/{task}/comm").read().strip())
+        except OSError:
+            pass
+gloo = [name for name in names if "gloo" in name]
+if gloo:
+    print(f"rank {os.environ['RANK']}: gloo threads still running after the run: {gloo}", file=sys.stderr)
+sys.exit(code or (3 if gloo else 0))
+"""
+
+
 def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path):
     corpus = _text(tmp_path)
     common = ["train", "--data", str(corpus), "--width", "16", "--layers", "2", "--lru-width", "8",
               "--steps", "3", "--batch-size", "2", "--seq-len", "24", "--eval-batches", "2",
               "--warmup", "1", "--device", "cpu", "--no-progress"]
-    # faulthandler: should a rank ever abort again (CI saw "terminate called without an active
-    # exception" once, cause unknown), its stderr shows every thread's Python stack
+    script = tmp_path / "samu_cli_then_no_gloo_threads.py"
+    script.write_text(_CLI_THEN_NO_GLOO_THREADS)
+    # faulthandler: should a rank ever abort, its stderr shows every thread's Python stack
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", "TORCH_SHOW_CPP_STACKTRACES": "1"}
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          "-m", "samu.cli", *common, "--out", str(tmp_path / "ddp")],
+                          str(script), *common, "--out", str(tmp_path / "ddp")],
                          env=env, capture_output=True, text=True, timeout=300)
     # On failure show the start of stderr (where a rank's own error lands) and the end of stdout.
     assert run.returncode == 0, f"stderr:\n{run.stderr[:3000]}\nstdout:\n{run.stdout[-2000:]}"

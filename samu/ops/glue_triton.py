@@ -14,8 +14,10 @@ import triton.language as tl
 
 from samu.ops.triton_utils import cast_to, cdiv, gelu_tanh, gelu_tanh_grad, launch
 
-# rows of one tile and channels of one tile; the backward walks ROWS rows per program in tiles of BL
-BL, BE, ROWS = 32, 128, 512
+# rows and channels of the forward's tile; the backward's (narrower: five accumulators a tile), which walks
+# ROWS rows per program (scripts/gpu_glue_sweep.py, results/dev/issue10/glue_sweep.json)
+BL, BE = 32, 128
+BWD_BL, BWD_BE, ROWS = 16, 64, 512
 
 
 @triton.jit
@@ -126,9 +128,9 @@ def conv_gelu_bwd(dxc: torch.Tensor, da: torch.Tensor, z: torch.Tensor, weight: 
     dw_part = z.new_empty(B * n_l, K, E, dtype=torch.float32)
     db_part = z.new_empty(B * n_l, E, dtype=torch.float32)
     s = state if state is not None else z
-    grid = (n_l, cdiv(E, BE), B)
+    grid = (n_l, cdiv(E, BWD_BE), B)
     launch(_conv_gelu_bwd, grid, dxc, da, z, weight, s, dz, dw_part, db_part, L, E, n_l, z.stride(0), z.stride(1),
            s.stride(0), s.stride(1), dxc.stride(0), dxc.stride(1),
-           K=K, HAS_STATE=state is not None, BL=BL, BE=BE, ROWS=ROWS, num_warps=4)
+           K=K, HAS_STATE=state is not None, BL=BWD_BL, BE=BWD_BE, ROWS=ROWS, num_warps=4)
     # a fixed-order reduction of the per-program partials: the same bits on every run
     return dz, dw_part.sum(0), db_part.sum(0)

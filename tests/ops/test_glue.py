@@ -23,9 +23,10 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 def small_tiles(monkeypatch):
     from samu.ops import glue_triton
 
-    monkeypatch.setattr(glue_triton, "BL", 8)
-    monkeypatch.setattr(glue_triton, "BE", 16)
-    monkeypatch.setattr(glue_triton, "ROWS", 16)
+    for name in ("BL", "BWD_BL"):
+        monkeypatch.setattr(glue_triton, name, 8)
+    for name in ("BE", "BWD_BE", "ROWS"):
+        monkeypatch.setattr(glue_triton, name, 16)
 
 
 def _inputs(B, L, E, K, dtype, with_state, seed):

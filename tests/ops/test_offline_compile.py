@@ -44,11 +44,10 @@ def _cases():
     from samu.ops import rmsnorm_triton as r
     from samu.ops import step_triton as s
 
-    tiles = dict(BL=g.BL, BE=g.BE)
     for K in (1, 2, 4):
         for state in (False, True):
-            yield g._conv_gelu_fwd, {}, dict(K=K, HAS_STATE=state, **tiles), 4
-            yield g._conv_gelu_bwd, {}, dict(K=K, HAS_STATE=state, ROWS=g.ROWS, **tiles), 4
+            yield g._conv_gelu_fwd, {}, dict(K=K, HAS_STATE=state, BL=g.BL, BE=g.BE), 4
+            yield g._conv_gelu_bwd, {}, dict(K=K, HAS_STATE=state, ROWS=g.ROWS, BL=g.BWD_BL, BE=g.BWD_BE), 4
     for BW in (1024, 2048):
         for rows in (1, r.ROWS):   # one row a program (decoding) or many
             for shift in (False, True):   # the decoding step's norm also writes x + shift
