@@ -31,7 +31,8 @@ from tqdm.auto import tqdm
 
 from samu.data import DATA_FORMATS, TokenData, load_data
 from samu.errors import RunFolderBusy, TrainingDiverged, TrainingInterrupted
-from samu.models import LanguageModel, LMConfig, load_checkpoint, load_model, save_checkpoint
+from samu.models import CausalLM, LMConfig, build_model, load_checkpoint, load_model, save_checkpoint
+from samu.models.config import MODEL_CONFIGS, TransformerConfig, model_config_from_dict
 from samu.models.checkpoint import CheckpointError, atomic_write, temporaries
 from samu.models.flops import mfu, peak_flops
 from samu.modules import RecurrentBlock
@@ -53,7 +54,8 @@ class TrainConfig:
     """One training run. ``batch_size`` is per process and micro-step; tokens per step are
     batch_size * seq_len * grad_accum * world_size."""
 
-    model: LMConfig = field(default_factory=lambda: LMConfig.preset("tiny"))
+    # an LMConfig (samu's recurrent model) or a TransformerConfig (the reference point, samu compare)
+    model: "LMConfig | TransformerConfig" = field(default_factory=lambda: LMConfig.preset("tiny"))
     data: str = "stdlib"
     data_format: str = "text"
     out_dir: str = "runs/train"
@@ -89,9 +91,9 @@ class TrainConfig:
 
     def __post_init__(self):
         if isinstance(self.model, dict):
-            self.model = LMConfig.from_dict(self.model)
-        if not isinstance(self.model, LMConfig):
-            raise TypeError(f"model must be an LMConfig, got {type(self.model).__name__}")
+            self.model = model_config_from_dict(self.model)
+        if not isinstance(self.model, MODEL_CONFIGS):
+            raise TypeError(f"model must be an LMConfig or a TransformerConfig, got {type(self.model).__name__}")
         self.betas = tuple(self.betas)
         for name in ("steps", "batch_size", "seq_len", "grad_accum", "eval_every", "eval_batches",
                      "checkpoint_every", "keep", "log_every"):
@@ -215,7 +217,7 @@ def _compiles(config: TrainConfig, device: torch.device) -> bool:
     return config.compile == "on" or (config.compile == "auto" and device.type == "cuda")
 
 
-def _choose_mixers(model: LanguageModel, config: TrainConfig, device: torch.device) -> None:
+def _choose_mixers(model: CausalLM, config: TrainConfig, device: torch.device) -> None:
     """Each mixer's implementation at the training shape, chosen eagerly (gating its class where no record
     covers it), before torch.compile traces the model: dispatch never gates inside a trace."""
     dtype = torch.bfloat16 if _autocasts(config, device) else next(model.parameters()).dtype
@@ -234,7 +236,7 @@ def _autocast(config: TrainConfig, device: torch.device):
     return contextlib.nullcontext()
 
 
-def _optimizer(model: LanguageModel, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+def _optimizer(model: CausalLM, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     # Decay the dense matrices only: mixer parameters, norms and biases keep their scale.
     dense = {id(m.weight) for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding))}
     decay = [p for p in model.parameters() if id(p) in dense]
@@ -250,7 +252,7 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(model: LanguageModel, data: TokenData, config: TrainConfig, device, *, rank: int = 0,
+def evaluate(model: CausalLM, data: TokenData, config: TrainConfig, device, *, rank: int = 0,
              world: int = 1, autocast=None) -> dict:
     """Validation loss (nats/token) over fixed windows, and bits per byte for byte-level data."""
     ctx = _Dist(rank, world)
@@ -275,7 +277,7 @@ def evaluate(model: LanguageModel, data: TokenData, config: TrainConfig, device,
 
 @dataclass
 class TrainResult:
-    model: LanguageModel
+    model: CausalLM
     log: dict
 
 
@@ -418,7 +420,7 @@ class _Signals:
 
 def train(config: TrainConfig, *, data: TokenData | None = None, resume: bool = False,
           overwrite: bool = False) -> TrainResult:
-    """Train a LanguageModel as ``config`` says; writes checkpoint.pt and log.json to config.out_dir.
+    """Train the model of ``config.model`` (a LanguageModel, or a TransformerLM) as ``config`` says; writes checkpoint.pt and log.json to config.out_dir.
 
     resume: continue from out_dir/checkpoint.pt (same batches, same schedule as an uninterrupted run;
         so ``steps`` cannot change), on the same data (checked by content). A finished run is
@@ -500,7 +502,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
     out = folder.out
     # Every rank builds the same initial weights from the seed.
     torch.manual_seed(config.seed)
-    model = LanguageModel(config.model, backend=config.backend).to(device)
+    model = build_model(config.model, backend=config.backend).to(device)
     optimizer = _optimizer(model, config, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, CosineSchedule(config.warmup_steps, config.steps, config.min_lr / config.lr))

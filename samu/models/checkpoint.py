@@ -12,8 +12,9 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from samu.models.config import LMConfig
-from samu.models.model import LanguageModel
+from samu.models.build import build_model
+from samu.models.config import model_config_from_dict
+from samu.models.model import CausalLM
 
 FORMAT = "samu-lm"
 # 2: embeddings without the sqrt(width) input scale (version-1 weights mean something else)
@@ -25,7 +26,7 @@ class CheckpointError(ValueError):
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The LanguageModel inside a DistributedDataParallel or torch.compile wrapper."""
+    """The model inside a DistributedDataParallel or torch.compile wrapper."""
     while True:
         inner = getattr(model, "module", getattr(model, "_orig_mod", None))
         if not isinstance(inner, nn.Module):
@@ -125,11 +126,11 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def save_checkpoint(path, model: nn.Module, train_state: dict | None = None, keep_as=None) -> None:
-    """Write ``model`` (a LanguageModel, possibly wrapped) and optional training state to ``path``
-    (``keep_as``: the checkpoint it replaces stays under that name)."""
+    """Write ``model`` (a LanguageModel or TransformerLM, possibly wrapped) and optional training state to
+    ``path`` (``keep_as``: the checkpoint it replaces stays under that name)."""
     model = unwrap(model)
-    if not isinstance(model, LanguageModel):
-        raise TypeError(f"model must be a LanguageModel, got {type(model).__name__}")
+    if not isinstance(model, CausalLM):
+        raise TypeError(f"model must be a LanguageModel or a TransformerLM, got {type(model).__name__}")
     payload = {"format": FORMAT, "version": VERSION, "config": json.dumps(model.config.to_dict()),
                "model": model.state_dict()}
     if train_state is not None:
@@ -138,7 +139,8 @@ def save_checkpoint(path, model: nn.Module, train_state: dict | None = None, kee
 
 
 def load_checkpoint(path, map_location="cpu") -> dict:
-    """The validated contents of a checkpoint: keys format, version, config (LMConfig), model, train?"""
+    """The validated contents of a checkpoint: keys format, version, config (LMConfig or TransformerConfig),
+    model, train?"""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
@@ -153,7 +155,7 @@ def load_checkpoint(path, map_location="cpu") -> dict:
         raise CheckpointError(f"{path} has checkpoint version {payload.get('version')!r}; "
                               f"this samu reads version {VERSION}")
     try:
-        payload["config"] = LMConfig.from_dict(json.loads(payload["config"]))
+        payload["config"] = model_config_from_dict(json.loads(payload["config"]))
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{path} has an invalid model config: {e}") from None
     if not isinstance(payload.get("model"), dict):
@@ -161,10 +163,10 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     return payload
 
 
-def load_model(path, *, device=None, backend: str = "auto", payload: dict | None = None) -> LanguageModel:
-    """A LanguageModel built from a checkpoint's config, with its weights."""
+def load_model(path, *, device=None, backend: str = "auto", payload: dict | None = None) -> CausalLM:
+    """The model of a checkpoint's config (a LanguageModel or a TransformerLM), with its weights."""
     payload = load_checkpoint(path) if payload is None else payload
-    model = LanguageModel(payload["config"], backend=backend, device=device)
+    model = build_model(payload["config"], backend=backend, device=device)
     try:
         model.load_state_dict(payload["model"])
     except RuntimeError as e:

@@ -54,12 +54,10 @@ class LMConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "LMConfig":
-        if not isinstance(d, dict):
-            raise ValueError(f"a model config must be a JSON object, got {type(d).__name__}")
-        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ValueError(f"unknown model config field(s): {', '.join(unknown)}")
-        return cls(**d)
+        config = model_config_from_dict(d)
+        if not isinstance(config, LMConfig):
+            raise ValueError(f"expected a recurrent model's config, got a {config.arch} one")
+        return config
 
     def num_params(self) -> int:
         """Parameter count of ``LanguageModel(self)`` (the tied head adds none)."""
@@ -74,6 +72,57 @@ class LMConfig:
         layer = 2 * D + block + mlp
         return self.vocab_size * D + self.num_layers * layer + D
 
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Shape of a ``TransformerLM`` (samu.models.transformer), the reference point samu's recurrent models
+    are compared with: a pre-norm causal transformer of ``width`` (a multiple of 64) and ``num_layers``,
+    head dim 128 (64 where the width needs it), a GeLU MLP of 4 * width. ``arch`` names the family in a
+    checkpoint's config."""
+
+    vocab_size: int = 256
+    width: int = 128
+    num_layers: int = 4
+    arch: str = "sdpa-transformer"
+
+    def __post_init__(self):
+        for name in ("vocab_size", "width", "num_layers"):
+            positive_int(name, getattr(self, name))
+        if self.width % 64:
+            raise ValueError(f"width must be a multiple of 64 for a transformer, got {self.width}")
+        if self.arch != "sdpa-transformer":
+            raise ValueError(f"arch must be 'sdpa-transformer', got {self.arch!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return 128 if self.width % 128 == 0 else 64
+
+    @classmethod
+    def like(cls, config: LMConfig) -> "TransformerConfig":
+        """The transformer of ``config``'s vocabulary, width and depth (parameters within 5% of it)."""
+        return cls(vocab_size=config.vocab_size, width=config.width, num_layers=config.num_layers)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def num_params(self) -> int:
+        """Parameter count of ``TransformerLM(self)`` (no biases; the tied head adds none)."""
+        D = self.width
+        return self.vocab_size * D + self.num_layers * (2 * D + 12 * D * D) + D
+
+
+def model_config_from_dict(d: dict) -> "LMConfig | TransformerConfig":
+    """An LMConfig, or a TransformerConfig where ``d`` names its ``arch``, from a JSON object."""
+    if not isinstance(d, dict):
+        raise ValueError(f"a model config must be a JSON object, got {type(d).__name__}")
+    cls = TransformerConfig if "arch" in d else LMConfig
+    unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ValueError(f"unknown model config field(s): {', '.join(unknown)}")
+    return cls(**d)
+
+
+MODEL_CONFIGS = (LMConfig, TransformerConfig)
 
 PRESETS: dict[str, LMConfig] = {
     # Trains to well under 3 bits/byte on the embedded corpus in a few CPU minutes.

@@ -13,7 +13,23 @@ from samu.modules.layers import RMSNorm
 from samu.ops.glue import fused_backend
 
 
-class LanguageModel(nn.Module):
+class CausalLM(nn.Module):
+    """What samu's trainer needs of a language model: forward(tokens [B, L]) -> (logits, state or None), a
+    ``config``, an ``activation_checkpointing`` switch, and the two parameter helpers below."""
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    @torch.no_grad()
+    def nonfinite_parameters(self) -> list[str]:
+        """Names of the parameters holding nan or inf (one host synchronisation when there are none)."""
+        params = list(self.named_parameters())
+        if bool(torch.stack([torch.isfinite(p).all() for _, p in params]).all()):
+            return []
+        return [name for name, p in params if not bool(torch.isfinite(p).all())]
+
+
+class LanguageModel(CausalLM):
     """A Griffin-style recurrent language model whose temporal mixer is SAMU or RG-LRU.
 
     forward(tokens [B, L] int64, state: list[BlockState] | None, return_state)
@@ -52,17 +68,6 @@ class LanguageModel(nn.Module):
         for layer in self.layers:
             layer.block.linear_out.weight.mul_(scale)
             layer.mlp.down.weight.mul_(scale)
-
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-    @torch.no_grad()
-    def nonfinite_parameters(self) -> list[str]:
-        """Names of the parameters holding nan or inf (one host synchronisation when there are none)."""
-        params = list(self.named_parameters())
-        if bool(torch.stack([torch.isfinite(p).all() for _, p in params]).all()):
-            return []
-        return [name for name, p in params if not bool(torch.isfinite(p).all())]
 
     def _check_state(self, state):
         if state is not None and (not isinstance(state, (list, tuple)) or len(state) != len(self.layers)):

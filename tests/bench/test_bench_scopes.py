@@ -100,10 +100,10 @@ def test_transformer_peer_has_the_presets_parameters_within_5_percent(preset):
 
 
 def test_transformer_peer_is_causal():
-    from samu.bench.peer_models import SDPATransformer
+    from samu.models import TransformerConfig, TransformerLM
 
     torch.manual_seed(0)
-    model = SDPATransformer(256, 128, 2)
+    model = TransformerLM(TransformerConfig(256, 128, 2))
     tokens = torch.randint(256, (2, 9))
     changed = tokens.clone()
     changed[:, 5:] = (changed[:, 5:] + 1) % 256

@@ -1,0 +1,78 @@
+"""TransformerLM: the reference point samu's recurrent models are compared with (``samu compare`` and the
+bench's ``sdpa-transformer`` peer): what a user would train instead.
+
+A pre-norm causal transformer on PyTorch's own ``scaled_dot_product_attention`` (FlashAttention on CUDA),
+rotary positions (base 10,000), a GeLU MLP of 4 * width, RMSNorm, no biases, a tied head: 12 * width^2
+parameters a layer against the recurrent layer's ~12 * width^2, so the two have parameters within 5%.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from samu.models.config import TransformerConfig
+from samu.models.model import CausalLM
+from samu.modules.layers import RMSNorm, lecun_normal_
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class _AttentionLayer(nn.Module):
+    def __init__(self, width: int, heads: int, **kw):
+        super().__init__()
+        self.heads = heads
+        self.attn_norm = RMSNorm(width, **kw)
+        self.qkv = nn.Linear(width, 3 * width, bias=False, **kw)
+        self.proj = nn.Linear(width, width, bias=False, **kw)
+        self.mlp_norm = RMSNorm(width, **kw)
+        self.up = nn.Linear(width, 4 * width, bias=False, **kw)
+        self.down = nn.Linear(4 * width, width, bias=False, **kw)
+        for linear in (self.qkv, self.proj, self.up, self.down):
+            lecun_normal_(linear)
+
+    def forward(self, x, cos, sin):
+        B, L, W = x.shape
+        q, k, v = self.qkv(self.attn_norm(x)).view(B, L, 3, self.heads, W // self.heads).unbind(2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(B, L, W))
+        return x + self.down(F.gelu(self.up(self.mlp_norm(x)), approximate="tanh"))
+
+
+class TransformerLM(CausalLM):
+    """forward(tokens [B, L] int64) -> (logits [B, L, vocab_size], None): no recurrent state to carry."""
+
+    def __init__(self, config: TransformerConfig, *, device=None, dtype=None):
+        super().__init__()
+        if not isinstance(config, TransformerConfig):
+            raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
+        self.config = config
+        kw = dict(device=device, dtype=dtype)
+        self.embed = nn.Embedding(config.vocab_size, config.width, **kw)
+        nn.init.normal_(self.embed.weight, std=0.5 * config.width ** -0.5)
+        heads = config.width // config.head_dim
+        self.layers = nn.ModuleList(_AttentionLayer(config.width, heads, **kw) for _ in range(config.num_layers))
+        self.final_norm = RMSNorm(config.width, **kw)
+        self.activation_checkpointing = False
+
+    def forward(self, tokens, state=None, return_state=False):
+        if state is not None or return_state:
+            raise ValueError("a TransformerLM carries no recurrent state: call it with tokens only")
+        L, hd = tokens.shape[1], self.config.head_dim
+        inv = 10000.0 ** (-torch.arange(0, hd, 2, device=tokens.device, dtype=torch.float32) / hd)
+        angles = torch.arange(L, device=tokens.device, dtype=torch.float32)[:, None] * inv
+        x = self.embed(tokens)
+        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+        recompute = self.activation_checkpointing and torch.is_grad_enabled()
+        for layer in self.layers:
+            x = checkpoint(layer, x, cos, sin, use_reentrant=False) if recompute else layer(x, cos, sin)
+        return F.linear(self.final_norm(x), self.embed.weight), None
