@@ -252,27 +252,43 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(model: CausalLM, data: TokenData, config: TrainConfig, device, *, rank: int = 0,
-             world: int = 1, autocast=None) -> dict:
-    """Validation loss (nats/token) over fixed windows, and bits per byte for byte-level data."""
-    ctx = _Dist(rank, world)
+def _val_position_sums(model: CausalLM, data: TokenData, config: TrainConfig, device, rank: int, world: int,
+                       autocast) -> tuple[torch.Tensor, int]:
+    """Summed next-token loss (nats, fp32) at each position of this rank's validation windows, and their count."""
     starts = data.val_starts(config.seq_len, config.eval_batches * config.batch_size)[rank::world]
     was_training = model.training
     model.eval()
-    total, count = 0.0, 0
+    sums = torch.zeros(config.seq_len, dtype=torch.float64)
     for i in range(0, len(starts), config.batch_size):
         x, y = data.windows("val", starts[i:i + config.batch_size], config.seq_len)
         with autocast or contextlib.nullcontext():
             logits, _ = model(x.to(device))
-        total += cross_entropy(logits, y.to(device)).item() * y.numel()
-        count += y.numel()
+        per_token = F.cross_entropy(logits.float().transpose(1, 2), y.to(device), reduction="none")
+        sums += per_token.sum(0).double().cpu()
     model.train(was_training)
-    total, count = ctx.all_sum([total, count], device)
+    return sums, len(starts)
+
+
+def _bpb(loss: float, data: TokenData) -> dict:
+    return {"val_bpb": loss / math.log(2) / data.bytes_per_token} if data.bytes_per_token else {}
+
+
+def evaluate(model: CausalLM, data: TokenData, config: TrainConfig, device, *, rank: int = 0,
+             world: int = 1, autocast=None) -> dict:
+    """Validation loss (nats/token) over fixed windows, and bits per byte for byte-level data."""
+    sums, windows = _val_position_sums(model, data, config, device, rank, world, autocast)
+    total, count = _Dist(rank, world).all_sum([float(sums.sum()), windows * config.seq_len], device)
     loss = total / count
-    out = {"val_loss": loss}
-    if data.bytes_per_token:
-        out["val_bpb"] = loss / math.log(2) / data.bytes_per_token
-    return out
+    return {"val_loss": loss, **_bpb(loss, data)}
+
+
+def evaluate_positions(model: CausalLM, data: TokenData, config: TrainConfig) -> list[float]:
+    """Validation loss (nats/token) at each position 0 .. seq_len - 1 of the windows ``evaluate`` reads,
+    on the model's device under the run's autocast (one process): where a recurrent state shows what it
+    kept, late positions against early ones."""
+    device = next(model.parameters()).device
+    sums, windows = _val_position_sums(model, data, config, device, 0, 1, _autocast(config, device))
+    return (sums / windows).tolist()
 
 
 @dataclass
@@ -564,10 +580,11 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
                 error = TrainingDiverged(f"{error} (non-finite: {shown})")
             raise error
 
-    def validate(step):
+    def validate(step, elapsed):
         check_finite(step)
-        result = {"step": step, **evaluate(model, data, config, device, rank=ctx.rank, world=ctx.world,
-                                           autocast=autocast)}
+        # tokens trained on, and the run's time so far (training and the validations before this one)
+        result = {"step": step, "tokens": step * tokens_per_step, "time_s": elapsed,
+                  **evaluate(model, data, config, device, rank=ctx.rank, world=ctx.world, autocast=autocast)}
         log["val"].append(result)
         if is_main:
             bpb = f", {result['val_bpb']:.3f} bits/byte" if "val_bpb" in result else ""
@@ -592,12 +609,12 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         if ctx.world > 1:
             dist.barrier()
 
+    tokens_per_step = config.batch_size * config.seq_len * config.grad_accum * ctx.world
     if start == 0:
-        validate(0)
+        validate(0, 0.0)
     bar = tqdm(total=config.steps, initial=start, disable=not (is_main and config.progress), unit="step",
                dynamic_ncols=True)
     postfix = {}
-    tokens_per_step = config.batch_size * config.seq_len * config.grad_accum * ctx.world
     model.train()
     t0 = time.perf_counter()
     last_log = (start, t0)
@@ -651,7 +668,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         # validation and saving do not count against the next interval's tokens/s and MFU
         paused = time.perf_counter()
         if done % config.eval_every == 0 or done == config.steps:
-            result = validate(done)
+            result = validate(done, elapsed)
             postfix["val"] = f"{result.get('val_bpb', result['val_loss']):.3f}"
         if done == config.steps:
             log["done"] = True

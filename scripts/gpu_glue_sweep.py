@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from gpu_profile import graph_time  # noqa: E402
 
 from samu.bench.records import environment  # noqa: E402
+from samu.bench.timing import copy_bandwidth  # noqa: E402
 from samu.ops import glue_triton  # noqa: E402
 
 CURRENT = (glue_triton.BL, glue_triton.BE, glue_triton.BWD_BL, glue_triton.BWD_BE, glue_triton.ROWS)
@@ -31,19 +32,12 @@ TILES = ((16, 64), (16, 128), (16, 256), (32, 64), (32, 128))
 ROWS = (256, 512, 1024)
 
 
-def bandwidth() -> float:
-    a = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    ms = graph_time(lambda: b.copy_(a), [])
-    return 2 * a.numel() / (ms * 1e-3)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--shapes", default="4,2048,2048;1,32768,2048")
     args = ap.parse_args()
-    bw = bandwidth()
+    bw = copy_bandwidth("cuda")["bytes_per_s"]
     record = {"env": environment(torch.device("cuda")), "command": " ".join(sys.argv), "copy_bandwidth": bw, "rows": []}
     for shape in args.shapes.split(";"):
         B, L, E = (int(v) for v in shape.split(","))

@@ -6,6 +6,18 @@ import numpy as np
 import torch
 
 
+def poison_allocations(monkeypatch) -> None:
+    """Every floating tensor that torch.empty_like or Tensor.new_empty allocates starts as NaN, so an
+    output element a kernel leaves unwritten fails the test that reads it."""
+    empty_like, new_empty = torch.empty_like, torch.Tensor.new_empty
+
+    def nan(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty_like", lambda t, *a, **kw: nan(empty_like(t, *a, **kw)))
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **kw: nan(new_empty(self, *a, **kw)))
+
+
 def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
     """Relative Frobenius error ||a - ref|| / ||ref||, computed in float64."""
     a, ref = a.detach().double(), ref.detach().double()

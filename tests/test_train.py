@@ -231,8 +231,12 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_bf16_autocast_training_on_gpu(tmp_path):
+    from samu.ops import dispatch
+
     data = text_corpus(_text(tmp_path))
-    result = train(_config(tmp_path, steps=30, eval_every=30, lr=2e-2, device="cuda"), data=data)
+    # a named Triton variant: the tests run with gating off, where `auto` would take the PyTorch mixer here
+    variant = sorted(dispatch.variants("samu"))[0]
+    result = train(_config(tmp_path, steps=30, eval_every=30, lr=2e-2, device="cuda", backend=variant), data=data)
     assert result.log["device"].startswith("cuda")
     assert result.log["val"][-1]["val_loss"] < result.log["val"][0]["val_loss"] - 1.0
     assert all(p.is_cuda and p.dtype == torch.float32 for p in result.model.parameters())

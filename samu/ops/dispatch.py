@@ -251,8 +251,9 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
         why_not = auto_gate_enabled()
         can_gate = why_not is None and _can_gate(device)
         tracing = _in_trace_or_capture()
-        if can_gate and tracing:
-            # an eager call would gate here; a trace cannot (with gating off it takes the path eager takes)
+        if tracing and (can_gate or (op, classes[ungated[0]]) not in _warned):
+            # an eager call would gate here, or warn that it takes the PyTorch path; a trace can do neither
+            # (after that warning it takes the path the eager call took)
             raise RuntimeError(f"no gate record covers {op} at (B={B}, L={L}, D={D}) {_dname(dtype)} ({where}), and "
                                f"samu never gates inside torch.compile or a CUDA-graph capture: run `{command}` "
                                f"first (or one eager call), or pass a backend")

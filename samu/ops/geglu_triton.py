@@ -55,6 +55,8 @@ def geglu_fwd(z: torch.Tensor) -> torch.Tensor:
     """a [..., H] in z's dtype from a contiguous z [..., 2H]."""
     H = z.shape[-1] // 2
     a = z.new_empty(*z.shape[:-1], H)
+    if a.numel() == 0:
+        return a
     grid, block = _grid(z.numel() // (2 * H), H)
     launch(_geglu_fwd, grid, z, a, H, BLOCK=block, num_warps=4)
     return a
@@ -64,6 +66,8 @@ def geglu_bwd(da: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     """dz [..., 2H] in z's dtype from contiguous da [..., H] and z."""
     H = z.shape[-1] // 2
     dz = torch.empty_like(z)
+    if dz.numel() == 0:
+        return dz
     grid, block = _grid(z.numel() // (2 * H), H)
     launch(_geglu_bwd, grid, da, z, dz, H, BLOCK=block, num_warps=4)
     return dz

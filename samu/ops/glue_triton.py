@@ -17,7 +17,7 @@ from samu.ops.triton_utils import cast_to, cdiv, gelu_tanh, gelu_tanh_grad, laun
 # rows and channels of the forward's tile; the backward's (narrower: five accumulators a tile), which walks
 # ROWS rows per program (scripts/gpu_glue_sweep.py, results/dev/issue10/glue_sweep.json)
 BL, BE = 32, 128
-BWD_BL, BWD_BE, ROWS = 16, 64, 512
+BWD_BL, BWD_BE, ROWS = 16, 64, 512   # ROWS a multiple of BWD_BL: a program's row tiles end at its rows
 
 
 @triton.jit
@@ -123,6 +123,8 @@ def conv_gelu_bwd(dxc: torch.Tensor, da: torch.Tensor, z: torch.Tensor, weight: 
     """(dz [B, L, 2E] in z's dtype, dweight [K, E] fp32, dbias [E] fp32) from contiguous dx_c, da."""
     B, L, E2 = z.shape
     E, K = E2 // 2, weight.shape[0]
+    if ROWS % BWD_BL:
+        raise ValueError(f"glue_triton.ROWS={ROWS} must be a multiple of BWD_BL={BWD_BL}")
     n_l = cdiv(L, ROWS)
     dz = torch.empty_like(z)
     dw_part = z.new_empty(B * n_l, K, E, dtype=torch.float32)

@@ -69,9 +69,8 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, shift=None):
     shifted = None if shift is None else torch.empty_like(x)
     # up to FEW_ROWS rows (decoding) one program each, for latency; more ROWS per program
     rows = ROWS if R > FEW_ROWS else 1
-    launch(_rmsnorm_fwd, (cdiv(R, rows),), x, weight, x if shift is None else shift, y, rstd,
-           y if shift is None else shifted, R, W, eps, BW=next_power_of_2(W), ROWS=rows, HAS_SHIFT=shift is not None,
-           num_warps=4 if W <= 2048 else 8)
+    launch(_rmsnorm_fwd, (cdiv(R, rows),), x, weight, shift, y, rstd, shifted, R, W, eps, BW=next_power_of_2(W),
+           ROWS=rows, HAS_SHIFT=shift is not None, num_warps=4 if W <= 2048 else 8)
     return y, rstd, shifted
 
 

@@ -27,7 +27,7 @@ def _launcher(compiled):
 
 
 def launch(kernel, grid, *args, **kwargs):
-    """``kernel[grid](*args, **kwargs)`` at about half Triton's host cost per launch.
+    """``kernel[grid](*args, **kwargs)`` at about two thirds of Triton's host cost per launch.
 
     The first launch with a given key (each tensor's dtype and 16-byte alignment, every other argument's
     type and exact value, the options, the device) goes through Triton, which compiles or finds the
@@ -53,10 +53,13 @@ def launch(kernel, grid, *args, **kwargs):
              for k, v in kwargs.items()])
     hit = cache.get(key)
     if hit is None:
-        if len(cache) >= _MAX_ENTRIES:
-            cache.clear()
-        cache[key] = _launcher(kernel[grid](*args, **kwargs))
-        return
+        compiled = kernel[grid](*args, **kwargs)
+        # a tuple or list argument would hold its tensors in the key: such launches are not cached
+        if not any(isinstance(a, (tuple, list)) for a in (*args, *kwargs.values())):
+            if len(cache) >= _MAX_ENTRIES:
+                cache.clear()
+            cache[key] = _launcher(compiled)
+        return compiled
     call, prefix = hit
     g = (*grid, 1, 1)
     call(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(device), *prefix, *args,
@@ -122,28 +125,31 @@ _GELU_CUBIC = tl.constexpr(0.044715)
 
 @triton.jit
 def _gelu_parts(v):
-    """(s, e, du) with u = sqrt(2/pi) (v + 0.044715 v^3): s = sigmoid(2u) = (1 + tanh u) / 2, e = exp(-2u)
-    (its argument capped at 80: s underflows to 0 there, and e s^2 stays finite), du = d(2u)/dv."""
+    """(s, t, du, gone) with u = sqrt(2/pi) (v + 0.044715 v^3): s = sigmoid(2u) = (1 + tanh u) / 2,
+    t = s (1 - s) = e s^2 with e = exp(-2u), du = d(2u)/dv, and ``gone`` where -2u > 80 (GeLU and its
+    slope are 0 there to fp32 precision; e is capped so that nothing overflows on the way)."""
     u = _SQRT_2_OVER_PI * (v + _GELU_CUBIC * v * v * v)
+    gone = -2.0 * u > 80.0
     e = tl.exp(tl.minimum(-2.0 * u, 80.0))
     s = 1.0 / (1.0 + e)
     du = 2.0 * _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_CUBIC * v * v)
-    return s, e, du
+    return s, e * s * s, du, gone
 
 
 @triton.jit
 def gelu_tanh(v):
     """GeLU, tanh approximation (PyTorch's approximate="tanh"), in fp32: 0.5 v (1 + tanh u) written as
     v sigmoid(2u), which has no cancellation where tanh u is near -1 (v below about -3)."""
-    s, _, _ = _gelu_parts(v)
-    return v * s
+    s, _, _, gone = _gelu_parts(v)
+    return tl.where(gone, 0.0, v * s)
 
 
 @triton.jit
 def gelu_tanh_grad(v):
-    """d gelu_tanh(v) / dv = s + v s (1 - s) d(2u)/dv, with 1 - s = e s (no cancellation either way)."""
-    s, e, du = _gelu_parts(v)
-    return s + v * du * (e * s * s)
+    """d gelu_tanh(v) / dv = s + v s (1 - s) d(2u)/dv; the second term is left out where s (1 - s) is 0,
+    so that a huge v (whose du overflows) gives 1, not inf * 0."""
+    s, t, du, gone = _gelu_parts(v)
+    return tl.where(gone, 0.0, s + tl.where(t == 0.0, 0.0, v * t * du))
 
 
 # Triton's interpreter truncates fp32 -> bf16 (the GPU rounds to nearest even); kernels run in the

@@ -151,8 +151,14 @@ def test_ungated_class_inside_a_trace_is_an_error_naming_the_command(empty_statu
     monkeypatch.setattr(dispatch, "_can_gate", lambda device: True)   # where an eager call would gate
     with pytest.raises(RuntimeError, match=r"never gates inside torch.compile.*samu gate --ops samu"):
         dispatch.choose("samu", 1, 64, 8, torch.bfloat16, "cuda")
-    # with gating off a trace takes the path an eager call takes: the PyTorch one (the eager call warns)
+    # with gating off a trace refuses too until an eager call has warned; then it takes the eager call's path
     monkeypatch.setenv("SAMU_AUTO_GATE", "0")
+    with pytest.raises(RuntimeError, match=r"never gates inside torch.compile"):
+        dispatch.choose("samu", 1, 64, 8, torch.bfloat16, "cuda")
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    with pytest.warns(UserWarning, match="SAMU_AUTO_GATE=0"):
+        assert dispatch.choose("samu", 1, 64, 8, torch.bfloat16, "cuda").backend == "torch"
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -16,16 +16,26 @@ import torch.nn.functional as F
 
 from samu.ops import dispatch
 from samu.ops.geglu import geglu, geglu_torch
-from tests.helpers import rel_err
+from tests.helpers import poison_allocations, rel_err
 
 pytestmark = pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+@pytest.fixture(autouse=True)
+def nan_outputs(monkeypatch):
+    poison_allocations(monkeypatch)
+
+
+def _gelu64(v):
+    # the tanh form v sigmoid(2u) in float64: F.gelu's 0.5 v (1 + tanh u) cancels to 0 below v ~ -7 even there
+    return v * torch.sigmoid(2 * 0.7978845608028654 * (v + 0.044715 * v ** 3))
+
+
 def _exact(z):
     gate, up = z.double().chunk(2, dim=-1)
-    return F.gelu(gate, approximate="tanh") * up
+    return _gelu64(gate) * up
 
 
 def _run(fn, z, da, device, dtype=None):
@@ -79,6 +89,22 @@ def test_low_precision_rounds_as_the_unfused_ops(shape, H, dtype, programs):
         unit = torch.finfo(dtype).eps * (e.abs() + torch.finfo(dtype).tiny)
         assert ((f.cpu().double() - e).abs() <= unit).all(), name
         assert torch.equal(f, f2), name
+
+
+def test_extreme_gates_give_finite_values_and_slopes():
+    # a grid through the cancellation region and far beyond it, both ways, and values whose cube overflows
+    v = torch.cat([torch.linspace(-30, 30, 601), torch.tensor([-1e13, -1e6, -100.0, 100.0, 1e6, 1e13])])
+    z = torch.cat([v[None], torch.ones(1, v.numel())], dim=-1)
+    a, dz = _run(lambda t: geglu(t, "triton"), z, torch.ones(1, v.numel()), DEVICE)
+    exact_a, exact_dz = _run(_exact, z, torch.ones(1, v.numel()), "cpu", torch.float64)
+    assert torch.isfinite(a).all() and torch.isfinite(dz).all()
+    gate_slope, exact_slope = dz[0, :v.numel()].cpu().double(), exact_dz[0, :v.numel()]
+    # fp32 GeLU can be no closer than a few ulp times its condition number |v g'(v) / g(v)| (~3 |2u| in
+    # the tail, where exp(-2u) amplifies the rounding of u); below fp32's range, within 1e-30
+    cond = (v.double() * exact_slope / exact_a[0]).abs().nan_to_num(0.0)
+    eps = torch.finfo(torch.float32).eps
+    assert ((a.cpu().double() - exact_a).abs() <= 4 * eps * (1 + cond) * exact_a.abs() + 1e-30).all()
+    assert ((gate_slope - exact_slope).abs() <= 1e-5 * exact_slope.abs() + 1e-30).all()
 
 
 def test_torch_backend_and_bad_backend():

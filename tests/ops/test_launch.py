@@ -109,3 +109,27 @@ def test_the_interpreter_and_the_switch_always_go_through_triton(monkeypatch):
         for _ in range(2):
             triton_utils.launch(k, (1,), x, x, 16, flag=False)
     assert [e[0] for e in k.log] == ["triton"] * 4
+
+
+def test_the_cache_holds_no_tensor_and_starts_over_when_full(cached, monkeypatch):
+    import gc
+    import weakref
+
+    k = _Kernel()
+    x = torch.zeros(8)
+    ref = weakref.ref(x)
+    triton_utils.launch(k, (1,), x, x, 16, flag=True)
+    k.log.clear()   # the stand-in's own log of its calls
+    del x
+    gc.collect()
+    assert ref() is None   # the key keeps a tensor's dtype and alignment only
+    monkeypatch.setattr(triton_utils, "_MAX_ENTRIES", 3)
+    y = torch.zeros(8)
+    for n in range(5):
+        triton_utils.launch(k, (1,), y, y, n, flag=True)
+    # cleared when full (keys 16, 0, 1), then filled again with 2, 3, 4
+    assert sorted(key[3][1] for key in k._samu_launch[2]) == [2, 3, 4]
+    # a tuple argument would keep its tensors in the key: never cached
+    for _ in range(2):
+        triton_utils.launch(k, (1,), y, (y, y), 16, flag=True)
+    assert k.log[-1][0] == "triton" and k.log[-2][0] == "triton"

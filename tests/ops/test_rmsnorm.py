@@ -10,11 +10,16 @@ import torch
 
 from samu.ops import dispatch
 from samu.ops.rmsnorm import rms_norm, rms_norm_shifted
-from tests.helpers import rel_err
+from tests.helpers import poison_allocations, rel_err
 
 pytestmark = pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def nan_outputs(monkeypatch):
+    poison_allocations(monkeypatch)
 
 
 @pytest.fixture(autouse=True)

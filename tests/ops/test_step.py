@@ -10,7 +10,7 @@ import torch
 
 from samu.ops import dispatch
 from samu.ops.step import rglru_step, samu_step
-from tests.helpers import rel_err, rglru_params, samu_params
+from tests.helpers import poison_allocations, rel_err, rglru_params, samu_params
 
 pytestmark = pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
 
@@ -19,9 +19,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 @pytest.fixture(autouse=True)
 def nan_buffers(monkeypatch):
-    """Every new state buffer the fused step allocates starts as NaN, so an unwritten element fails."""
-    empty_like = torch.empty_like
-    monkeypatch.setattr(torch, "empty_like", lambda t, **kw: empty_like(t, **kw).fill_(float("nan")))
+    """Every new buffer the fused step allocates starts as NaN, so an unwritten element fails."""
+    poison_allocations(monkeypatch)
 
 
 def _check(step, params, B, D, dtype, seed, **kw):

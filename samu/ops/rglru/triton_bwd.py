@@ -43,7 +43,7 @@ from samu.ops.rglru.triton_fwd import (
     _walk3,
     chunk_launch,
     group_width,
-    launch,
+    launch_staged,
     math_mode,
     new_buffer,
     out_order,
@@ -488,25 +488,27 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
     NG = grid[0]
     cums = new_buffer((2, B, NC, D), torch.float32, dev)
     gsums = new_buffer((2, B, NG, D), torch.float32, dev)
-    launch(_rglru_bwd_summary_kernel, grid, x, dy, w3, b_a, a_param, cums, gsums, L, NC, G, NG, float(c), 1, **meta)
+    launch_staged(_rglru_bwd_summary_kernel, grid, x, dy, w3, b_a, a_param, cums, gsums, L, NC, G, NG, float(c), 1,
+                  **meta)
     estates = new_buffer((B, NC, D), torch.float32, dev)
     dh0 = new_buffer((B, D), torch.float32, dev) if has_h0 else None
     M = 2 * H * n * n + 3 * D
     part = new_buffer((B * NG, M), torch.float32, dev)
-    launch(_rglru_bwd_dw_kernel, grid, x, dy, w3, b_a, b_x, a_param, states, dh_last if dh_last is not None else part,
-           cums, gsums, estates, dh0 if has_h0 else part, part, L, NC, G, NG, float(c), 1,
-           M=M, NGP=group_width(NG), HAS_DH=dh_last is not None, HAS_H0=has_h0, **meta)
+    launch_staged(_rglru_bwd_dw_kernel, grid, x, dy, w3, b_a, b_x, a_param, states,
+                  dh_last if dh_last is not None else part, cums, gsums, estates, dh0 if has_h0 else part, part, L, NC,
+                  G, NG, float(c), 1,
+                  M=M, NGP=group_width(NG), HAS_DH=dh_last is not None, HAS_H0=has_h0, **meta)
     dx = new_buffer((B, L, D), x.dtype, dev)
     grid_dx, meta_dx = chunk_launch(x, H, K, WC_dx or WC, G_dx, grouped=False, MATH=MATH,
                                     DX_ORDER=out_order(x.dtype))
-    launch(_rglru_bwd_dx_kernel, (grid_dx[0], H, B), x, dy, w3, b_a, b_x, a_param, states, estates, dx, L, NC, G_dx,
-           float(c), 1, **meta_dx)
+    launch_staged(_rglru_bwd_dx_kernel, (grid_dx[0], H, B), x, dy, w3, b_a, b_x, a_param, states, estates, dx, L,
+                  NC, G_dx, float(c), 1, **meta_dx)
     dw_a = new_buffer((H, n, n), torch.float32, dev)
     dw_x = new_buffer((H, n, n), torch.float32, dev)
     db_a = new_buffer((D,), torch.float32, dev)
     db_x = new_buffer((D,), torch.float32, dev)
     da = new_buffer((D,), torch.float32, dev)
     BLOCK = 1024
-    launch(_rglru_reduce_kernel, (cdiv(M, BLOCK),), part, dw_a, dw_x, db_a, db_x, da, a_param, B * NG, M,
-                                                  H * n * n, D, BLOCK=BLOCK, MATH=MATH, num_warps=4)
+    launch_staged(_rglru_reduce_kernel, (cdiv(M, BLOCK),), part, dw_a, dw_x, db_a, db_x, da, a_param, B * NG, M,
+                  H * n * n, D, BLOCK=BLOCK, MATH=MATH, num_warps=4)
     return dx, dw_a, db_a, dw_x, db_x, da, dh0

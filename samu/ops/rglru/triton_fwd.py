@@ -672,8 +672,8 @@ def split_weights(w_a: torch.Tensor, w_x: torch.Tensor) -> torch.Tensor:
     w3 = new_buffer((2, 3, H, NPW, NPW), torch.bfloat16, w_a.device)
     HPP = H * NPW * NPW
     BLOCK = 1024
-    launch(_rglru_split_weights_kernel, (cdiv(2 * HPP, BLOCK),), w_a.contiguous(), w_x.contiguous(), w3, n, HPP,
-           NPW=NPW, BLOCK=BLOCK, num_warps=4)
+    launch_staged(_rglru_split_weights_kernel, (cdiv(2 * HPP, BLOCK),), w_a.contiguous(), w_x.contiguous(), w3, n, HPP,
+                  NPW=NPW, BLOCK=BLOCK, num_warps=4)
     return w3
 
 
@@ -693,13 +693,20 @@ def chunk_launch(x, H: int, K: int, WC: int, G: int, grouped: bool = True, **met
                       X_PARTS=x_parts(x.dtype), num_warps=WC, num_stages=2, **meta)
 
 
-def launch(kernel, grid, *args, **meta):
-    """kernel[grid](*args, **meta), again without software pipelining if its buffers do not fit in
-    shared memory (wide heads with fp32 inputs); stages change timing only, never results."""
-    try:
-        triton_launch(kernel, grid, *args, **meta)
-    except triton.runtime.OutOfResources:
-        triton_launch(kernel, grid, *args, **dict(meta, num_stages=1))
+_SINGLE_STAGE: set = set()   # (kernel, tensor dtypes, options) whose pipelined buffers did not fit
+
+
+def launch_staged(kernel, grid, *args, **meta):
+    """launch(kernel, grid, *args, **meta), without software pipelining where its buffers do not fit in
+    shared memory (wide heads with fp32 inputs: remembered, so the failing form is tried once); stages
+    change timing only, never results."""
+    key = (kernel, *[a.dtype for a in args if isinstance(a, torch.Tensor)], *meta.items())
+    if key not in _SINGLE_STAGE:
+        try:
+            return triton_launch(kernel, grid, *args, **meta)
+        except triton.runtime.OutOfResources:
+            _SINGLE_STAGE.add(key)
+    triton_launch(kernel, grid, *args, **dict(meta, num_stages=1))
 
 
 def group_width(NG: int) -> int:
@@ -734,6 +741,6 @@ def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, 
     args = (x, w3, b_a, b_x, a_param, h0 if h0 is not None else h_last, cums, gsums, states, y, h_last,
             L, NC, G, NG, float(c), 1)
     meta.update(NGP=group_width(NG), HAS_H0=h0 is not None, Y_ORDER=out_order(x.dtype))
-    launch(_rglru_chunk_kernel, grid, *args, SUMMARY=True, **meta)
-    launch(_rglru_chunk_kernel, grid, *args, SUMMARY=False, **meta)
+    launch_staged(_rglru_chunk_kernel, grid, *args, SUMMARY=True, **meta)
+    launch_staged(_rglru_chunk_kernel, grid, *args, SUMMARY=False, **meta)
     return y, h_last, states
