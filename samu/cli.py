@@ -1,4 +1,4 @@
-"""The ``samu`` command: demo, train, generate, info (and bench, gate, report where installed).
+"""The ``samu`` command: demo, train, generate, compare, info (and bench, gate, report where installed).
 
 A user error (a missing path, a corrupt checkpoint, an unknown preset, a bad number) prints one
 line that names the flag and exits non-zero; nothing is written.
@@ -280,6 +280,45 @@ def cmd_demo(args):
     print(f"done in {time.perf_counter() - start:.0f} s")
 
 
+def _count(text):
+    """A positive token count: an integer, optionally with a K, M or G suffix (100M = 100,000,000)."""
+    scale = {"k": 10 ** 3, "m": 10 ** 6, "g": 10 ** 9}.get(text[-1:].lower(), 1)
+    digits = text[:-1] if scale > 1 else text
+    try:
+        value = float(digits) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a token count such as 2000000 or 100M, got {text!r}") from None
+    if value != int(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole token count >= 0, got {text!r}")
+    return int(value)
+
+
+COMPARE_KEYS = ("preset", "seeds", "seq_len", "tokens", "batch_size", "long_seq_len", "long_tokens", "data", "lr",
+                "min_lr", "evals", "eval_batches", "device", "compile")
+
+
+def cmd_compare(args):
+    from samu.bench.records import environment, now
+    from samu.compare import Study, markdown, plots, run_study, write_record
+    from samu.train import resolve_device
+
+    fields = _given(args, COMPARE_KEYS)
+    if args.arms is not None:
+        fields["arms"] = tuple(a.strip() for a in args.arms.split(",") if a.strip())
+    if args.long_tokens is None and "tokens" in fields:
+        fields["long_tokens"] = fields["tokens"]
+    study = Study(**fields)
+    record = run_study(study, args.out, progress=not args.no_progress)
+    env = environment(resolve_device(study.device))
+    machine = (env["gpu"] or env["device"]).split()[-1].lower()
+    record.update(created=now(), command="samu " + " ".join(args.argv), env=env)
+    stem = f"{record['created'][:10]}-{machine}-{study.preset}-L{study.seq_len}"
+    path = write_record(record, Path(args.results) / f"{stem}.json")
+    figures = plots(record, args.results, stem)
+    print(markdown(record))
+    print(f"record: {path}; figures: {', '.join(str(f) for f in figures)}")
+
+
 def cmd_info(args):
     import numpy
     import torch
@@ -375,6 +414,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", help="mixer backend for the prompt (default auto)")
     p.set_defaults(func=cmd_generate)
 
+    p = sub.add_parser("compare", help="SAMU, RG-LRU and transformer language models trained alike: validation "
+                                       "bits/byte against tokens, time and position in the context")
+    p.add_argument("--preset", help="model preset of every arm: tiny, small or 400m (default small)")
+    p.add_argument("--arms", help="comma list of samu, rglru, transformer (default all three)")
+    p.add_argument("--seeds", type=positive_int, help="seeds per arm at --seq-len (default 2)")
+    p.add_argument("--seq-len", type=positive_int, help="context length of every arm (default 2048)")
+    p.add_argument("--tokens", type=_count, help="training tokens a run, e.g. 100M (default 100M)")
+    p.add_argument("--batch-size", type=positive_int, help="rows a step at --seq-len (default 16; the long pair "
+                                                           "trains on as many tokens a step)")
+    p.add_argument("--long-seq-len", type=nonneg_int, help="context length of the SAMU and RG-LRU pair at seed 0 "
+                                                           "(default 8192; 0: no pair)")
+    p.add_argument("--long-tokens", type=_count, help="training tokens of each long run (default --tokens)")
+    p.add_argument("--data", help="'stdlib' (default: the embedded corpus) or a text file or folder")
+    p.add_argument("--lr", type=nonneg_float, help="peak learning rate of every run (default 3e-3)")
+    p.add_argument("--min-lr", type=nonneg_float, help="final learning rate (default 3e-4)")
+    p.add_argument("--evals", type=positive_int, help="validations a run, evenly spaced (default 12)")
+    p.add_argument("--eval-batches", type=positive_int, help="batches a validation (default 8)")
+    p.add_argument("--compile", choices=("auto", "on", "off"), help="torch.compile every run (default auto: on CUDA)")
+    p.add_argument("--out", default="runs/compare",
+                   help="study folder: study.json and one run folder per arm, length and seed; an unfinished "
+                        "study there resumes (default runs/compare)")
+    p.add_argument("--results", default="results/compare",
+                   help="folder of the record (<date>-<gpu>-<preset>-L<len>.json) and its figures "
+                        "(default results/compare)")
+    p.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_compare)
+
     p = sub.add_parser("info", help="versions, device, available backends and dispatch choices")
     p.set_defaults(func=cmd_info)
 
@@ -392,6 +459,7 @@ def main(argv=None) -> int:
     from samu.errors import TrainingDiverged, TrainingInterrupted
 
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return args.func(args) or 0
     except TrainingInterrupted as stop:
@@ -406,7 +474,7 @@ def main(argv=None) -> int:
         print(f"samu {args.command}: interrupted", file=sys.stderr)
         return 130
     except (ValueError, TypeError, OSError) as e:
-        message = with_flags(str(e)) if args.command in ("demo", "train", "generate") else str(e)
+        message = with_flags(str(e)) if args.command in ("demo", "train", "generate", "compare") else str(e)
         print(f"samu {args.command}: error: {message}", file=sys.stderr)
         return 1
 
