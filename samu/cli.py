@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import platform
 import re
@@ -104,7 +105,7 @@ TRAIN_KEYS = ("data", "data_format", "steps", "batch_size", "seq_len", "grad_acc
 
 # Names that messages from below the CLI may use, shown there as the flags that set them.
 FIELDS = MODEL_KEYS + tuple(k for k in TRAIN_KEYS if k != "data") + (
-    "out_dir", "max_new_tokens", "temperature", "top_k")
+    "out_dir", "max_new_tokens", "temperature", "top_k", "arms", "seeds", "long_seq_len", "long_tokens", "evals")
 FLAGS = {"num_layers": "--layers", "warmup_steps": "--warmup", "out_dir": "--out"}
 _FIELD = re.compile(r"(?<![\w/.\-'\"])(%s)(?=\s*(?:must\b|=|<=|>|\(|is\b|and\b|')|,)"
                     % "|".join(sorted(FIELDS, key=len, reverse=True)))
@@ -120,9 +121,15 @@ def _given(args, keys) -> dict:
 
 
 def _model_config(args, base=None):
-    from samu.models import LMConfig
+    from samu.models import LMConfig, TransformerConfig
 
     overrides = _given(args, MODEL_KEYS)
+    if isinstance(base, TransformerConfig):
+        given = [FLAGS.get(k, "--" + k.replace("_", "-")) for k in overrides] + (["--preset"] if args.preset else [])
+        if given:
+            raise ValueError(f"{', '.join(given)}: this run folder holds a transformer (samu compare's reference "
+                             f"point), whose shape a resume keeps; leave the model flags out")
+        return base
     if args.preset is not None or base is None:
         return LMConfig.preset(args.preset or "tiny", **overrides)
     return dataclasses.replace(base, **overrides)
@@ -281,25 +288,35 @@ def cmd_demo(args):
 
 
 def _count(text):
-    """A positive token count: an integer, optionally with a K, M or G suffix (100M = 100,000,000)."""
+    """A token count >= 0: an integer, optionally with a K, M or G suffix (100M = 100,000,000)."""
     scale = {"k": 10 ** 3, "m": 10 ** 6, "g": 10 ** 9}.get(text[-1:].lower(), 1)
     digits = text[:-1] if scale > 1 else text
     try:
         value = float(digits) * scale
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a token count such as 2000000 or 100M, got {text!r}") from None
-    if value != int(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole token count >= 0, got {text!r}")
+        whole = math.isfinite(value) and value == int(value) and value >= 0
+    except (ValueError, OverflowError):
+        whole = False
+    if not whole:
+        raise argparse.ArgumentTypeError(f"expected a whole token count such as 2000000 or 100M, got {text!r}")
     return int(value)
 
 
-COMPARE_KEYS = ("preset", "seeds", "seq_len", "tokens", "batch_size", "long_seq_len", "long_tokens", "data", "lr",
-                "min_lr", "evals", "eval_batches", "device", "compile")
+def _machine(env: dict) -> str:
+    """A short name of the machine for a record's file name: the GPU's model ("h200"), else the device type."""
+    words = [w for w in (env.get("gpu") or "").split() if w.lower() not in ("nvidia", "tesla", "geforce")]
+    return re.sub(r"[^a-z0-9]+", "", words[0].lower()) if words else env.get("device") or "cpu"
+
+
+COMPARE_KEYS = ("preset", "seeds", "seq_len", "tokens", "batch_size", "long_seq_len", "long_tokens", "data",
+                "data_format", "lr", "min_lr", "evals", "eval_batches", "device", "compile")
 
 
 def cmd_compare(args):
+    import shlex
+
     from samu.bench.records import environment, now
-    from samu.compare import Study, markdown, plots, run_study, write_record
+    from samu.bench.report import compare_markdown, compare_plots
+    from samu.compare import Study, run_study, write_record
     from samu.train import resolve_device
 
     fields = _given(args, COMPARE_KEYS)
@@ -310,12 +327,13 @@ def cmd_compare(args):
     study = Study(**fields)
     record = run_study(study, args.out, progress=not args.no_progress)
     env = environment(resolve_device(study.device))
-    machine = (env["gpu"] or env["device"]).split()[-1].lower()
-    record.update(created=now(), command="samu " + " ".join(args.argv), env=env)
-    stem = f"{record['created'][:10]}-{machine}-{study.preset}-L{study.seq_len}"
+    record.update(created=now(), command=shlex.join(["samu", *args.argv]), env=env)
+    # the creation time in the name: a rerun (of one arm, say) never replaces an earlier record
+    stamp = record["created"].replace("-", "").replace(":", "")
+    stem = f"{stamp}-{_machine(env)}-{study.preset}-L{study.seq_len}"
     path = write_record(record, Path(args.results) / f"{stem}.json")
-    figures = plots(record, args.results, stem)
-    print(markdown(record))
+    figures = compare_plots(record, args.results, stem)
+    print("\n".join(compare_markdown(record)))
     print(f"record: {path}; figures: {', '.join(str(f) for f in figures)}")
 
 
@@ -426,7 +444,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--long-seq-len", type=nonneg_int, help="context length of the SAMU and RG-LRU pair at seed 0 "
                                                            "(default 8192; 0: no pair)")
     p.add_argument("--long-tokens", type=_count, help="training tokens of each long run (default --tokens)")
-    p.add_argument("--data", help="'stdlib' (default: the embedded corpus) or a text file or folder")
+    p.add_argument("--data", help="'stdlib' (default: the embedded corpus), a text file or folder, or a token file")
+    p.add_argument("--data-format", choices=("text", "uint16", "uint32"),
+                   help="text (bytes, default: bits/byte) or a flat file of uint16/uint32 token ids (bits/token, "
+                        "the vocabulary from the file)")
     p.add_argument("--lr", type=nonneg_float, help="peak learning rate of every run (default 3e-3)")
     p.add_argument("--min-lr", type=nonneg_float, help="final learning rate (default 3e-4)")
     p.add_argument("--evals", type=positive_int, help="validations a run, evenly spaced (default 12)")
@@ -436,7 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="study folder: study.json and one run folder per arm, length and seed; an unfinished "
                         "study there resumes (default runs/compare)")
     p.add_argument("--results", default="results/compare",
-                   help="folder of the record (<date>-<gpu>-<preset>-L<len>.json) and its figures "
+                   help="folder of the record (<time>-<gpu>-<preset>-L<len>.json) and its figures "
                         "(default results/compare)")
     p.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

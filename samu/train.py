@@ -522,7 +522,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
     optimizer = _optimizer(model, config, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, CosineSchedule(config.warmup_steps, config.steps, config.min_lr / config.lr))
-    start, time_before = 0, 0.0
+    start, time_before, train_before = 0, 0.0, 0.0
     log = {"config": config.to_dict(), "params": model.num_params(), "world_size": ctx.world,
            "device": str(device), "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
            "data": {"name": data.name, "train_tokens": len(data.train), "val_tokens": len(data.val),
@@ -543,6 +543,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         log["resumed_at"] = log.get("resumed_at", []) + [start]
         log.update(world_size=ctx.world, device=str(device), cpu_threads=torch.get_num_threads())
         time_before = payload["train"].get("time_s", log["train"][-1]["time_s"] if log["train"] else 0.0)
+        train_before = payload["train"].get("train_s", time_before)
         if is_main:
             tqdm.write(f"resuming {out} at step {start} of {config.steps}")
     model.activation_checkpointing = config.activation_checkpointing
@@ -580,10 +581,11 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
                 error = TrainingDiverged(f"{error} (non-finite: {shown})")
             raise error
 
-    def validate(step, elapsed):
+    def validate(step, elapsed, trained):
         check_finite(step)
-        # tokens trained on, and the run's time so far (training and the validations before this one)
-        result = {"step": step, "tokens": step * tokens_per_step, "time_s": elapsed,
+        # tokens trained on, the run's time so far (with its validations and saves) and its training time
+        # alone (the steps, compilation included; without validations and saves)
+        result = {"step": step, "tokens": step * tokens_per_step, "time_s": elapsed, "train_s": trained,
                   **evaluate(model, data, config, device, rank=ctx.rank, world=ctx.world, autocast=autocast)}
         log["val"].append(result)
         if is_main:
@@ -591,7 +593,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
             tqdm.write(f"step {step}: validation loss {result['val_loss']:.4f} nats/token{bpb}")
         return result
 
-    def save(step, elapsed):
+    def save(step, elapsed, trained):
         check_finite(step)
         if is_main:
             previous = log["checkpoints"][-1] if log["checkpoints"] else None
@@ -599,7 +601,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
             log["checkpoints"].append(step)
             state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                      "config": json.dumps(config.to_dict()), "log": json.dumps(log), "data": identity,
-                     "time_s": elapsed}
+                     "time_s": elapsed, "train_s": trained}
             folder.wrote = True
             save_checkpoint(ckpt_path, model, state, keep_as=keep_as)
             write_log(out, log)
@@ -611,13 +613,14 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
 
     tokens_per_step = config.batch_size * config.seq_len * config.grad_accum * ctx.world
     if start == 0:
-        validate(0, 0.0)
+        validate(0, 0.0, 0.0)
     bar = tqdm(total=config.steps, initial=start, disable=not (is_main and config.progress), unit="step",
                dynamic_ncols=True)
     postfix = {}
     model.train()
     t0 = time.perf_counter()
     last_log = (start, t0)
+    pauses = 0.0   # seconds of this session spent validating and saving
     for step in range(start, config.steps):
         # Summed on the device: reading a loss back synchronises, so it happens at log steps only.
         loss_sum = torch.zeros((), device=device)
@@ -645,6 +648,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         optimizer.zero_grad(set_to_none=True)
         done = step + 1
         elapsed = time_before + time.perf_counter() - t0
+        trained = train_before + time.perf_counter() - t0 - pauses
         saved_now = False
         if done % config.log_every == 0 or done == config.steps:
             check_finite(done)
@@ -668,13 +672,14 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         # validation and saving do not count against the next interval's tokens/s and MFU
         paused = time.perf_counter()
         if done % config.eval_every == 0 or done == config.steps:
-            result = validate(done, elapsed)
+            result = validate(done, elapsed, trained)
             postfix["val"] = f"{result.get('val_bpb', result['val_loss']):.3f}"
         if done == config.steps:
             log["done"] = True
         if done % config.checkpoint_every == 0 or done == config.steps:
-            save(done, elapsed)
+            save(done, elapsed, trained)
             saved_now = True
+        pauses += time.perf_counter() - paused
         last_log = (last_log[0], last_log[1] + time.perf_counter() - paused)
         bar.set_postfix(postfix, refresh=False)
         bar.update(1)
@@ -684,7 +689,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
             stop = int(ctx.all_max([float(stop or 0)], device)[0]) or None
         if stop and done < config.steps:
             if not saved_now:
-                save(done, elapsed)
+                save(done, elapsed, trained)
             bar.close()
             raise TrainingInterrupted(stop, done, config.steps, out)
     bar.close()

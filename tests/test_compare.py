@@ -4,9 +4,10 @@ figures; a study cut short resumes to the same record; another definition in the
 import json
 
 import pytest
+import torch
 
 from samu.cli import main
-from samu.compare import Study, position_bins
+from samu.compare import Study, _time_to, position_bins
 
 ARGS = ["compare", "--preset", "tiny", "--seeds", "2", "--seq-len", "32", "--tokens", "384", "--batch-size", "4",
         "--long-seq-len", "64", "--long-tokens", "512", "--evals", "2", "--eval-batches", "1", "--device", "cpu",
@@ -21,40 +22,72 @@ def _study(tmp_path, name, extra=()):
 
 
 def test_a_tiny_study_trains_every_arm_alike_and_resumes(tmp_path, capsys, monkeypatch):
+    from samu.data import TokenData
+
+    sample, drawn = TokenData.sample, []
+
+    def recording(self, batch_size, seq_len, rng):
+        x, y = sample(self, batch_size, seq_len, rng)
+        drawn.append(x)
+        return x, y
+
+    monkeypatch.setattr(TokenData, "sample", recording)
     record, results = _study(tmp_path, "a")
+    monkeypatch.setattr(TokenData, "sample", sample)
     runs = {r["name"]: r for r in record["runs"]}
+    names = [r["name"] for r in record["runs"]]
     assert sorted(runs) == sorted([f"{arm}-L32-s{seed}" for arm in ("samu", "rglru", "transformer")
                                    for seed in (0, 1)] + ["samu-L64-s0", "rglru-L64-s0"])
+    # the same batches in the same order for every arm of a seed (3 steps a run at L = 32; runs 0-2 are
+    # seed 0, runs 3-5 seed 1), and for both arms of the long pair (4 steps each)
+    batches = [drawn[3 * i:3 * i + 3] for i in range(6)] + [drawn[18:22], drawn[22:26]]
+    assert len(drawn) == 26
+
+    def same(a, b):
+        return all(torch.equal(x, y) for x, y in zip(a, b))
+
+    assert same(batches[0], batches[1]) and same(batches[0], batches[2]) and same(batches[3], batches[5])
+    assert same(batches[6], batches[7]) and not same(batches[0], batches[3])
     # the same steps and batches everywhere (3 steps of 4 x 32 tokens; the long pair 4 steps of 2 x 64)
     assert {(r["steps"], r["batch_size"]) for r in runs.values() if r["seq_len"] == 32} == {(3, 4)}
     assert {(r["steps"], r["batch_size"]) for r in runs.values() if r["seq_len"] == 64} == {(4, 2)}
+    assert names[:3] == ["samu-L32-s0", "rglru-L32-s0", "transformer-L32-s0"]
     for r in runs.values():
         assert r["val"][0]["tokens"] == 0 and r["val"][-1]["tokens"] == r["steps"] * r["batch_size"] * r["seq_len"]
-        assert len(r["position_bpb"]) == r["seq_len"] and all(b > 0 for b in r["position_bpb"])
+        assert r["val"][0]["time_s"] == 0 and r["val"][-1]["time_s"] > 0
+        assert len(r["position_bits"]) == r["seq_len"] and all(b > 0 for b in r["position_bits"])
+    assert record["unit"] == "bits/byte"
     table = {(t["arm"], t["seq_len"]): t for t in record["table"]}
     assert sorted(table) == [("rglru", 32), ("rglru", 64), ("samu", 32), ("samu", 64), ("transformer", 32)]
     t = table[("samu", 32)]
-    finals = [runs[f"samu-L32-s{s}"]["val"][-1]["bpb"] for s in (0, 1)]
-    assert t["bpb"] == pytest.approx(sum(finals) / 2)
-    assert t["bpb_spread"] == pytest.approx(abs(finals[0] - finals[1]) / 2)
-    assert record["rglru_final_bpb"] == pytest.approx(table[("rglru", 32)]["bpb"])
+    finals = [runs[f"samu-L32-s{s}"]["val"][-1]["bits"] for s in (0, 1)]
+    assert t["bits"] == pytest.approx(sum(finals) / 2)
+    assert t["bits_spread"] == pytest.approx(abs(finals[0] - finals[1]) / 2)
+    assert table[("samu", 64)]["bits_spread"] is None   # one seed: no spread
+    # each run against the RG-LRU run of its own seed: RG-LRU reaches its own final bits at its end
+    assert table[("rglru", 32)]["reached_rglru"] == 2 and table[("transformer", 32)]["paired_with_rglru"] == 2
+    rglru_end = [runs[f"rglru-L32-s{s}"]["val"][-1]["time_s"] for s in (0, 1)]
+    assert table[("rglru", 32)]["time_to_rglru_s"] == pytest.approx(sum(rglru_end) / 2)
     assert [(b["from"], b["to"]) for b in t["position_bins"]] == position_bins(32) == [(0, 16), (16, 32)]
     assert record["env"]["torch"] and record["command"].startswith("samu compare --preset tiny")
     assert len(list(results.glob("*.png"))) == 3
+    out = capsys.readouterr().out
+    assert "| samu | 32 | 2 |" in out and "Bits/byte by position in the context, L = 64:" in out
     # the report's comparison section, regenerated from the record with its figures
     from samu.bench.report import compare_section
 
-    lines, figures = compare_section(results.parent / "res-root", None)
+    root = tmp_path / "res-root"
+    lines, _ = compare_section(root, None)
     assert lines[-2].startswith("No `samu compare` record")
-    (results.parent / "res-root" / "compare").mkdir(parents=True)
+    (root / "compare").mkdir(parents=True)
     (record_path,) = results.glob("*.json")
-    (results.parent / "res-root" / "compare" / record_path.name).write_text(record_path.read_text())
-    lines, figures = compare_section(results.parent / "res-root", results.parent / "res-root" / "figures")
+    (root / "compare" / record_path.name).write_text(record_path.read_text())
+    lines, figures = compare_section(root, root / "figures")
     assert len(figures) == 3 and any("| transformer | 32 | 2 |" in line for line in lines)
-    out = capsys.readouterr().out
-    assert "| samu | 32 | 2 |" in out and "Bits/byte by position in the context, L = 64" in out
 
-    # the same study again: every run is kept, the record is the same
+    # the same study again: every run is kept, the curves are the same, a second record is written beside
+    for old in results.glob("*"):
+        old.unlink()
     again, _ = _study(tmp_path, "a")
     assert [r["val"] for r in again["runs"]] == [r["val"] for r in record["runs"]]
     assert "finished, kept" in capsys.readouterr().out
@@ -74,8 +107,8 @@ def test_a_tiny_study_trains_every_arm_alike_and_resumes(tmp_path, capsys, monke
     assert main([*ARGS, "--out", str(tmp_path / "b"), "--results", str(tmp_path / "b-results")]) == 130
     monkeypatch.setattr(TokenData, "sample", sample)
     resumed, _ = _study(tmp_path, "b")
-    assert [(r["name"], [v["bpb"] for v in r["val"]]) for r in resumed["runs"]] == \
-        [(r["name"], [v["bpb"] for v in r["val"]]) for r in record["runs"]]
+    assert [(r["name"], [v["bits"] for v in r["val"]]) for r in resumed["runs"]] == \
+        [(r["name"], [v["bits"] for v in r["val"]]) for r in record["runs"]]
 
 
 def test_another_definition_is_refused_and_bad_options_name_themselves(tmp_path, capsys):
@@ -83,9 +116,23 @@ def test_another_definition_is_refused_and_bad_options_name_themselves(tmp_path,
     folder.mkdir()
     (folder / "study.json").write_text(json.dumps({**Study(preset="tiny").to_dict(), "seeds": 3}))
     assert main([*ARGS, "--out", str(folder), "--results", str(tmp_path / "r")]) == 1
-    assert "holds another study (seeds (3 there" in capsys.readouterr().err
+    assert "holds another study (--seeds (3 there, 2 here)" in capsys.readouterr().err
     assert main([*ARGS, "--arms", "samu,mamba", "--out", str(tmp_path / "t")]) == 1
-    assert "arms must be distinct names among samu, rglru, transformer, got samu,mamba" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main([*ARGS, "--tokens", "lots"])
-    assert "expected a token count such as 2000000 or 100M, got 'lots'" in capsys.readouterr().err
+    assert "--arms must be distinct names among samu, rglru, transformer, got samu,mamba" in capsys.readouterr().err
+    assert main([*ARGS, "--long-seq-len", "32", "--out", str(tmp_path / "t")]) == 1
+    assert "--long-seq-len must exceed --seq-len=32 (or be 0: no long pair), got 32" in capsys.readouterr().err
+    # a study whose data cannot load claims no folder: a corrected retry into it starts
+    assert main([*ARGS, "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "u")]) == 1
+    assert capsys.readouterr().err and not (tmp_path / "u" / "study.json").exists()
+    for bad in ("lots", "inf", "1e400", "2.5", "-3"):
+        with pytest.raises(SystemExit):
+            main([*ARGS, "--tokens", bad])
+        assert f"expected a whole token count such as 2000000 or 100M, got {bad!r}" in capsys.readouterr().err
+
+
+def test_time_to_a_target_interpolates_between_validations():
+    curve = [{"bits": 8.0, "time_s": 0.0}, {"bits": 4.0, "time_s": 10.0}, {"bits": 2.0, "time_s": 30.0}]
+    assert _time_to(curve, 3.0) == pytest.approx(20.0)
+    assert _time_to(curve, 4.0) == pytest.approx(10.0)
+    assert _time_to(curve, 2.0) == pytest.approx(30.0) and _time_to(curve, 1.9) is None
+    assert position_bins(8192) == [(0, 16), (16, 64), (64, 256), (256, 1024), (1024, 4096), (4096, 8192)]

@@ -8,6 +8,7 @@ side in one run. Every table row and figure cites its record file.
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -329,24 +330,105 @@ def records_table(records) -> list[str]:
                    "complete", "command"], rows)
 
 
+def _spread_text(value, spread, digits=3) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.{digits}f}" + ("" if spread is None else f" ± {spread:.{digits}f}")
+
+
+def compare_markdown(record: dict) -> list[str]:
+    """A ``samu compare`` record's tables: final bits, training tokens/s and the training time to the final
+    bits of the RG-LRU run of the same seed, then bits by position in the context."""
+    unit = record["unit"]
+    rows = []
+    for t in record["table"]:
+        rate = "—" if t["tokens_per_s"] is None else f"{t['tokens_per_s'] / 1e3:,.1f}K"
+        time = "—" if t["time_to_rglru_s"] is None else f"{t['time_to_rglru_s']:.0f} s"
+        paired = t["paired_with_rglru"]
+        reached = f"{time} ({t['reached_rglru']} of {paired} reached)" if paired else "—"
+        rows.append([t["arm"], str(t["seq_len"]), str(len(t["seeds"])), f"{t['params'] / 1e6:.1f}M",
+                     _spread_text(t["bits"], t["bits_spread"]), rate, reached])
+    out = _table(["model", "L", "seeds", "params", f"final {unit} (mean ± half-range)", "training tokens/s",
+                  f"training time to RG-LRU's final {unit}"], rows)
+    for seq_len in sorted({t["seq_len"] for t in record["table"]}):
+        group = [t for t in record["table"] if t["seq_len"] == seq_len]
+        bins = group[0]["position_bins"]
+        out += [f"{unit.capitalize()} by position in the context, L = {seq_len}:", ""]
+        out += _table(["model"] + [f"positions {b['from']}–{b['to'] - 1}" for b in bins],
+                      [[t["arm"]] + [_spread_text(b["bits"], b["spread"]) for b in t["position_bins"]] for t in group])
+    return out
+
+
+def compare_plots(record: dict, folder, stem: str) -> list[Path]:
+    """Validation bits against tokens and against training time (each arm's seeds: mean line and points,
+    min-max band), and bits by position, as ``<stem>_*.png`` in ``folder``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    study, unit, written = record["study"], record["unit"], []
+    main = [r for r in record["runs"] if r["seq_len"] == study["seq_len"]]
+
+    def save(fig, ax, name, xlabel, title):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"validation {unit}")
+        ax.set_title(title)
+        ax.legend()
+        ax.grid(alpha=0.3)
+        path = folder / f"{stem}_{name}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
+    for axis, name, xlabel in (("tokens", "vs_tokens", "tokens trained"), ("time_s", "vs_time", "training time (s)")):
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for arm in study["arms"]:
+            rs = [r for r in main if r["arm"] == arm]
+            if not rs:
+                continue
+            n = min(len(r["val"]) for r in rs)
+            xs = [statistics.fmean(r["val"][i][axis] for r in rs) for i in range(1, n)]
+            ys = [[r["val"][i]["bits"] for r in rs] for i in range(1, n)]
+            line, = ax.plot(xs, [statistics.fmean(y) for y in ys], marker="o", label=f"{arm} ({len(rs)} seeds)")
+            ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=line.get_color(), alpha=0.2)
+        save(fig, ax, name, xlabel, f"{study['preset']} preset, L = {study['seq_len']}")
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for t in record["table"]:
+        centers = [(b["from"] + b["to"] - 1) / 2 for b in t["position_bins"]]
+        ax.plot(centers, [b["bits"] for b in t["position_bins"]], marker="o", label=f"{t['arm']}, L = {t['seq_len']}")
+    ax.set_xscale("symlog", linthresh=16)
+    save(fig, ax, "by_position", "position in the context (bin centre)", f"{unit} by position")
+    return written
+
+
 def compare_section(results: Path, figures_dir: "Path | None") -> tuple[list[str], list[str]]:
     """The report's language-model comparison: each ``samu compare`` record under results/compare, its
     tables and (with ``figures_dir``) its figures regenerated there. Returns (lines, figure file names)."""
-    from samu.compare import SCHEMA, markdown, plots
+    from samu.compare import SCHEMA
 
     lines, names = [], []
     for path in sorted((results / "compare").glob("*.json")):
-        record = json.loads(path.read_text())
+        try:
+            record = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: not valid JSON ({err})") from None
         if not isinstance(record, dict) or record.get("schema") != SCHEMA:
             continue
-        study = record["study"]
+        missing = [k for k in ("study", "unit", "table", "runs", "env", "command") if k not in record]
+        if missing:
+            raise ValueError(f"{path}: a samu compare record without {', '.join(missing)}")
+        study, env = record["study"], record["env"]
         source = _link(path.relative_to(results).as_posix())
         lines += [f"### {study['preset']} preset, L = {study['seq_len']} ({source})", "",
-                  f"`{record.get('command')}` on {record.get('env', {}).get('gpu') or 'cpu'}, commit "
-                  f"{record.get('env', {}).get('git_commit')}. Each arm trains on the same tokens in the same order "
-                  f"with the same schedule and seeds; ± is half the range over seeds.", "", markdown(record), ""]
+                  f"`{record['command']}` on {env.get('gpu') or env.get('device')}, commit {env.get('git_commit')}. "
+                  f"Each arm trains on the same batches in the same order with the same schedule and seeds; ± is "
+                  f"half the range over seeds (none for one seed).", ""] + compare_markdown(record)
         if figures_dir is not None:
-            for fig in plots(record, figures_dir, path.stem):
+            for fig in compare_plots(record, figures_dir, path.stem):
                 names.append(fig.name)
                 lines += [f"![{fig.stem}](figures/{fig.name})", ""]
     if not lines:

@@ -210,7 +210,12 @@ def generate(model: LanguageModel, prompt, max_new_tokens: int, *, temperature: 
         of [T_i + max_new_tokens] tensors.
     """
     if not isinstance(model, LanguageModel):
-        raise TypeError(f"model must be a LanguageModel, got {type(model).__name__}")
+        kind = type(model).__name__
+        if kind == "TransformerLM":
+            raise TypeError("model is a TransformerLM (samu compare's reference point), which generate() cannot "
+                            "sample: it decodes samu's recurrent LanguageModel from its state, and a transformer "
+                            "has none")
+        raise TypeError(f"model must be a LanguageModel, got {kind}")
     device = model.embed.weight.device
     rows, ragged = _prompts(prompt, model.config.vocab_size, device)
     nonneg_int("max_new_tokens", max_new_tokens)

@@ -42,7 +42,7 @@ def test_is_causal_and_carries_no_state():
     assert torch.equal(a[:, :5], b[:, :5]) and not torch.equal(a[:, 5:], b[:, 5:])
     with pytest.raises(ValueError, match="carries no recurrent state"):
         model(tokens, return_state=True)
-    with pytest.raises(TypeError, match="model must be a LanguageModel, got TransformerLM"):
+    with pytest.raises(TypeError, match=r"model is a TransformerLM .* which generate\(\) cannot sample"):
         generate(model, tokens[0], 2)
 
 
@@ -52,7 +52,7 @@ def _config(tmp_path, name, **kw):
     return TrainConfig(**{**base, **kw})
 
 
-def test_trains_through_samu_train_and_resumes_exactly(tmp_path):
+def test_trains_through_samu_train_and_resumes_exactly(tmp_path, capsys):
     data = text_corpus(byte_text(tmp_path))
     whole = train(_config(tmp_path, "whole"), data=data)
     assert isinstance(whole.model, TransformerLM)
@@ -68,16 +68,31 @@ def test_trains_through_samu_train_and_resumes_exactly(tmp_path):
     assert isinstance(loaded, TransformerLM)
     tokens = torch.randint(0, 256, (1, 10))
     assert torch.equal(loaded(tokens)[0], whole.model.cpu()(tokens)[0])
+    # the CLI resumes a transformer run as it is, and refuses model flags for it
+    from samu.cli import main
+
+    folder = str(tmp_path / "whole")
+    assert main(["train", "--out", folder, "--resume", "--data", str(byte_text(tmp_path)), "--no-progress"]) == 0
+    assert main(["train", "--out", folder, "--resume", "--layers", "3", "--no-progress"]) == 1
+    assert "--layers: this run folder holds a transformer" in capsys.readouterr().err
 
 
-def test_activation_checkpointing_gives_the_same_gradients():
+def test_activation_checkpointing_recomputes_each_layer_to_the_same_gradients(monkeypatch):
+    from samu.models import transformer
+
     torch.manual_seed(1)
     model = TransformerLM(MODEL)
     tokens = torch.randint(0, 256, (2, 12))
-    grads = []
+    calls = []
+    forward = transformer._AttentionLayer.forward
+    monkeypatch.setattr(transformer._AttentionLayer, "forward", lambda self, *a: calls.append(1) or forward(self, *a))
+    grads, counts = [], []
     for recompute in (False, True):
         model.activation_checkpointing = recompute
         model.zero_grad()
+        calls.clear()
         model(tokens)[0].square().mean().backward()
+        counts.append(len(calls))
         grads.append([p.grad.clone() for p in model.parameters()])
+    assert counts == [MODEL.num_layers, 2 * MODEL.num_layers]   # each layer once more, in the backward
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
