@@ -246,6 +246,15 @@ def _optimizer(model: CausalLM, config: TrainConfig, device: torch.device) -> to
     return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, fused=device.type == "cuda")
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host batch on ``device``. To CUDA through pinned memory without waiting: a copy from pageable
+    memory synchronises the host with the GPU, so that no step could be queued while the last one runs
+    (PyTorch's pinned allocator keeps the staging buffer until its copy is done)."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token loss in nats, computed in fp32."""
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
@@ -626,14 +635,14 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         loss_sum = torch.zeros((), device=device)
         for micro in range(config.grad_accum):
             rng = np.random.default_rng([config.seed, step, ctx.rank * config.grad_accum + micro])
-            x, y = data.sample(config.batch_size, config.seq_len, rng)
+            x, y = (to_device(t, device) for t in data.sample(config.batch_size, config.seq_len, rng))
             last = micro == config.grad_accum - 1
             sync = contextlib.nullcontext() if last or ctx.world == 1 else engine.no_sync()
             try:
                 with sync:
                     with autocast:
-                        logits, _ = engine(x.to(device))
-                    loss = cross_entropy(logits, y.to(device))
+                        logits, _ = engine(x)
+                    loss = cross_entropy(logits, y)
                     (loss / config.grad_accum).backward()
             except NonFiniteParameters:
                 # the previous update made a parameter non-finite
