@@ -86,7 +86,9 @@ class LanguageModel(CausalLM):
     def _head(self, x):
         return F.linear(self.final_norm(x), self.embed.weight)
 
-    def forward(self, tokens, state=None, return_state=False):
+    def forward(self, tokens, state=None, return_state=False, cu_seqlens=None):
+        """``cu_seqlens`` (samu.ops.packing): tokens [1, L] pack N sequences, none seeing another; each
+        layer's state then has N rows."""
         self._check_tokens("tokens", tokens, 2)
         states = self._check_state(state)
         x = self.embed(tokens)
@@ -94,9 +96,9 @@ class LanguageModel(CausalLM):
         recompute = self.activation_checkpointing and torch.is_grad_enabled()
         for layer, s in zip(self.layers, states):
             if recompute:
-                x, s = checkpoint(layer, x, s, return_state, use_reentrant=False)
+                x, s = checkpoint(layer, x, s, return_state, cu_seqlens, use_reentrant=False)
             else:
-                x, s = layer(x, s, return_state)
+                x, s = layer(x, s, return_state, cu_seqlens)
             new_states.append(s)
         return self._head(x), (new_states if return_state else None)
 

@@ -63,9 +63,10 @@ class TransformerLM(CausalLM):
         self.final_norm = RMSNorm(config.width, **kw)
         self.activation_checkpointing = False
 
-    def forward(self, tokens, state=None, return_state=False):
-        if state is not None or return_state:
-            raise ValueError("a TransformerLM carries no recurrent state: call it with tokens only")
+    def forward(self, tokens, state=None, return_state=False, cu_seqlens=None):
+        if state is not None or return_state or cu_seqlens is not None:
+            raise ValueError("a TransformerLM carries no recurrent state and packs no sequences: call it with "
+                             "tokens only")
         L, hd = tokens.shape[1], self.config.head_dim
         inv = 10000.0 ** (-torch.arange(0, hd, 2, device=tokens.device, dtype=torch.float32) / hd)
         angles = torch.arange(L, device=tokens.device, dtype=torch.float32)[:, None] * inv

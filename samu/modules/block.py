@@ -11,6 +11,7 @@ from samu.modules.layers import (Conv1D, GatedMLP, RMSNorm, check_sequence, chec
                                  linear_onto)
 from samu.modules.mixers import RGLRUMixer, SAMUMixer
 from samu.ops.glue import conv_gelu, fused_backend
+from samu.ops.packing import sequence_offsets, state_row
 from samu.ops.scan import state_dtype
 from samu.validate import positive_int
 
@@ -79,12 +80,23 @@ class RecurrentBlock(nn.Module):
                 raise ValueError(f"{name} is on {t.device}, the block on {device}")
         return conv, mixer
 
-    def forward(self, u, state=None, return_state=False):
+    def forward(self, u, state=None, return_state=False, cu_seqlens=None):
+        """With ``cu_seqlens`` (samu.ops.packing), u [1, L, width] packs N sequences: the Conv1D and the mixer
+        restart at each boundary (from row n of a state of N rows), and the state returned has N rows."""
         check_sequence("u", u, self.width)
-        conv_state, mixer_state = self._unpack(state, u.shape[0])
-        x, y, conv_state = conv_gelu(self.linear_in(u), self.conv1d.weight, self.conv1d.bias, conv_state,
-                                     return_state, self.glue_backend)
-        x, mixer_state = self.mixer(x, mixer_state, return_state)
+        z = self.linear_in(u)
+        if cu_seqlens is None:
+            conv_state, mixer_state = self._unpack(state, u.shape[0])
+            x, y, conv_state = conv_gelu(z, self.conv1d.weight, self.conv1d.bias, conv_state, return_state,
+                                         self.glue_backend)
+        else:
+            offsets = sequence_offsets(cu_seqlens, u)
+            conv_state, mixer_state = self._unpack(state, len(offsets) - 1)
+            pieces = [conv_gelu(z[:, a:b], self.conv1d.weight, self.conv1d.bias, state_row(conv_state, n),
+                                return_state, self.glue_backend) for n, (a, b) in enumerate(zip(offsets, offsets[1:]))]
+            x, y = (torch.cat([p[i] for p in pieces], dim=1) for i in (0, 1))
+            conv_state = torch.cat([p[2] for p in pieces]) if return_state else None
+        x, mixer_state = self.mixer(x, mixer_state, return_state, cu_seqlens=cu_seqlens)
         out = self.linear_out(x * y)
         return out, (BlockState(conv_state, mixer_state) if return_state else None)
 
@@ -153,9 +165,9 @@ class ResidualLayer(nn.Module):
         self.mlp_norm = RMSNorm(width, norm_eps, backend=fused, **kw)
         self.mlp = GatedMLP(width, mlp_expansion, backend=fused, **kw)
 
-    def forward(self, x, state=None, return_state=False):
+    def forward(self, x, state=None, return_state=False, cu_seqlens=None):
         check_sequence("x", x, self.block.width)
-        h, state = self.block(self.temporal_norm(x), state, return_state)
+        h, state = self.block(self.temporal_norm(x), state, return_state, cu_seqlens)
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), state
 

@@ -90,10 +90,10 @@ class SAMUMixer(_FP32Parameters):
     def _params(self):
         return self.nu, self.theta_log, self.directions, self.amplitudes
 
-    def forward(self, x, initial_state=None, output_final_state=False):
+    def forward(self, x, initial_state=None, output_final_state=False, cu_seqlens=None):
         return samu_mixer(x, *self._params(), initial_state=initial_state,
                           output_final_state=output_final_state, radial_bound=self.radial_bound,
-                          backend=self.backend)
+                          backend=self.backend, cu_seqlens=cu_seqlens)
 
     def step(self, x_t, state=None):
         check_token("x_t", x_t, self.width)
@@ -155,9 +155,10 @@ class RGLRUMixer(_FP32Parameters):
     def _params(self):
         return self.w_a, self.b_a, self.w_x, self.b_x, self.a_param
 
-    def forward(self, x, initial_state=None, output_final_state=False):
+    def forward(self, x, initial_state=None, output_final_state=False, cu_seqlens=None):
         return rglru_mixer(x, *self._params(), initial_state=initial_state,
-                           output_final_state=output_final_state, c=self.c, backend=self.backend)
+                           output_final_state=output_final_state, c=self.c, backend=self.backend,
+                           cu_seqlens=cu_seqlens)
 
     def step(self, x_t, state=None):
         check_token("x_t", x_t, self.width)

@@ -6,7 +6,8 @@ import torch
 
 from samu import reference
 from samu.ops import dispatch
-from samu.ops.checks import check_rglru_inputs, check_samu_inputs
+from samu.ops.checks import check_rglru_inputs, check_samu_inputs, check_state_tensor
+from samu.ops.packing import sequence_offsets, state_row
 from samu.ops.rglru.torch import rglru_mixer_torch
 from samu.ops.samu.torch import samu_mixer_torch
 from samu.ops.scan import state_dtype
@@ -18,8 +19,22 @@ def _finish(y, h, x, output_final_state):
     return y, (h.to(state_dtype(x.dtype)) if output_final_state else None)
 
 
-def samu_mixer(x, nu, theta_log, directions, amplitudes, *, initial_state=None,
-               output_final_state=False, radial_bound=2.0, backend="auto"):
+def _per_sequence(run, x, initial_state, output_final_state, cu_seqlens, D):
+    """run(x_n, h0_n) -> (y_n, h_n) for each packed sequence n, concatenated (samu.ops.packing)."""
+    offsets = sequence_offsets(cu_seqlens, x)
+    N = len(offsets) - 1
+    if initial_state is not None:
+        check_state_tensor(initial_state, x.device, "initial_state")
+    if initial_state is not None and tuple(initial_state.shape) != (N, D):
+        raise ValueError(f"initial_state must have shape [{N}, {D}] (one row per packed sequence), "
+                         f"got {list(initial_state.shape)}")
+    outs = [run(x[:, a:b], state_row(initial_state, n)) for n, (a, b) in enumerate(zip(offsets, offsets[1:]))]
+    y = torch.cat([o[0] for o in outs], dim=1)
+    return y, (torch.cat([o[1] for o in outs]) if output_final_state else None)
+
+
+def samu_mixer(x, nu, theta_log, directions, amplitudes, *, initial_state=None, output_final_state=False,
+               radial_bound=2.0, backend="auto", cu_seqlens=None):
     """SAMU mixer: a complex diagonal recurrence steered per token by a low-rank controller.
 
     Args:
@@ -29,33 +44,41 @@ def samu_mixer(x, nu, theta_log, directions, amplitudes, *, initial_state=None,
         theta_log: [N] fp32, log base angle.
         directions: [2, D] fp32, the two controller directions (normalised inside).
         amplitudes: [2, 2] fp32, signed controller amplitudes.
-        initial_state: [B, D] (fused coordinates) or None for zeros; differentiable.
-        output_final_state: also return the state after the last token.
+        initial_state: [B, D] (fused coordinates) or None for zeros; differentiable. With ``cu_seqlens``,
+            [N, D]: one row per packed sequence.
+        output_final_state: also return the state after the last token (of each packed sequence).
         radial_bound: kappa of the bounded radial map, m = exp(kappa tanh(c0 / kappa)).
         backend: "auto", "reference", "torch", "triton" or a named Triton variant
             (``samu.dispatch.variants("samu")``).
+        cu_seqlens: None, or int32 [N + 1] offsets of N sequences packed along L of a batch-1 x
+            (samu.ops.packing): no state crosses a boundary.
 
     Returns:
-        y: [B, L, D] in x's dtype; h: [B, D] fp32 (float64 for float64 x) or None.
+        y: [B, L, D] in x's dtype; h: [B, D] ([N, D] packed) fp32 (float64 for float64 x) or None.
     """
-    check_samu_inputs(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound)
-    B, L, D = x.shape
-    choice = dispatch.choose("samu", B, L, D, x.dtype, x.device, backend)
-    if choice.backend == "reference":
-        # inputs are checked above; the unchecked body avoids a second finiteness sync
-        y = reference.samu_serial(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound,
-                                  torch.float64)
-        h = y[:, -1]
-    elif choice.backend == "torch":
-        y, h = samu_mixer_torch(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound)
-    else:
-        y, h = choice.variant.run(x.contiguous(), nu, theta_log, directions, amplitudes, initial_state,
-                                  radial_bound)
-    return _finish(y, h, x, output_final_state)
+    check_samu_inputs(x, nu, theta_log, directions, amplitudes, None if cu_seqlens is not None else initial_state,
+                      radial_bound)
+
+    def run(x, h0):
+        B, L, D = x.shape
+        choice = dispatch.choose("samu", B, L, D, x.dtype, x.device, backend)
+        if choice.backend == "reference":
+            # inputs are checked above; the unchecked body avoids a second finiteness sync
+            y = reference.samu_serial(x, nu, theta_log, directions, amplitudes, h0, radial_bound, torch.float64)
+            h = y[:, -1]
+        elif choice.backend == "torch":
+            y, h = samu_mixer_torch(x, nu, theta_log, directions, amplitudes, h0, radial_bound)
+        else:
+            y, h = choice.variant.run(x.contiguous(), nu, theta_log, directions, amplitudes, h0, radial_bound)
+        return _finish(y, h, x, output_final_state)
+
+    if cu_seqlens is None:
+        return run(x, initial_state)
+    return _per_sequence(run, x, initial_state, output_final_state, cu_seqlens, x.shape[-1])
 
 
 def rglru_mixer(x, w_a, b_a, w_x, b_x, a_param, *, initial_state=None, output_final_state=False,
-                c=8.0, backend="auto"):
+                c=8.0, backend="auto", cu_seqlens=None):
     """RG-LRU mixer (Griffin's Real-Gated Linear Recurrent Unit) with block-diagonal gates.
 
     Args:
@@ -63,22 +86,30 @@ def rglru_mixer(x, w_a, b_a, w_x, b_x, a_param, *, initial_state=None, output_fi
         w_a, w_x: [H, D/H, D/H] fp32 block-diagonal gate weights (x_{t,h} @ w[h]).
         b_a, b_x: [D] fp32 gate biases.
         a_param: [D] fp32; base decay exp(-softplus(a_param)).
-        initial_state: [B, D] or None for zeros; differentiable.
-        output_final_state: also return the state after the last token.
+        initial_state: [B, D] or None for zeros; differentiable. With ``cu_seqlens``, [N, D].
+        output_final_state: also return the state after the last token (of each packed sequence).
         c: the decay exponent scale (8 in Griffin).
         backend: "auto", "reference", "torch", "triton" or a named Triton variant.
+        cu_seqlens: None, or int32 [N + 1] offsets of N sequences packed along L of a batch-1 x
+            (samu.ops.packing): no state crosses a boundary.
 
     Returns:
-        y: [B, L, D] in x's dtype; h: [B, D] fp32 (float64 for float64 x) or None.
+        y: [B, L, D] in x's dtype; h: [B, D] ([N, D] packed) fp32 (float64 for float64 x) or None.
     """
-    check_rglru_inputs(x, w_a, b_a, w_x, b_x, a_param, initial_state, c)
-    B, L, D = x.shape
-    choice = dispatch.choose("rglru", B, L, D, x.dtype, x.device, backend, heads=w_a.shape[0])
-    if choice.backend == "reference":
-        y = reference.rglru_serial(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, torch.float64)
-        h = y[:, -1]
-    elif choice.backend == "torch":
-        y, h = rglru_mixer_torch(x, w_a, b_a, w_x, b_x, a_param, initial_state, c)
-    else:
-        y, h = choice.variant.run(x.contiguous(), w_a, b_a, w_x, b_x, a_param, initial_state, c)
-    return _finish(y, h, x, output_final_state)
+    check_rglru_inputs(x, w_a, b_a, w_x, b_x, a_param, None if cu_seqlens is not None else initial_state, c)
+
+    def run(x, h0):
+        B, L, D = x.shape
+        choice = dispatch.choose("rglru", B, L, D, x.dtype, x.device, backend, heads=w_a.shape[0])
+        if choice.backend == "reference":
+            y = reference.rglru_serial(x, w_a, b_a, w_x, b_x, a_param, h0, c, torch.float64)
+            h = y[:, -1]
+        elif choice.backend == "torch":
+            y, h = rglru_mixer_torch(x, w_a, b_a, w_x, b_x, a_param, h0, c)
+        else:
+            y, h = choice.variant.run(x.contiguous(), w_a, b_a, w_x, b_x, a_param, h0, c)
+        return _finish(y, h, x, output_final_state)
+
+    if cu_seqlens is None:
+        return run(x, initial_state)
+    return _per_sequence(run, x, initial_state, output_final_state, cu_seqlens, x.shape[-1])

@@ -40,7 +40,7 @@ def test_is_causal_and_carries_no_state():
     changed[:, 5:] = (changed[:, 5:] + 1) % 256
     a, b = model(tokens)[0], model(changed)[0]
     assert torch.equal(a[:, :5], b[:, :5]) and not torch.equal(a[:, 5:], b[:, 5:])
-    with pytest.raises(ValueError, match="carries no recurrent state"):
+    with pytest.raises(ValueError, match="carries no recurrent state and packs no sequences"):
         model(tokens, return_state=True)
     with pytest.raises(TypeError, match=r"model is a TransformerLM .* which generate\(\) cannot sample"):
         generate(model, tokens[0], 2)

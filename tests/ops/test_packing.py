@@ -1,0 +1,101 @@
+"""Packed sequences (cu_seqlens, samu.ops.packing): a packed call equals one call per sequence, for both
+mixers in every backend (the Triton variants in the interpreter on CPU), for the block (whose Conv1D
+restarts at each boundary) and for the model: for the mixers outputs, final states and every gradient bit
+for bit (each sequence runs through the same dispatch as an unpacked call), for the block and the model
+within fp32 rounding (their GEMMs over all rows may round unlike GEMMs over a piece). Bad offsets fail
+with one line."""
+
+import pytest
+import torch
+
+from samu import rglru_mixer, samu_mixer
+from samu.models import LanguageModel, LMConfig
+from samu.modules import RecurrentBlock
+from samu.ops import dispatch
+from tests.helpers import randn, rglru_params, samu_params
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# lengths 1, a chunk and a bit, a few tokens: none a multiple of the kernels' chunks
+LENGTHS = (5, 1, 37, 2, 17)
+
+
+def _backends(op):
+    return ["torch", "reference"] + (sorted(dispatch.variants(op)) if dispatch.triton_available() else [])
+
+
+def _mixer(op):
+    return (samu_mixer, samu_params) if op == "samu" else (rglru_mixer, lambda D, s, **kw: rglru_params(D, 4, s, **kw))
+
+
+def _grads(outputs, leaves, seed):
+    g = torch.Generator().manual_seed(seed)
+    cot = [torch.randn(o.shape, generator=g).to(o) for o in outputs]
+    return torch.autograd.grad(outputs, leaves, cot)
+
+
+@pytest.mark.parametrize("op", ["samu", "rglru"])
+def test_a_packed_mixer_call_equals_one_call_per_sequence(op):
+    fn, params_of = _mixer(op)
+    D = 16
+    offsets = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32)
+    for backend in _backends(op):
+        params = params_of(D, 3, device=DEVICE)
+        x = randn((1, offsets[-1].item(), D), 1, device=DEVICE).requires_grad_()
+        h0 = torch.randn(len(LENGTHS), D, device=DEVICE).requires_grad_()
+        y, h = fn(x, *params, initial_state=h0, output_final_state=True, backend=backend,
+                  cu_seqlens=offsets.to(DEVICE))
+        assert y.shape == x.shape and h.shape == (len(LENGTHS), D)
+        packed = [y, h, *_grads([y, h], [x, h0, *params], 0)]
+        ys, hs = [], []
+        for n, (a, b) in enumerate(zip(offsets.tolist(), offsets[1:].tolist())):
+            y_n, h_n = fn(x[:, a:b], *params, initial_state=h0[n:n + 1], output_final_state=True, backend=backend)
+            ys.append(y_n)
+            hs.append(h_n)
+        y_sep, h_sep = torch.cat(ys, 1), torch.cat(hs)
+        separate = [y_sep, h_sep, *_grads([y_sep, h_sep], [x, h0, *params], 0)]
+        for i, (p, s) in enumerate(zip(packed, separate)):
+            assert torch.equal(p, s), (backend, i)
+        # no state crosses a boundary: the second sequence alone does not see the first
+        y_alone, _ = fn(x[:, 5:6].detach(), *params, initial_state=h0[1:2], backend=backend)
+        assert torch.equal(y[:, 5:6], y_alone)
+
+
+def test_bad_offsets_name_the_argument():
+    params = samu_params(8, 0)
+    x = torch.randn(1, 10, 8)
+    cases = [(torch.tensor([0, 4, 10]).float(), "cu_seqlens must be an int32 tensor"),
+             (torch.tensor([0], dtype=torch.int32), "cu_seqlens must be an int32 tensor"),
+             (torch.tensor([0, 4, 9], dtype=torch.int32), r"must rise strictly from 0 to L = 10"),
+             (torch.tensor([0, 4, 4, 10], dtype=torch.int32), r"every sequence at least one token"),
+             ([0, 10], "cu_seqlens must be a torch.Tensor, got list")]
+    for cu, match in cases:
+        with pytest.raises((ValueError, TypeError), match=match):
+            samu_mixer(x, *params, cu_seqlens=cu)
+    with pytest.raises(ValueError, match="packs sequences along L of a batch-1 input; got a batch of 2"):
+        samu_mixer(torch.randn(2, 10, 8), *params, cu_seqlens=torch.tensor([0, 10], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"initial_state must have shape \[2, 8\] \(one row per packed sequence\)"):
+        samu_mixer(x, *params, initial_state=torch.zeros(1, 8), cu_seqlens=torch.tensor([0, 4, 10], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+def test_a_packed_block_and_model_equal_one_call_per_sequence(mixer):
+    torch.manual_seed(0)
+    cu = torch.tensor([0, 3, 4, 11], dtype=torch.int32)
+    block = RecurrentBlock(16, mixer=mixer, num_heads=4, device=DEVICE)
+    u = torch.randn(1, 11, 16, device=DEVICE, requires_grad=True)
+    out, state = block(u, return_state=True, cu_seqlens=cu)
+    assert state.conv.shape == (3, 3, 16) and state.mixer.shape == (3, 16)
+    pieces = [block(u[:, a:b], return_state=True) for a, b in zip(cu.tolist(), cu[1:].tolist())]
+    assert torch.allclose(out, torch.cat([p[0] for p in pieces], 1), atol=1e-6, rtol=0)
+    # (within fp32 rounding here: the in-projection's GEMM over all rows may round unlike one over a piece's)
+    assert torch.allclose(state.conv, torch.cat([p[1].conv for p in pieces]), atol=1e-6, rtol=0)
+    assert torch.allclose(state.mixer, torch.cat([p[1].mixer for p in pieces]), atol=1e-6, rtol=0)
+    # continuing from the packed state: each sequence from its own row
+    more, _ = block(u[:, :4].detach(), state, cu_seqlens=torch.tensor([0, 1, 2, 4], dtype=torch.int32))
+    alone, _ = block(u[:, 2:4].detach(), type(state)(state.conv[2:], state.mixer[2:]))
+    assert torch.allclose(more[:, 2:4], alone, atol=1e-6, rtol=0)
+    model = LanguageModel(LMConfig(vocab_size=19, width=16, num_layers=2, mixer=mixer, num_heads=4), device=DEVICE)
+    tokens = torch.randint(0, 19, (1, 11), device=DEVICE)
+    logits, _ = model(tokens, cu_seqlens=cu)
+    separate = torch.cat([model(tokens[:, a:b])[0] for a, b in zip(cu.tolist(), cu[1:].tolist())], 1)
+    assert torch.allclose(logits, separate, atol=1e-5, rtol=0)
