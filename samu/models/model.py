@@ -11,6 +11,7 @@ from samu.models.config import LMConfig
 from samu.modules.block import BlockState, ResidualLayer
 from samu.modules.layers import RMSNorm
 from samu.ops.glue import fused_backend
+from samu.ops.packing import sequence_offsets
 
 
 class CausalLM(nn.Module):
@@ -32,8 +33,8 @@ class CausalLM(nn.Module):
 class LanguageModel(CausalLM):
     """A Griffin-style recurrent language model whose temporal mixer is SAMU or RG-LRU.
 
-    forward(tokens [B, L] int64, state: list[BlockState] | None, return_state)
-        -> (logits [B, L, vocab_size], list[BlockState] | None)
+    forward(tokens [B, L] int64, state: list[BlockState] | None, return_state, cu_seqlens)
+        -> (logits [B, L, vocab_size], list[BlockState] | None); cu_seqlens packs sequences (samu.ops.packing)
     step(token [B] int64, state: list[BlockState] | None) -> (logits [B, vocab_size], a new list[BlockState])
     init_state(batch) -> a zero state; decode(token, state) -> logits, updating the state in place
 
@@ -91,6 +92,8 @@ class LanguageModel(CausalLM):
         layer's state then has N rows."""
         self._check_tokens("tokens", tokens, 2)
         states = self._check_state(state)
+        if cu_seqlens is not None:
+            cu_seqlens = sequence_offsets(cu_seqlens, tokens)   # ints from here on: read once, not per layer
         x = self.embed(tokens)
         new_states = []
         recompute = self.activation_checkpointing and torch.is_grad_enabled()

@@ -11,7 +11,7 @@ from samu.modules.layers import (Conv1D, GatedMLP, RMSNorm, check_sequence, chec
                                  linear_onto)
 from samu.modules.mixers import RGLRUMixer, SAMUMixer
 from samu.ops.glue import conv_gelu, fused_backend
-from samu.ops.packing import sequence_offsets, state_row
+from samu.ops.packing import per_sequence, sequence_offsets
 from samu.ops.scan import state_dtype
 from samu.validate import positive_int
 
@@ -32,7 +32,8 @@ class RecurrentBlock(nn.Module):
     out = (x * y) W_out + b_out. The Conv1D and the GeLU run as one fused kernel forward and one backward
     on CUDA (samu.ops.glue); ``backend="torch"`` keeps them as PyTorch ops.
 
-    forward(u [B, L, width], state: BlockState | None, return_state) -> (out [B, L, width], BlockState | None)
+    forward(u [B, L, width], state: BlockState | None, return_state, cu_seqlens)
+        -> (out [B, L, width], BlockState | None); cu_seqlens packs sequences (samu.ops.packing)
     step(u_t [B, width], state: BlockState | None) -> (out_t [B, width], a new BlockState)
     init_state(batch) -> a zero BlockState; decode(u_t, state) -> out_t, updating the state in place
     """
@@ -90,10 +91,12 @@ class RecurrentBlock(nn.Module):
             x, y, conv_state = conv_gelu(z, self.conv1d.weight, self.conv1d.bias, conv_state, return_state,
                                          self.glue_backend)
         else:
-            offsets = sequence_offsets(cu_seqlens, u)
-            conv_state, mixer_state = self._unpack(state, len(offsets) - 1)
-            pieces = [conv_gelu(z[:, a:b], self.conv1d.weight, self.conv1d.bias, state_row(conv_state, n),
-                                return_state, self.glue_backend) for n, (a, b) in enumerate(zip(offsets, offsets[1:]))]
+            cu_seqlens = sequence_offsets(cu_seqlens, u)   # ints from here on: read once
+            conv_state, mixer_state = self._unpack(state, len(cu_seqlens) - 1)
+            def glue(z_n, s_n):
+                return conv_gelu(z_n, self.conv1d.weight, self.conv1d.bias, s_n, return_state, self.glue_backend)
+
+            pieces = per_sequence(glue, z, cu_seqlens, conv_state)
             x, y = (torch.cat([p[i] for p in pieces], dim=1) for i in (0, 1))
             conv_state = torch.cat([p[2] for p in pieces]) if return_state else None
         x, mixer_state = self.mixer(x, mixer_state, return_state, cu_seqlens=cu_seqlens)

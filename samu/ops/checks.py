@@ -100,18 +100,13 @@ def _tracing_or_capturing(device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def check_state_tensor(state, device, name="initial_state"):
-    """A state's type, floating dtype and device (its shape is the caller's: [B, D], or [N, D] packed)."""
-    _tensor(name, state)
-    _float(name, state)
-    _device(name, state, device)
-
-
 def _check_state(initial_state, B, D, device, name):
     if initial_state is None:
         return
-    check_state_tensor(initial_state, device, name)
+    _tensor(name, initial_state)
+    _float(name, initial_state)
     _shape(name, initial_state, (B, D))
+    _device(name, initial_state, device)
 
 
 def check_samu_inputs(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound,

@@ -6,8 +6,8 @@ import torch
 
 from samu import reference
 from samu.ops import dispatch
-from samu.ops.checks import check_rglru_inputs, check_samu_inputs, check_state_tensor
-from samu.ops.packing import sequence_offsets, state_row
+from samu.ops.checks import _check_state, check_rglru_inputs, check_samu_inputs
+from samu.ops.packing import per_sequence, sequence_offsets
 from samu.ops.rglru.torch import rglru_mixer_torch
 from samu.ops.samu.torch import samu_mixer_torch
 from samu.ops.scan import state_dtype
@@ -19,16 +19,11 @@ def _finish(y, h, x, output_final_state):
     return y, (h.to(state_dtype(x.dtype)) if output_final_state else None)
 
 
-def _per_sequence(run, x, initial_state, output_final_state, cu_seqlens, D):
-    """run(x_n, h0_n) -> (y_n, h_n) for each packed sequence n, concatenated (samu.ops.packing)."""
+def _packed(run, x, initial_state, output_final_state, cu_seqlens):
+    """A packed call (samu.ops.packing): run(x_n, h0_n) -> (y_n, h_n) for each sequence, concatenated."""
     offsets = sequence_offsets(cu_seqlens, x)
-    N = len(offsets) - 1
-    if initial_state is not None:
-        check_state_tensor(initial_state, x.device, "initial_state")
-    if initial_state is not None and tuple(initial_state.shape) != (N, D):
-        raise ValueError(f"initial_state must have shape [{N}, {D}] (one row per packed sequence), "
-                         f"got {list(initial_state.shape)}")
-    outs = [run(x[:, a:b], state_row(initial_state, n)) for n, (a, b) in enumerate(zip(offsets, offsets[1:]))]
+    _check_state(initial_state, len(offsets) - 1, x.shape[-1], x.device, "initial_state")
+    outs = per_sequence(run, x, offsets, initial_state)
     y = torch.cat([o[0] for o in outs], dim=1)
     return y, (torch.cat([o[1] for o in outs]) if output_final_state else None)
 
@@ -50,8 +45,8 @@ def samu_mixer(x, nu, theta_log, directions, amplitudes, *, initial_state=None, 
         radial_bound: kappa of the bounded radial map, m = exp(kappa tanh(c0 / kappa)).
         backend: "auto", "reference", "torch", "triton" or a named Triton variant
             (``samu.dispatch.variants("samu")``).
-        cu_seqlens: None, or int32 [N + 1] offsets of N sequences packed along L of a batch-1 x
-            (samu.ops.packing): no state crosses a boundary.
+        cu_seqlens: None, or the N + 1 offsets (int32 or int64 tensor, or ints) of N sequences packed
+            along L of a batch-1 x (samu.ops.packing): no state crosses a boundary.
 
     Returns:
         y: [B, L, D] in x's dtype; h: [B, D] ([N, D] packed) fp32 (float64 for float64 x) or None.
@@ -74,7 +69,7 @@ def samu_mixer(x, nu, theta_log, directions, amplitudes, *, initial_state=None, 
 
     if cu_seqlens is None:
         return run(x, initial_state)
-    return _per_sequence(run, x, initial_state, output_final_state, cu_seqlens, x.shape[-1])
+    return _packed(run, x, initial_state, output_final_state, cu_seqlens)
 
 
 def rglru_mixer(x, w_a, b_a, w_x, b_x, a_param, *, initial_state=None, output_final_state=False,
@@ -90,8 +85,8 @@ def rglru_mixer(x, w_a, b_a, w_x, b_x, a_param, *, initial_state=None, output_fi
         output_final_state: also return the state after the last token (of each packed sequence).
         c: the decay exponent scale (8 in Griffin).
         backend: "auto", "reference", "torch", "triton" or a named Triton variant.
-        cu_seqlens: None, or int32 [N + 1] offsets of N sequences packed along L of a batch-1 x
-            (samu.ops.packing): no state crosses a boundary.
+        cu_seqlens: None, or the N + 1 offsets (int32 or int64 tensor, or ints) of N sequences packed
+            along L of a batch-1 x (samu.ops.packing): no state crosses a boundary.
 
     Returns:
         y: [B, L, D] in x's dtype; h: [B, D] ([N, D] packed) fp32 (float64 for float64 x) or None.
@@ -112,4 +107,4 @@ def rglru_mixer(x, w_a, b_a, w_x, b_x, a_param, *, initial_state=None, output_fi
 
     if cu_seqlens is None:
         return run(x, initial_state)
-    return _per_sequence(run, x, initial_state, output_final_state, cu_seqlens, x.shape[-1])
+    return _packed(run, x, initial_state, output_final_state, cu_seqlens)

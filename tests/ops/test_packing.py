@@ -15,8 +15,8 @@ from samu.ops import dispatch
 from tests.helpers import randn, rglru_params, samu_params
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# lengths 1, a chunk and a bit, a few tokens: none a multiple of the kernels' chunks
-LENGTHS = (5, 1, 37, 2, 17)
+# lengths 1, one chunk exactly (32; RG-LRU's chunk is 16), a chunk and a bit, a few tokens, and random ones
+LENGTHS = (5, 1, 37, 32, 2) + tuple(torch.randint(1, 40, (3,), generator=torch.Generator().manual_seed(15)).tolist())
 
 
 def _backends(op):
@@ -55,25 +55,40 @@ def test_a_packed_mixer_call_equals_one_call_per_sequence(op):
         separate = [y_sep, h_sep, *_grads([y_sep, h_sep], [x, h0, *params], 0)]
         for i, (p, s) in enumerate(zip(packed, separate)):
             assert torch.equal(p, s), (backend, i)
-        # no state crosses a boundary: the second sequence alone does not see the first
-        y_alone, _ = fn(x[:, 5:6].detach(), *params, initial_state=h0[1:2], backend=backend)
-        assert torch.equal(y[:, 5:6], y_alone)
+        # no state crosses a boundary: changing the third sequence's input leaves every other output alone
+        x2 = x.detach().clone()
+        x2[:, 6:43] += 1.0
+        y2, h2 = fn(x2, *params, initial_state=h0, output_final_state=True, backend=backend,
+                    cu_seqlens=offsets.tolist())
+        outside = torch.ones(x.shape[1], dtype=torch.bool)
+        outside[6:43] = False
+        assert torch.equal(y2[:, outside], y[:, outside]) and not torch.equal(y2[:, 6:43], y[:, 6:43])
+        assert torch.equal(h2[[0, 1, 3, 4, 5, 6, 7]], h[[0, 1, 3, 4, 5, 6, 7]])
 
 
 def test_bad_offsets_name_the_argument():
     params = samu_params(8, 0)
     x = torch.randn(1, 10, 8)
-    cases = [(torch.tensor([0, 4, 10]).float(), "cu_seqlens must be an int32 tensor"),
-             (torch.tensor([0], dtype=torch.int32), "cu_seqlens must be an int32 tensor"),
+    cases = [(torch.tensor([0, 4, 10]).float(), "cu_seqlens must be an int32 or int64 tensor"),
+             (torch.tensor([0], dtype=torch.int32), "cu_seqlens must be an int32 or int64 tensor"),
+             (torch.tensor([[0, 10]], dtype=torch.int32), r"tensor \[N \+ 1\] of offsets .* shape \[1, 2\]"),
              (torch.tensor([0, 4, 9], dtype=torch.int32), r"must rise strictly from 0 to L = 10"),
              (torch.tensor([0, 4, 4, 10], dtype=torch.int32), r"every sequence at least one token"),
-             ([0, 10], "cu_seqlens must be a torch.Tensor, got list")]
-    for cu, match in cases:
-        with pytest.raises((ValueError, TypeError), match=match):
-            samu_mixer(x, *params, cu_seqlens=cu)
+             ([0.0, 10.0], r"cu_seqlens must be a tensor or a list of N \+ 1 >= 2 int offsets, got list"),
+             ("0,10", r"cu_seqlens must be a tensor or a list of N \+ 1 >= 2 int offsets, got str")]
+    for fn, p in ((samu_mixer, params), (rglru_mixer, rglru_params(8, 2, 0))):
+        for cu, match in cases:
+            with pytest.raises((ValueError, TypeError), match=match):
+                fn(x, *p, cu_seqlens=cu)
+    # int64 offsets, one sequence, a list of ints: all the same call
+    one = samu_mixer(x, *params)[0]
+    for cu in (torch.tensor([0, 10]), [0, 10], torch.tensor([0, 10], dtype=torch.int32)):
+        assert torch.equal(samu_mixer(x, *params, cu_seqlens=cu)[0], one)
+    with pytest.raises(TypeError, match="initial_state has dtype int64"):
+        samu_mixer(x, *params, initial_state=torch.zeros(2, 8, dtype=torch.long), cu_seqlens=[0, 4, 10])
     with pytest.raises(ValueError, match="packs sequences along L of a batch-1 input; got a batch of 2"):
         samu_mixer(torch.randn(2, 10, 8), *params, cu_seqlens=torch.tensor([0, 10], dtype=torch.int32))
-    with pytest.raises(ValueError, match=r"initial_state must have shape \[2, 8\] \(one row per packed sequence\)"):
+    with pytest.raises(ValueError, match=r"initial_state must have shape \[2, 8\], got \[1, 8\]"):
         samu_mixer(x, *params, initial_state=torch.zeros(1, 8), cu_seqlens=torch.tensor([0, 4, 10], dtype=torch.int32))
 
 
@@ -87,6 +102,12 @@ def test_a_packed_block_and_model_equal_one_call_per_sequence(mixer):
     assert state.conv.shape == (3, 3, 16) and state.mixer.shape == (3, 16)
     pieces = [block(u[:, a:b], return_state=True) for a, b in zip(cu.tolist(), cu[1:].tolist())]
     assert torch.allclose(out, torch.cat([p[0] for p in pieces], 1), atol=1e-6, rtol=0)
+    # every gradient, the Conv1D's and the mixer's included
+    leaves = [u, *block.parameters()]
+    packed = _grads([out], leaves, 1)
+    separate = _grads([torch.cat([p[0] for p in pieces], 1)], leaves, 1)
+    for name, a, b in zip(["u", *(n for n, _ in block.named_parameters())], packed, separate):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), name
     # (within fp32 rounding here: the in-projection's GEMM over all rows may round unlike one over a piece's)
     assert torch.allclose(state.conv, torch.cat([p[1].conv for p in pieces]), atol=1e-6, rtol=0)
     assert torch.allclose(state.mixer, torch.cat([p[1].mixer for p in pieces]), atol=1e-6, rtol=0)
@@ -96,6 +117,16 @@ def test_a_packed_block_and_model_equal_one_call_per_sequence(mixer):
     assert torch.allclose(more[:, 2:4], alone, atol=1e-6, rtol=0)
     model = LanguageModel(LMConfig(vocab_size=19, width=16, num_layers=2, mixer=mixer, num_heads=4), device=DEVICE)
     tokens = torch.randint(0, 19, (1, 11), device=DEVICE)
-    logits, _ = model(tokens, cu_seqlens=cu)
+    logits, states = model(tokens, return_state=True, cu_seqlens=cu)
     separate = torch.cat([model(tokens[:, a:b])[0] for a, b in zip(cu.tolist(), cu[1:].tolist())], 1)
-    assert torch.allclose(logits, separate, atol=1e-5, rtol=0)
+    assert torch.allclose(logits, separate, atol=1e-5, rtol=0) and states[0].mixer.shape == (3, 16)
+    model.activation_checkpointing = True
+    recomputed, _ = model(tokens, cu_seqlens=cu)
+    assert torch.allclose(recomputed, logits, atol=1e-6, rtol=0)
+    # a trace or a capture cannot run one call per sequence: refused in one line
+    from samu.ops import packing
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(torch.compiler, "is_compiling", lambda: True)
+        with pytest.raises(ValueError, match="cu_seqlens: packed sequences run one call per sequence"):
+            packing.sequence_offsets(cu, tokens)
