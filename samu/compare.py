@@ -22,6 +22,7 @@ from pathlib import Path
 
 from samu.models import LMConfig, TransformerConfig, load_checkpoint
 from samu.models.checkpoint import atomic_write
+from samu.train import to_bits
 from samu.validate import nonneg_int, positive_int
 
 ARMS = ("samu", "rglru", "transformer")
@@ -178,15 +179,15 @@ def _session_rates(log) -> list[float]:
 
 
 def _run_entry(name, arm, seq_len, seed, config, log, positions, bytes_per_token) -> dict:
-    scale = 1 / math.log(2) / (bytes_per_token or 1)
     rates = _session_rates(log)
     return {"name": name, "arm": arm, "seq_len": seq_len, "seed": seed, "params": log["params"],
             "steps": config.steps, "batch_size": config.batch_size, "device": log.get("device"),
             "compiled": log.get("compiled"), "resumed_at": log.get("resumed_at", []),
-            "val": [{"tokens": v.get("tokens"), "time_s": v.get("train_s"), "bits": v["val_loss"] * scale}
+            "val": [{"tokens": v.get("tokens"), "time_s": v.get("train_s"),
+                     "bits": to_bits(v["val_loss"], bytes_per_token)}
                     for v in log["val"]],
             "tokens_per_s": statistics.median(rates) if rates else None,
-            "position_bits": [x * scale for x in positions]}
+            "position_bits": [to_bits(x, bytes_per_token) for x in positions]}
 
 
 def _spread(values):

@@ -278,8 +278,9 @@ def _val_position_sums(model: CausalLM, data: TokenData, config: TrainConfig, de
     return sums, len(starts)
 
 
-def _bpb(loss: float, data: TokenData) -> dict:
-    return {"val_bpb": loss / math.log(2) / data.bytes_per_token} if data.bytes_per_token else {}
+def to_bits(nats: float, bytes_per_token) -> float:
+    """A loss in nats a token as bits a byte (byte-level data), else as bits a token."""
+    return nats / math.log(2) / (bytes_per_token or 1)
 
 
 def evaluate(model: CausalLM, data: TokenData, config: TrainConfig, device, *, rank: int = 0,
@@ -288,7 +289,8 @@ def evaluate(model: CausalLM, data: TokenData, config: TrainConfig, device, *, r
     sums, windows = _val_position_sums(model, data, config, device, rank, world, autocast)
     total, count = _Dist(rank, world).all_sum([float(sums.sum()), windows * config.seq_len], device)
     loss = total / count
-    return {"val_loss": loss, **_bpb(loss, data)}
+    bits = {"val_bpb": to_bits(loss, data.bytes_per_token)} if data.bytes_per_token else {}
+    return {"val_loss": loss, **bits}
 
 
 def evaluate_positions(model: CausalLM, data: TokenData, config: TrainConfig) -> list[float]:
@@ -445,7 +447,8 @@ class _Signals:
 
 def train(config: TrainConfig, *, data: TokenData | None = None, resume: bool = False,
           overwrite: bool = False) -> TrainResult:
-    """Train the model of ``config.model`` (a LanguageModel, or a TransformerLM) as ``config`` says; writes checkpoint.pt and log.json to config.out_dir.
+    """Train the model of ``config.model`` (a LanguageModel, or a TransformerLM) as ``config`` says; writes
+    checkpoint.pt and log.json to config.out_dir.
 
     resume: continue from out_dir/checkpoint.pt (same batches, same schedule as an uninterrupted run;
         so ``steps`` cannot change), on the same data (checked by content). A finished run is
@@ -656,8 +659,8 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         done = step + 1
-        elapsed = time_before + time.perf_counter() - t0
-        trained = train_before + time.perf_counter() - t0 - pauses
+        session = time.perf_counter() - t0
+        elapsed, trained = time_before + session, train_before + session - pauses
         saved_now = False
         if done % config.log_every == 0 or done == config.steps:
             check_finite(done)
@@ -688,8 +691,9 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         if done % config.checkpoint_every == 0 or done == config.steps:
             save(done, elapsed, trained)
             saved_now = True
-        pauses += time.perf_counter() - paused
-        last_log = (last_log[0], last_log[1] + time.perf_counter() - paused)
+        pause = time.perf_counter() - paused
+        pauses += pause
+        last_log = (last_log[0], last_log[1] + pause)
         bar.set_postfix(postfix, refresh=False)
         bar.update(1)
         stop = signals.signum

@@ -100,7 +100,8 @@ def _tracing_or_capturing(device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def _check_state(initial_state, B, D, device, name):
+def check_state(initial_state, B, D, device, name):
+    """An initial state [B, D] (or None): its type, floating dtype, shape and device."""
     if initial_state is None:
         return
     _tensor(name, initial_state)
@@ -121,7 +122,7 @@ def check_samu_inputs(x, nu, theta_log, directions, amplitudes, initial_state, r
     _check_params([("nu", nu, (n,)), ("theta_log", theta_log, (n,)),
                    ("directions", directions, (2, D)), ("amplitudes", amplitudes, (2, 2))], x.device, finite,
                   nonzero_rows="directions")
-    _check_state(initial_state, B, D, x.device, state_name)
+    check_state(initial_state, B, D, x.device, state_name)
     finite_number("radial_bound", radial_bound, positive=True)
 
 
@@ -134,5 +135,5 @@ def check_rglru_inputs(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, state_n
     H = w_a.shape[0]
     _check_params([("w_a", w_a, (H, D // H, D // H)), ("w_x", w_x, (H, D // H, D // H)),
                    ("b_a", b_a, (D,)), ("b_x", b_x, (D,)), ("a_param", a_param, (D,))], x.device, finite)
-    _check_state(initial_state, B, D, x.device, state_name)
+    check_state(initial_state, B, D, x.device, state_name)
     finite_number("c", c, positive=True)

@@ -6,7 +6,7 @@ import torch
 
 from samu import reference
 from samu.ops import dispatch
-from samu.ops.checks import _check_state, check_rglru_inputs, check_samu_inputs
+from samu.ops.checks import check_rglru_inputs, check_samu_inputs, check_state
 from samu.ops.packing import per_sequence, sequence_offsets
 from samu.ops.rglru.torch import rglru_mixer_torch
 from samu.ops.samu.torch import samu_mixer_torch
@@ -22,7 +22,7 @@ def _finish(y, h, x, output_final_state):
 def _packed(run, x, initial_state, output_final_state, cu_seqlens):
     """A packed call (samu.ops.packing): run(x_n, h0_n) -> (y_n, h_n) for each sequence, concatenated."""
     offsets = sequence_offsets(cu_seqlens, x)
-    _check_state(initial_state, len(offsets) - 1, x.shape[-1], x.device, "initial_state")
+    check_state(initial_state, len(offsets) - 1, x.shape[-1], x.device, "initial_state")
     outs = per_sequence(run, x, offsets, initial_state)
     y = torch.cat([o[0] for o in outs], dim=1)
     return y, (torch.cat([o[1] for o in outs]) if output_final_state else None)
