@@ -88,6 +88,9 @@ def _add_train_args(p):
                    help="train eagerly (the default on CPU)")
     g.add_argument("--activation-checkpointing", action="store_const", const=True, default=None,
                    help="recompute each layer's activations in the backward: less memory, ~1/3 more compute")
+    g.add_argument("--pack", action="store_const", const=True, default=None,
+                   help="packed batches: documents (the embedded corpus's files, a text folder's files) keep their "
+                        "boundaries, so that no state crosses from one into the next; trains eagerly")
 
 
 def _add_runtime_args(p, threads=None):
@@ -100,7 +103,8 @@ def _add_runtime_args(p, threads=None):
 MODEL_KEYS = ("mixer", "width", "num_layers", "lru_width", "num_heads", "vocab_size")
 TRAIN_KEYS = ("data", "data_format", "steps", "batch_size", "seq_len", "grad_accum", "lr", "min_lr",
               "warmup_steps", "weight_decay", "grad_clip", "eval_every", "eval_batches", "checkpoint_every",
-              "keep", "seed", "autocast", "backend", "device", "threads", "compile", "activation_checkpointing")
+              "keep", "seed", "autocast", "backend", "device", "threads", "compile", "activation_checkpointing",
+              "pack")
 
 
 # Names that messages from below the CLI may use, shown there as the flags that set them.

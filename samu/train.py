@@ -46,7 +46,7 @@ AUTOCAST = ("auto", "bf16", "none")
 COMPILE = ("auto", "on", "off")
 # Fields that define the optimisation: a resumed run must agree on all of them.
 RUN_FIELDS = ("model", "data", "data_format", "steps", "batch_size", "seq_len", "grad_accum", "lr",
-              "min_lr", "warmup_steps", "weight_decay", "betas", "grad_clip", "seed")
+              "min_lr", "warmup_steps", "weight_decay", "betas", "grad_clip", "seed", "pack")
 
 
 @dataclass
@@ -84,6 +84,10 @@ class TrainConfig:
     compile: str = "auto"
     # recompute each layer's activations in the backward instead of keeping them (less memory, ~1/3 more compute)
     activation_checkpointing: bool = False
+    # packed batches: a micro-batch's windows laid end to end with every document boundary kept
+    # (TokenData.packed), so that no state or convolution crosses from one document into the next; runs
+    # eagerly (the packed call is one call per sequence until the kernels take the offsets)
+    pack: bool = False
     # A progress bar; validation results are printed either way.
     progress: bool = True
     # Written by `samu demo`, which may replace a demo run but no other.
@@ -116,8 +120,12 @@ class TrainConfig:
             raise ValueError(f"autocast must be one of {', '.join(AUTOCAST)}, got {self.autocast!r}")
         if self.compile not in COMPILE:
             raise ValueError(f"compile must be one of {', '.join(COMPILE)}, got {self.compile!r}")
-        if not isinstance(self.activation_checkpointing, bool):
-            raise ValueError(f"activation_checkpointing must be true or false, got {self.activation_checkpointing!r}")
+        for name in ("activation_checkpointing", "pack"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.pack and self.compile == "on":
+            raise ValueError("compile must be 'off' or 'auto' with pack: packed sequences run one call per sequence, "
+                             "which torch.compile cannot trace")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -214,7 +222,7 @@ def _setup_distributed(config: TrainConfig) -> tuple[_Dist, torch.device]:
 
 
 def _compiles(config: TrainConfig, device: torch.device) -> bool:
-    return config.compile == "on" or (config.compile == "auto" and device.type == "cuda")
+    return config.compile == "on" or (config.compile == "auto" and device.type == "cuda" and not config.pack)
 
 
 def _choose_mixers(model: CausalLM, config: TrainConfig, device: torch.device) -> None:
@@ -255,6 +263,14 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
+def forward(model, x: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
+    """The logits [B, L, V] of a batch x [B, L]; with ``cu_seqlens`` (TokenData.packed) its rows run as one
+    packed row, every document on its own."""
+    if cu_seqlens is None:
+        return model(x)[0]
+    return model(x.reshape(1, -1), cu_seqlens=cu_seqlens)[0].view(*x.shape, -1)
+
+
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token loss in nats, computed in fp32."""
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
@@ -269,9 +285,11 @@ def _val_position_sums(model: CausalLM, data: TokenData, config: TrainConfig, de
     model.eval()
     sums = torch.zeros(config.seq_len, dtype=torch.float64)
     for i in range(0, len(starts), config.batch_size):
-        x, y = data.windows("val", starts[i:i + config.batch_size], config.seq_len)
+        rows = starts[i:i + config.batch_size]
+        x, y = data.windows("val", rows, config.seq_len)
+        cu_seqlens = data.packed("val", rows, config.seq_len) if config.pack else None
         with autocast or contextlib.nullcontext():
-            logits, _ = model(x.to(device))
+            logits = forward(model, x.to(device), cu_seqlens)
         per_token = F.cross_entropy(logits.float().transpose(1, 2), y.to(device), reduction="none")
         sums += per_token.sum(0).double().cpu()
     model.train(was_training)
@@ -490,6 +508,8 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
                               f"files it did not write: choose another output folder")
     data = data if data is not None else load_data(config.data, config.data_format)
     data.check(config.seq_len)
+    if config.pack and not data.has_documents():
+        data.packed("train", [], config.seq_len)   # its error: these data have no document boundaries
     if data.vocab_size > config.model.vocab_size:
         raise ValueError(f"the data has tokens up to {data.vocab_size - 1} but the model's vocab_size is "
                          f"{config.model.vocab_size}")
@@ -567,7 +587,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
     if compiled:
         _choose_mixers(model, config, device)
         engine = torch.compile(engine)
-    log.update(compiled=compiled, activation_checkpointing=config.activation_checkpointing)
+    log.update(compiled=compiled, activation_checkpointing=config.activation_checkpointing, packed=config.pack)
     peak, params = peak_flops(device), model.num_params()
     autocast = _autocast(config, device)
     ckpt_path = out / CHECKPOINT
@@ -638,13 +658,14 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         loss_sum = torch.zeros((), device=device)
         for micro in range(config.grad_accum):
             rng = np.random.default_rng([config.seed, step, ctx.rank * config.grad_accum + micro])
-            x, y = (to_device(t, device) for t in data.sample(config.batch_size, config.seq_len, rng))
+            x, y, cu_seqlens = data.sample(config.batch_size, config.seq_len, rng, config.pack)
+            x, y = to_device(x, device), to_device(y, device)
             last = micro == config.grad_accum - 1
             sync = contextlib.nullcontext() if last or ctx.world == 1 else engine.no_sync()
             try:
                 with sync:
                     with autocast:
-                        logits, _ = engine(x)
+                        logits = forward(engine, x, cu_seqlens)
                     loss = cross_entropy(logits, y)
                     (loss / config.grad_accum).backward()
             except NonFiniteParameters:

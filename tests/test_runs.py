@@ -36,7 +36,7 @@ class _SignalAt(TokenData):
     """Token data whose sampler sends this process ``signum`` at its ``at``-th batch."""
 
     def __init__(self, data, at, signum=signal.SIGTERM):
-        super().__init__(data.name, data.train, data.val, data.vocab_size, data.bytes_per_token)
+        super().__init__(**{f.name: getattr(data, f.name) for f in dataclasses.fields(TokenData)})
         object.__setattr__(self, "state", [0, at, signum])
 
     def sample(self, *args):

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -55,7 +56,7 @@ class _StopAfter(TokenData):
     """Token data whose sampler raises after ``limit`` batches: an interrupted run."""
 
     def __init__(self, data, limit):
-        super().__init__(data.name, data.train, data.val, data.vocab_size, data.bytes_per_token)
+        super().__init__(**{f.name: getattr(data, f.name) for f in dataclasses.fields(TokenData)})
         object.__setattr__(self, "calls", [0, limit])
 
     def sample(self, *args):
@@ -349,3 +350,81 @@ def test_compile_and_checkpointing_flags():
         TrainConfig(compile="yes")
     with pytest.raises(ValueError, match="activation_checkpointing must be true or false"):
         TrainConfig(activation_checkpointing="yes")
+
+
+def _documents(tmp_path, count=40):
+    """A folder of ``count`` text files (documents) of 3 to ~200 bytes, some shorter than a window."""
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    text = _text(tmp_path / "text").read_bytes()
+    rng = np.random.default_rng(0)
+    at = 0
+    for i in range(count):
+        n = int(rng.integers(3, 200))
+        (folder / f"{i:03d}.txt").write_bytes(text[at:at + n])
+        at += n
+    return text_corpus(folder)
+
+
+def test_packed_training_keeps_every_document_apart(tmp_path, monkeypatch):
+    from samu import train as train_module
+
+    data = _documents(tmp_path)
+    seen = []
+    original = LanguageModel.forward
+
+    def spy(self, tokens, *a, cu_seqlens=None, **kw):
+        if self.training:
+            seen.append((tokens.clone(), cu_seqlens))
+        return original(self, tokens, *a, cu_seqlens=cu_seqlens, **kw)
+
+    monkeypatch.setattr(LanguageModel, "forward", spy)
+    config = _config(tmp_path, "packed", steps=8, pack=True)
+    result = train(config, data=data)
+    assert result.log["packed"] and result.log["config"]["pack"] and not result.log["compiled"]
+    assert result.log["val"][-1]["val_loss"] < result.log["val"][0]["val_loss"]
+    assert len(seen) == 8
+    starts = set(data.train_docs.tolist())
+    train_text = bytes(data.train)
+    for tokens, cu in seen:
+        # one packed row of the batch's windows: every window and every document opens a sequence
+        assert tokens.shape == (1, config.batch_size * config.seq_len)
+        cu = cu.tolist()
+        windows = set(range(0, tokens.shape[1] + 1, config.seq_len))
+        assert windows <= set(cu)
+        row = bytes(tokens[0].tolist())
+        for w in range(config.batch_size):
+            window = row[w * config.seq_len:(w + 1) * config.seq_len]
+            start = train_text.find(window)   # the windows are unique in this text
+            inside = {w * config.seq_len + d - start for d in starts if start < d < start + config.seq_len}
+            assert inside == {c for c in cu if w * config.seq_len < c < (w + 1) * config.seq_len}
+    # the packed forward is the model run document by document
+    model = result.model
+    x, _, cu = data.sample(3, 80, np.random.default_rng(5), pack=True)
+    packed = train_module.forward(model, x, cu).flatten(0, 1)
+    cu = cu.tolist()
+    alone = torch.cat([model(x.reshape(1, -1)[:, a:b])[0][0] for a, b in zip(cu, cu[1:])])
+    assert torch.allclose(packed, alone, atol=1e-6)
+    assert len(cu) > 4   # documents begin inside these windows: there the state was reset
+    assert not torch.equal(packed, model(x)[0].flatten(0, 1))
+
+
+def test_packed_runs_resume_exactly_and_refuse_the_other_way(tmp_path):
+    data = _documents(tmp_path)
+    whole = train(_config(tmp_path, "whole", pack=True), data=data)
+    with pytest.raises(_Interrupted):
+        train(_config(tmp_path, "cut", pack=True), data=_StopAfter(data, 4))
+    resumed = train(_config(tmp_path, "cut", pack=True), data=data, resume=True)
+    assert _untimed(resumed.log["train"]) == _untimed(whole.log["train"])
+    with pytest.raises(CheckpointError, match=r"pack \(True there, False here\)"):
+        train(_config(tmp_path, "whole", steps=6), data=data, resume=True)
+
+
+def test_packing_needs_documents_and_eager_training(tmp_path):
+    with pytest.raises(ValueError, match="compile must be 'off' or 'auto' with pack"):
+        TrainConfig(pack=True, compile="on")
+    with pytest.raises(ValueError, match="pack must be true or false"):
+        TrainConfig(pack="yes")
+    with pytest.raises(ValueError, match="pack: the data .* have no document boundaries"):
+        train(_config(tmp_path, pack=True), data=text_corpus(_text(tmp_path)))
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()

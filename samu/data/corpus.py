@@ -31,6 +31,9 @@ class TokenData:
     """A train and a validation token stream (1-D integer arrays, memory-mapped where possible).
 
     ``bytes_per_token`` is 1.0 for byte-level text (so bits per byte can be reported), else None.
+    ``train_docs`` and ``val_docs`` hold where each document of a split starts (sorted int64 offsets, 0
+    first) where the data has documents (the embedded corpus and text folders: one document a file), else
+    None; packed batches (``pack``) keep those boundaries.
     """
 
     name: str
@@ -38,6 +41,8 @@ class TokenData:
     val: np.ndarray
     vocab_size: int
     bytes_per_token: float | None = None
+    train_docs: np.ndarray | None = None
+    val_docs: np.ndarray | None = None
 
     def check(self, seq_len: int) -> None:
         """Both splits must hold at least one window of ``seq_len`` + 1 tokens."""
@@ -54,10 +59,32 @@ class TokenData:
         rows = torch.from_numpy(rows)
         return rows[:, :-1], rows[:, 1:]
 
-    def sample(self, batch_size: int, seq_len: int, rng: np.random.Generator):
-        """A batch of random training windows drawn with ``rng``."""
+    def has_documents(self) -> bool:
+        return self.train_docs is not None and self.val_docs is not None
+
+    def packed(self, split: str, starts, seq_len: int) -> torch.Tensor:
+        """cu_seqlens (int32 [N + 1], samu.ops.packing) of the windows ``starts`` laid end to end along one
+        row of len(starts) * seq_len tokens: every window begins a sequence, and so does every document that
+        begins inside one, so that no state crosses from one document into the next."""
+        docs = self.train_docs if split == "train" else self.val_docs
+        if docs is None:
+            raise ValueError(f"pack: the data {self.name} have no document boundaries (a single file or token "
+                             f"ids); packing needs the embedded corpus or a folder of text files, one document "
+                             f"a file")
+        offsets = [0]
+        for i, s in enumerate(np.asarray(starts, dtype=np.int64)):
+            # documents d with s < d < s + seq_len begin inside the window, at position d - s
+            lo, hi = np.searchsorted(docs, [s + 1, s + seq_len])
+            offsets += (i * seq_len + docs[lo:hi] - s).tolist()
+            offsets.append((i + 1) * seq_len)
+        return torch.tensor(offsets, dtype=torch.int32)
+
+    def sample(self, batch_size: int, seq_len: int, rng: np.random.Generator, pack: bool = False):
+        """A batch of random training windows drawn with ``rng``: inputs and targets [batch_size, seq_len],
+        and with ``pack`` their ``packed`` offsets (else None)."""
         starts = rng.integers(0, len(self.train) - seq_len, size=batch_size)
-        return self.windows("train", starts, seq_len)
+        x, y = self.windows("train", starts, seq_len)
+        return x, y, (self.packed("train", starts, seq_len) if pack else None)
 
     def identity(self) -> dict:
         """What a resumed run checks it trains on: the name, and each split's length and content hash."""
@@ -101,13 +128,17 @@ def _build_stdlib(root: Path, out: Path) -> dict:
         raise FileNotFoundError(f"no .py files found under the standard library folder {root}")
     sizes = {"train": 0, "val": 0}
     counts = {"train": 0, "val": 0}
+    starts = {"train": [], "val": []}
     with open(out / "train.bin", "wb") as train, open(out / "val.bin", "wb") as val:
         for i, f in enumerate(files):
             split = "val" if i % VAL_EVERY == VAL_EVERY - 1 else "train"
             data = f.read_bytes()
             (val if split == "val" else train).write(data)
+            starts[split].append(sizes[split])
             sizes[split] += len(data)
             counts[split] += 1
+    for split in ("train", "val"):
+        np.save(out / f"{split}.docs.npy", document_starts(starts[split]))
     meta = {"python": sys.version, "stdlib": str(root), "files": counts, "bytes": sizes}
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     return meta
@@ -117,7 +148,8 @@ def _stdlib_folder(cache=None) -> Path:
     root = Path(sysconfig.get_paths()["stdlib"])
     key = hashlib.sha256(str(root).encode()).hexdigest()[:8]
     version = ".".join(map(str, sys.version_info[:3]))
-    return Path(cache or cache_dir()) / f"stdlib-{platform.python_implementation().lower()}{version}-{key}"
+    # stdlib2: the cache also holds where each file starts (train.docs.npy, val.docs.npy)
+    return Path(cache or cache_dir()) / f"stdlib2-{platform.python_implementation().lower()}{version}-{key}"
 
 
 def stdlib_cached(cache: str | Path | None = None) -> bool:
@@ -147,14 +179,25 @@ def stdlib_corpus(cache: str | Path | None = None) -> TokenData:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     train, val = (np.memmap(folder / f"{s}.bin", dtype=np.uint8, mode="r") for s in ("train", "val"))
+    docs = [np.load(folder / f"{s}.docs.npy") for s in ("train", "val")]
     version = ".".join(map(str, sys.version_info[:3]))
-    return TokenData(f"python {version} stdlib", train, val, vocab_size=256, bytes_per_token=1.0)
+    return TokenData(f"python {version} stdlib", train, val, vocab_size=256, bytes_per_token=1.0,
+                     train_docs=docs[0], val_docs=docs[1])
+
+
+def document_starts(starts) -> np.ndarray:
+    """Sorted unique int64 document starts with 0 first (an empty document starts where the next does)."""
+    return np.unique(np.concatenate([[0], np.asarray(starts, dtype=np.int64)])).astype(np.int64)
+
+
+def _tail_cut(n: int, val_fraction: float) -> int:
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must lie in (0, 1), got {val_fraction!r}")
+    return n - max(1, int(n * val_fraction))
 
 
 def _tail_split(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
-    if not 0 < val_fraction < 1:
-        raise ValueError(f"val_fraction must lie in (0, 1), got {val_fraction!r}")
-    cut = len(tokens) - max(1, int(len(tokens) * val_fraction))
+    cut = _tail_cut(len(tokens), val_fraction)
     return tokens[:cut], tokens[cut:]
 
 
@@ -180,19 +223,24 @@ def _text_files(root: Path) -> list[Path]:
 def text_corpus(path, val_fraction: float = 0.01) -> TokenData:
     """Byte-level text from a file, or from every non-hidden file under a folder (sorted paths;
     samu run folders inside it are never read). The last ``val_fraction`` of the bytes is validation
-    text. The name is the absolute path."""
+    text. The name is the absolute path. Each file of a folder is a document (a single file is none)."""
     path = _existing(path)
     if path.is_file():
         tokens = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
-    else:
-        if is_run_folder(path):
-            raise ValueError(f"data folder {path} is a samu run folder, not text")
-        files = _text_files(path)
-        if not files:
-            raise ValueError(f"data folder {path} holds no files")
-        tokens = np.frombuffer(b"".join(f.read_bytes() for f in files), dtype=np.uint8)
-    train, val = _tail_split(tokens, val_fraction)
-    return TokenData(str(path), train, val, vocab_size=256, bytes_per_token=1.0)
+        train, val = _tail_split(tokens, val_fraction)
+        return TokenData(str(path), train, val, vocab_size=256, bytes_per_token=1.0)
+    if is_run_folder(path):
+        raise ValueError(f"data folder {path} is a samu run folder, not text")
+    files = _text_files(path)
+    if not files:
+        raise ValueError(f"data folder {path} holds no files")
+    texts = [f.read_bytes() for f in files]
+    tokens = np.frombuffer(b"".join(texts), dtype=np.uint8)
+    starts = np.cumsum([0] + [len(t) for t in texts[:-1]])
+    cut = _tail_cut(len(tokens), val_fraction)
+    return TokenData(str(path), tokens[:cut], tokens[cut:], vocab_size=256, bytes_per_token=1.0,
+                     train_docs=document_starts(starts[starts < cut]),
+                     val_docs=document_starts(starts[starts >= cut] - cut))
 
 
 def _looks_like_text(path: Path) -> bool:

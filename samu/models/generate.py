@@ -14,6 +14,7 @@ finite (a model producing nan or inf) raise an error at the end of the chunk ins
 
 from __future__ import annotations
 
+import itertools
 import time
 import weakref
 from collections import OrderedDict
@@ -21,6 +22,7 @@ from collections import OrderedDict
 import torch
 
 from samu.models.model import LanguageModel
+from samu.ops.packing import sequence_offsets
 from samu.validate import finite_number, nonneg_int, positive_int
 
 # decoding steps between two host visits of the loop (the uniform draws and the output chunk)
@@ -156,10 +158,20 @@ def decoder(model: LanguageModel, batch: int, temperature: float, top_k: int | N
     return made
 
 
-def _prompts(prompt, vocab: int, device) -> tuple[list[torch.Tensor], bool]:
-    """(one int64 row per prompt on ``device``, whether ``prompt`` was a list of rows)."""
+def _prompts(prompt, vocab: int, device, cu_seqlens=None) -> tuple[list[torch.Tensor], bool]:
+    """(one int64 row per prompt on ``device``, whether the result is a list of rows: ``prompt`` was a list,
+    or one packed row with ``cu_seqlens``)."""
     ragged = isinstance(prompt, (list, tuple))
     rows = list(prompt) if ragged else None
+    if cu_seqlens is not None:
+        if ragged or not isinstance(prompt, torch.Tensor) or prompt.dim() not in (1, 2) or (
+                prompt.dim() == 2 and prompt.shape[0] != 1):
+            shape = list(prompt.shape) if isinstance(prompt, torch.Tensor) else type(prompt).__name__
+            raise ValueError(f"prompt must be one packed row, a [T] or [1, T] tensor, with cu_seqlens; got {shape}")
+        flat = prompt.reshape(1, -1)
+        offsets = sequence_offsets(cu_seqlens, flat)
+        prompt, ragged = [flat[0, a:b] for a, b in zip(offsets, offsets[1:])], True
+        rows = prompt
     if ragged:
         if not rows or not all(isinstance(r, torch.Tensor) and r.dim() == 1 and r.numel() for r in rows):
             got = ", ".join(sorted({type(r).__name__ if not isinstance(r, torch.Tensor) else f"{r.dim()}-D tensor"
@@ -190,12 +202,13 @@ def _synchronize(device):
 @torch.no_grad()
 def generate(model: LanguageModel, prompt, max_new_tokens: int, *, temperature: float = 1.0,
              top_k: int | None = None, seed: int | None = None, graph: bool | None = None,
-             stats: dict | None = None):
+             stats: dict | None = None, cu_seqlens=None):
     """Continue ``prompt`` by ``max_new_tokens`` sampled tokens.
 
     Args:
         model: a LanguageModel (its device is used).
-        prompt: [B, T] or [T] integer tokens, T >= 1; or a list of [T_i] tensors, prompts of their own lengths.
+        prompt: [B, T] or [T] integer tokens, T >= 1; or a list of [T_i] tensors, prompts of their own lengths
+            (their prefill is one packed forward, samu.ops.packing).
         max_new_tokens: how many tokens to append (>= 0).
         temperature: softmax temperature; 0 picks the most likely token.
         top_k: sample among the k most likely tokens only (None: all).
@@ -204,10 +217,12 @@ def generate(model: LanguageModel, prompt, max_new_tokens: int, *, temperature: 
         stats: a dict to fill with prefill_tokens, prefill_s, decode_tokens and decode_s: the prompts'
             tokens, and the tokens made by decoding steps (the first new token of a row comes from its
             prefill), each with its seconds (timing synchronises the device).
+        cu_seqlens: the prompt [T] or [1, T] packs N prompts at these offsets (samu.ops.packing): the same
+            as the list of them.
 
     Returns:
-        [B, T + max_new_tokens] (or [T + max_new_tokens] for a 1-D prompt) int64 tokens; for a list, a list
-        of [T_i + max_new_tokens] tensors.
+        [B, T + max_new_tokens] (or [T + max_new_tokens] for a 1-D prompt) int64 tokens; for a list (or a
+        packed prompt), a list of [T_i + max_new_tokens] tensors.
     """
     if not isinstance(model, LanguageModel):
         kind = type(model).__name__
@@ -217,7 +232,7 @@ def generate(model: LanguageModel, prompt, max_new_tokens: int, *, temperature: 
                             "has none")
         raise TypeError(f"model must be a LanguageModel, got {kind}")
     device = model.embed.weight.device
-    rows, ragged = _prompts(prompt, model.config.vocab_size, device)
+    rows, ragged = _prompts(prompt, model.config.vocab_size, device, cu_seqlens)
     nonneg_int("max_new_tokens", max_new_tokens)
     finite_number("temperature", temperature)
     if top_k is not None:
@@ -244,15 +259,15 @@ def generate(model: LanguageModel, prompt, max_new_tokens: int, *, temperature: 
         if max_new_tokens:
             dec = decoder(model, len(rows), temperature, top_k, bool(graph))
             start = _synchronize(device) if stats is not None else None
-            logits = None
-            for length in sorted({len(r) for r in rows}):
-                idx = [i for i, r in enumerate(rows) if len(r) == length]
-                out, state = model(torch.stack([rows[i] for i in idx]), return_state=True)
-                if logits is None:
-                    logits = out.new_empty(len(rows), out.shape[-1])
-                where = torch.tensor(idx, device=device)
-                logits.index_copy_(0, where, out[:, -1])
-                dec.load(where, state)
+            if len({len(r) for r in rows}) == 1:
+                out, state = model(torch.stack(rows), return_state=True)
+                logits = out[:, -1]
+            else:
+                # one packed forward: each prompt from a zero state, the state of each at its last token
+                offsets = [0, *itertools.accumulate(map(len, rows))]
+                out, state = model(torch.cat(rows)[None], return_state=True, cu_seqlens=offsets)
+                logits = out[0, [b - 1 for b in offsets[1:]]]
+            dec.load(torch.arange(len(rows), device=device), state)
             prefilled = _synchronize(device) if stats is not None else None
             new = dec.run(model, logits, max_new_tokens, generator)
             if stats is not None:

@@ -16,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from samu.models.config import TransformerConfig
 from samu.models.model import CausalLM
 from samu.modules.layers import RMSNorm, lecun_normal_
+from samu.ops.packing import sequence_offsets
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -64,9 +65,13 @@ class TransformerLM(CausalLM):
         self.activation_checkpointing = False
 
     def forward(self, tokens, state=None, return_state=False, cu_seqlens=None):
-        if state is not None or return_state or cu_seqlens is not None:
-            raise ValueError("a TransformerLM carries no recurrent state and packs no sequences: call it with "
-                             "tokens only")
+        """``cu_seqlens`` (samu.ops.packing): tokens [1, L] pack sequences, each attending to itself alone,
+        its positions counted from its own start (one call per sequence)."""
+        if state is not None or return_state:
+            raise ValueError("a TransformerLM carries no recurrent state: call it without state or return_state")
+        if cu_seqlens is not None:
+            offsets = sequence_offsets(cu_seqlens, tokens)
+            return torch.cat([self(tokens[:, a:b])[0] for a, b in zip(offsets, offsets[1:])], dim=1), None
         L, hd = tokens.shape[1], self.config.head_dim
         inv = 10000.0 ** (-torch.arange(0, hd, 2, device=tokens.device, dtype=torch.float32) / hd)
         angles = torch.arange(L, device=tokens.device, dtype=torch.float32)[:, None] * inv

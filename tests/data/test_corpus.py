@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from samu.data import corpus, load_data, stdlib_corpus, stdlib_files, text_corpus, token_file
 
@@ -29,6 +30,12 @@ def test_stdlib_corpus_split_by_file_and_cached(tmp_path, monkeypatch):
     assert bytes(data.val) == b"".join(f.read_bytes() for f in val_files)
     assert len(data.train) + len(data.val) == sum(f.stat().st_size for f in files)
     assert data.vocab_size == 256 and data.bytes_per_token == 1.0 and data.train.dtype == np.uint8
+    # one document a file: each split's starts are its files' running sizes
+    for split, chosen in (("train", [f for i, f in enumerate(files) if i % corpus.VAL_EVERY != corpus.VAL_EVERY - 1]),
+                          ("val", val_files)):
+        sizes = [f.stat().st_size for f in chosen]
+        starts = np.unique(np.cumsum([0] + sizes[:-1]))
+        assert np.array_equal(getattr(data, f"{split}_docs"), starts)
     [folder] = tmp_path.iterdir()
     assert f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}" in folder.name
 
@@ -98,9 +105,10 @@ def test_sampling_is_seeded_and_shifted(tmp_path):
     f = tmp_path / "t.txt"
     f.write_bytes(bytes(np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8)))
     data = text_corpus(f)
-    x1, y1 = data.sample(7, 33, np.random.default_rng([1, 2]))
-    x2, y2 = data.sample(7, 33, np.random.default_rng([1, 2]))
-    x3, _ = data.sample(7, 33, np.random.default_rng([1, 3]))
+    x1, y1, none = data.sample(7, 33, np.random.default_rng([1, 2]))
+    x2, y2, _ = data.sample(7, 33, np.random.default_rng([1, 2]))
+    x3, _, _ = data.sample(7, 33, np.random.default_rng([1, 3]))
+    assert none is None
     assert x1.shape == y1.shape == (7, 33) and x1.dtype == y1.dtype
     assert np.array_equal(x1, x2) and np.array_equal(y1, y2) and not np.array_equal(x1, x3)
     assert np.array_equal(x1[:, 1:], y1[:, :-1])
@@ -137,3 +145,31 @@ def test_stdlib_corpus_tolerates_a_concurrent_build(tmp_path, monkeypatch):
     monkeypatch.setattr(corpus, "_build_stdlib", another_process_finishes_first)
     assert np.array_equal(stdlib_corpus(tmp_path).val, data.val)
     assert [p.name for p in tmp_path.iterdir()] == [folder.name]
+
+
+def test_documents_of_a_text_folder_and_packed_offsets(tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    texts = [b"a" * 30, b"", b"b" * 7, b"c" * 1, b"d" * 40, b"e" * 22]
+    for i, t in enumerate(texts):
+        (folder / f"{i}.txt").write_bytes(t)
+    data = text_corpus(folder, val_fraction=0.25)
+    # 100 bytes; the last 25 are validation text, which begins inside "d"
+    assert len(data.train) == 75 and len(data.val) == 25
+    assert data.train_docs.tolist() == [0, 30, 37, 38] and data.val_docs.tolist() == [0, 3]
+    # windows of 10 from 25 (a to 30, then b) and from 33 (b, then c at 37 and d at 38)
+    cu = data.packed("train", [25, 33], 10)
+    assert cu.dtype == torch.int32 and cu.tolist() == [0, 5, 10, 14, 15, 20]
+    x, _ = data.windows("train", [25, 33], 10)
+    flat = bytes(x.flatten().tolist())
+    docs = [flat[a:b] for a, b in zip(cu.tolist(), cu.tolist()[1:])]
+    assert docs == [b"a" * 5, b"b" * 5, b"b" * 4, b"c", b"d" * 5]
+    # a window starting on a boundary opens it itself; none inside it is repeated
+    assert data.packed("train", [30], 8).tolist() == [0, 7, 8]
+    assert data.packed("val", [0, 2], 4).tolist() == [0, 3, 4, 5, 8]
+    x, y, cu = data.sample(3, 9, np.random.default_rng(0), pack=True)
+    assert x.shape == (3, 9) and cu[0] == 0 and cu[-1] == 27 and (cu.diff() > 0).all()
+    single = tmp_path / "one.txt"
+    single.write_bytes(b"x" * 100)
+    with pytest.raises(ValueError, match="pack: the data .* have no document boundaries"):
+        text_corpus(single).packed("train", [0], 10)

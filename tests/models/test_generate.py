@@ -88,6 +88,15 @@ def test_prompts_of_different_lengths_decode_as_if_alone(config):
     a = generate(model, prompts, 8, temperature=1.0, top_k=5, seed=3)
     b = generate(model, prompts, 8, temperature=1.0, top_k=5, seed=3)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
+    # the same prompts packed in one row
+    offsets = torch.tensor([0, 1, 7, 10, 16], dtype=torch.int32)
+    for packed in (torch.cat(prompts), torch.cat(prompts)[None]):
+        c = generate(model, packed, 8, temperature=1.0, top_k=5, seed=3, cu_seqlens=offsets)
+        assert isinstance(c, list) and all(torch.equal(x, y) for x, y in zip(a, c))
+    with pytest.raises(ValueError, match=r"prompt must be one packed row, a \[T\] or \[1, T\] tensor"):
+        generate(model, torch.cat(prompts).view(2, 8), 2, cu_seqlens=offsets)
+    with pytest.raises(ValueError, match="cu_seqlens must rise strictly from 0 to L = 16"):
+        generate(model, torch.cat(prompts), 2, cu_seqlens=[0, 3, 15])
 
 
 def test_init_state_decode_in_place_and_step_leaves_the_state_alone():

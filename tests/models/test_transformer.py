@@ -40,10 +40,25 @@ def test_is_causal_and_carries_no_state():
     changed[:, 5:] = (changed[:, 5:] + 1) % 256
     a, b = model(tokens)[0], model(changed)[0]
     assert torch.equal(a[:, :5], b[:, :5]) and not torch.equal(a[:, 5:], b[:, 5:])
-    with pytest.raises(ValueError, match="carries no recurrent state and packs no sequences"):
+    with pytest.raises(ValueError, match="carries no recurrent state"):
         model(tokens, return_state=True)
     with pytest.raises(TypeError, match=r"model is a TransformerLM .* which generate\(\) cannot sample"):
         generate(model, tokens[0], 2)
+
+
+def test_packed_sequences_attend_to_themselves_alone():
+    torch.manual_seed(0)
+    model = TransformerLM(TransformerConfig(256, 128, 2))
+    tokens = torch.randint(256, (1, 17))
+    offsets = [0, 5, 6, 17]
+    packed = model(tokens, cu_seqlens=torch.tensor(offsets, dtype=torch.int32))[0]
+    alone = torch.cat([model(tokens[:, a:b])[0] for a, b in zip(offsets, offsets[1:])], dim=1)
+    assert torch.equal(packed, alone)
+    # the first sequence sees only itself either way; the later ones differ from the unpacked row
+    assert torch.allclose(packed[:, :5], model(tokens)[0][:, :5], atol=1e-6)
+    assert not torch.allclose(packed[:, 5:], model(tokens)[0][:, 5:], atol=1e-3)
+    with pytest.raises(ValueError, match="cu_seqlens must rise strictly"):
+        model(tokens, cu_seqlens=[0, 5, 5, 17])
 
 
 def _config(tmp_path, name, **kw):
