@@ -129,6 +129,9 @@ def add_commands(subparsers) -> None:
     g.add_argument("--heads", type=_at_least(1), default=None,
                    help="RG-LRU head count of the gated inputs (default: gates.toml's 16, or the largest divisor "
                         "of D below it); gate your model's own head count to let dispatch use Triton for it")
+    g.add_argument("--documents", type=_at_least(1), default=None,
+                   help="gate packed calls: each batch-1 shape packs this many sequences (cu_seqlens), the first "
+                        "one token long, the others cut at random")
     g.add_argument("--no-status", action="store_true", help="write the record only")
     g.add_argument("--no-isolate", action="store_true",
                    help="gate in this process (default on CUDA: in a worker process, so a kernel fault fails "

@@ -51,7 +51,7 @@ def collect(records) -> tuple[dict, list, list]:
                     unit.rows[row["candidate"]] = row
         else:
             for row in record["rows"]:
-                key = (row["op"], row["backend"], tuple(row["shape"]), row["dtype"])
+                key = (row["op"], row["backend"], tuple(row["shape"]), row["dtype"], row.get("documents") or 0)
                 if key not in gates or stamp > gates[key][0]:
                     gates[key] = (stamp, row)
     gate_rows = [dict(row, _record=stamp[1]) for key, (stamp, row) in sorted(gates.items())]
@@ -278,14 +278,15 @@ def gate_tables(gate_rows) -> list[str]:
         failing = [q for q, ok in sorted(row["passed"].items()) if not ok]
         if "exception" in row:
             failing.append("crashed: " + row["exception"].splitlines()[0][:80])
-        summary.append([OP_LABEL[row["op"]], row["backend"], row["variant"], shape_str(row["shape"]), row["dtype"],
+        shape = shape_str(row["shape"]) + (f" in {row['documents']} sequences" if row.get("documents") else "")
+        summary.append([OP_LABEL[row["op"]], row["backend"], row["variant"], shape, row["dtype"],
                         row["shape_class"], "pass" if row["pass"] else "**FAIL**",
                         "n/a" if worst is None else f"{worst[0]:.3f} ({worst[1]})", ", ".join(failing) or "-",
                         _link(row["_record"])])
         cells = [f"{q} {row['errors'][q]:.2e} / {row['thresholds'][q]:.2e}"
                  if row["errors"].get(q) is not None and row["thresholds"].get(q) is not None else f"{q} n/a"
                  for q in row["passed"]]
-        detail.append([OP_LABEL[row["op"]], row["backend"], shape_str(row["shape"]), row["dtype"], "<br>".join(cells)])
+        detail.append([OP_LABEL[row["op"]], row["backend"], shape, row["dtype"], "<br>".join(cells)])
     lines = _table(["mixer", "backend", "variant", "shape", "dtype", "shape class", "result",
                     "worst error / threshold", "failing", "record"], summary)
     lines += ["Each result's relative Frobenius error against the float64 reference, and its threshold:", ""]

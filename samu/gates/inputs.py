@@ -83,3 +83,24 @@ def make_inputs(op: str, shape, dtype: torch.dtype, device, seed: int, spec: "di
         "dy": normal(B, L, D).to(dtype),
         "dh": normal(B, D),
     }
+
+
+def document_offsets(L: int, N: int, seed: int) -> list[int]:
+    """cu_seqlens of N packed sequences over L tokens drawn from ``seed``: the first one token long (where
+    N >= 2), the rest cut at random points (lengths that are mostly not a multiple of any chunk)."""
+    if not 1 <= N <= L:
+        raise ValueError(f"documents must lie in [1, L = {L}], got {N}")
+    gen = torch.Generator().manual_seed(seed)
+    cuts = [] if N == 1 else [1] + (2 + torch.randperm(L - 2, generator=gen)[:N - 2]).tolist()
+    return [0] + sorted(cuts) + [L]
+
+
+def pack_inputs(inputs: dict, offsets: list[int], seed: int) -> dict:
+    """make_inputs' inputs for a batch-1 x that packs the sequences at ``offsets``: an initial state and a
+    final-state cotangent per sequence ([N, D] fp32, drawn from ``seed``), and the offsets as int32."""
+    N, D = len(offsets) - 1, inputs["x"].shape[-1]
+    gen = torch.Generator(device=inputs["x"].device).manual_seed(seed)
+    f32 = dict(dtype=torch.float32, device=inputs["x"].device)
+    return {**inputs, "initial_state": torch.randn(N, D, generator=gen, **f32),
+            "dh": torch.randn(N, D, generator=gen, **f32),
+            "cu_seqlens": torch.tensor(offsets, dtype=torch.int32, device=inputs["x"].device)}

@@ -4,6 +4,12 @@ For each (op, shape, dtype) the float64 serial reference and the serial fp32 eva
 on the same inputs; each backend is then compared with the reference for the output, the final
 state, the input gradient, the initial-state gradient and every parameter gradient. On CUDA the
 units run in a worker process, so a kernel fault fails its own row and the run goes on in a fresh one.
+
+With ``documents`` = N, each unit of a batch-1 shape packs N sequences (samu.ops.packing; the first one
+token long, the others cut at random), each with its own initial and final state: the reference runs
+each sequence alone, the backend the packed call. Packed rows carry ``documents`` and ``cu_seqlens``;
+they stay out of dispatch's status, since a packed call runs each sequence through dispatch as its own
+call, judged by the unpacked gates of its shape.
 """
 
 from __future__ import annotations
@@ -24,10 +30,11 @@ from samu import reference
 from samu.bench.records import end_unit, environment, load_records, new_record, write_record
 from samu.ops import gate_status
 from samu.ops.gate_status import reload, status_path
-from samu.gates.inputs import PARAMS, RGLRU_C, derive_seed, make_inputs, rglru_heads
+from samu.gates.inputs import PARAMS, RGLRU_C, derive_seed, document_offsets, make_inputs, pack_inputs, rglru_heads
 from samu.gates.rules import LOW_PRECISION, load_rules, rel_error
 from samu.ops import dispatch
 from samu.ops.functional import rglru_mixer, samu_mixer
+from samu.ops.packing import per_sequence
 
 RADIAL_BOUND = 2.0
 
@@ -45,18 +52,24 @@ def evaluate(op: str, inputs: dict, *, backend: "str | None" = None, ref_dtype: 
     """One forward and backward: {quantity: tensor}. ``ref_dtype`` runs the serial reference in
     that dtype on the same (already rounded) inputs; otherwise the public op with ``backend``, or
     ``run``, a callable with the public op's signature (the tests' own configurations). An
-    ``initial_state`` of None runs without one (no d_initial_state)."""
+    ``initial_state`` of None runs without one (no d_initial_state). Packed inputs (``cu_seqlens``,
+    pack_inputs) run the reference one sequence at a time and the op packed."""
     cast = (lambda t: t.to(ref_dtype)) if ref_dtype is not None else (lambda t: t.clone())
     x = cast(inputs["x"]).requires_grad_()
     params = [cast(p).requires_grad_() for p in inputs["params"].values()]
     h0 = None if inputs["initial_state"] is None else cast(inputs["initial_state"]).requires_grad_()
+    cu_seqlens = inputs.get("cu_seqlens")
     if ref_dtype is not None:
         fn = reference.samu_mixer if op == "samu" else reference.rglru_mixer
         kw = {"dtype": ref_dtype}
+        if cu_seqlens is not None:
+            fn = _one_by_one(fn, cu_seqlens.tolist())
     elif run is not None:
         fn, kw = run, {}
     else:
         fn, kw = (samu_mixer if op == "samu" else rglru_mixer), {"backend": backend}
+    if cu_seqlens is not None and ref_dtype is None:
+        kw["cu_seqlens"] = cu_seqlens
     if run is None:
         kw.update({"radial_bound": RADIAL_BOUND} if op == "samu" else {"c": RGLRU_C})
     y, h = fn(x, *params, initial_state=h0, output_final_state=True, **kw)
@@ -64,6 +77,15 @@ def evaluate(op: str, inputs: dict, *, backend: "str | None" = None, ref_dtype: 
     grads = torch.autograd.grad([y, h], leaves, [inputs["dy"].to(y.dtype), inputs["dh"].to(h.dtype)])
     names = [q for q in quantities(op) if h0 is not None or q != "d_initial_state"]
     return dict(zip(names, (y.detach(), h.detach(), *grads)))
+
+
+def _one_by_one(fn, offsets: list[int]):
+    """A reference mixer ``fn`` over packed sequences: each on its own, from its row of the initial state."""
+    def run(x, *params, initial_state, output_final_state, **kw):
+        outs = per_sequence(lambda xs, h0: fn(xs, *params, initial_state=h0, output_final_state=True, **kw),
+                            x, offsets, initial_state)
+        return torch.cat([y for y, _ in outs], dim=1), torch.cat([h for _, h in outs])
+    return run
 
 
 def baselines(ref: dict, serial: dict, dtype: torch.dtype, rules) -> tuple[dict, dict]:
@@ -120,23 +142,29 @@ def resolve_backends(op: str, requested: list[str], shape, dtype, device, heads:
     return runnable, skipped
 
 
-def _units(ops, shapes, dtypes, heads, rules):
+def _units(ops, shapes, dtypes, heads, rules, documents=None):
     """(op, shape, dtype, RG-LRU heads, reason to skip or None) of every gate unit, dtype outermost
     (a run cut short keeps whole dtypes, and the first dtype listed matters most)."""
     for dtype in dtypes:
         for op in ops:
             for shape in shapes:
-                D = shape[2]
+                B, L, D = shape
                 h = (heads or rglru_heads(D, int(rules.inputs["rglru_heads"]))) if op == "rglru" else 1
                 reason = (f"SAMU needs an even D, got {shape}" if op == "samu" and D % 2 else
-                          f"heads={h} does not divide D={D}" if D % h else None)
+                          f"heads={h} does not divide D={D}" if D % h else
+                          f"documents={documents} packs a batch-1 shape of L >= {documents}, got {shape}"
+                          if documents is not None and (B != 1 or L < documents) else None)
                 yield op, tuple(shape), dtype, h, reason
 
 
-def _inputs(op, shape, dtype, device, seed, heads, rules):
+def _inputs(op, shape, dtype, device, seed, heads, rules, documents=None):
     B, L, D = shape
     s = derive_seed(seed, op, B, L, D, str(dtype).replace("torch.", ""))
-    return make_inputs(op, shape, dtype, device, s, {**rules.inputs, "rglru_heads": heads})
+    inputs = make_inputs(op, shape, dtype, device, s, {**rules.inputs, "rglru_heads": heads})
+    if documents is None:
+        return inputs
+    s = derive_seed(seed, op, B, L, D, str(dtype).replace("torch.", ""), "documents", documents)
+    return pack_inputs(inputs, document_offsets(L, documents, s), s)
 
 
 def _warm_one(item) -> tuple:
@@ -214,7 +242,7 @@ def _context_lost(device: torch.device) -> "str | None":
 
 
 def gate_unit(op: str, shape, dtype: torch.dtype, heads: int, backends: list, device, seed: int = 0,
-              rules=None, done=()):
+              rules=None, done=(), documents=None):
     """Gate one (op, shape, dtype) unit, yielding events as it goes: ("skip", entry) for what cannot
     run, ("reference", None) before the float64 and serial fp32 evaluations, ("start", row header)
     before each backend and ("row", row) after it; when an error left the CUDA context unusable,
@@ -236,7 +264,7 @@ def gate_unit(op: str, shape, dtype: torch.dtype, heads: int, backends: list, de
     # out of memory while other processes share the GPU: free what this one cached and try again
     for attempt in range(REFERENCE_ATTEMPTS):
         try:
-            inputs = _inputs(op, shape, dtype, device, seed, heads, rules)
+            inputs = _inputs(op, shape, dtype, device, seed, heads, rules, documents)
             ref = evaluate(op, inputs, ref_dtype=torch.float64)
             serial = evaluate(op, inputs, ref_dtype=torch.float32)
             _sync(device)
@@ -270,6 +298,8 @@ def gate_unit(op: str, shape, dtype: torch.dtype, heads: int, backends: list, de
         row = {"op": op, "backend": name, "variant": variant.name if variant is not None else name,
                "shape": list(shape), "shape_class": cls, "dtype": dname, "seed": s, "baselines": recorded,
                "heads": heads if op == "rglru" else None}
+        if documents is not None:
+            row.update(documents=documents, cu_seqlens=inputs["cu_seqlens"].tolist())
         yield "start", dict(row)
         start, lost = time.perf_counter(), None
         try:
@@ -404,14 +434,15 @@ class _Worker:
 
 def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bool = True,
               command: str = "samu gate", out=None, heads: "int | None" = None, isolate: "bool | None" = None,
-              preload=()) -> dict:
+              preload=(), documents: "int | None" = None) -> dict:
     """Run every gate asked for and return the record; with ``out``, the record is rewritten after
     every (op, shape, dtype), so a run stopped early keeps its finished rows (``complete`` false).
     ``heads``: RG-LRU's head count (default: gates.toml's, or the largest divisor of D below it).
     ``isolate`` (default: on CUDA) gates in a child process: a kernel fault fails the row of the
     backend it happened in (blocking its class) and a fresh child goes on, since a faulted CUDA
     context cannot be reused; this process only keeps the record. ``preload``: modules the gating
-    process imports first (variants that register on import, such as a test's)."""
+    process imports first (variants that register on import, such as a test's). ``documents``: gate
+    packed calls of that many sequences (the module docstring)."""
     rules = load_rules()
     device = torch.device(device)
     isolate = device.type == "cuda" if isolate is None else isolate
@@ -419,7 +450,7 @@ def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bo
     auto_gate, os.environ["SAMU_AUTO_GATE"] = os.environ.get("SAMU_AUTO_GATE"), "0"
     try:
         return _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, out, heads, isolate,
-                          preload, rules)
+                          preload, rules, documents)
     finally:
         if auto_gate is None:
             os.environ.pop("SAMU_AUTO_GATE", None)
@@ -427,14 +458,15 @@ def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bo
             os.environ["SAMU_AUTO_GATE"] = auto_gate
 
 
-def _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, out, heads, isolate, preload, rules):
+def _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, out, heads, isolate, preload, rules,
+               documents):
     record = new_record("gate", environment(device), command, gates_version=rules.version,
                         gates_file="samu/gates/gates.toml", skipped=[], complete=False)
     worker = _Worker(device, preload) if isolate else None
     if not isolate:
         for module in preload:
             importlib.import_module(module)
-    units = list(_units(ops, shapes, dtypes, heads, rules))
+    units = list(_units(ops, shapes, dtypes, heads, rules, documents))
     bar = tqdm(units, desc="gates", disable=not progress, dynamic_ncols=True)
     try:
         for op, shape, dtype, heads_here, reason in bar:
@@ -446,7 +478,7 @@ def _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, o
                 continue
             dname = str(dtype).replace("torch.", "")
             unit = {"op": op, "shape": shape, "dtype": dtype, "heads": heads_here, "backends": list(backends),
-                    "seed": seed}
+                    "seed": seed, "documents": documents}
             events = worker.gate(**unit) if isolate else gate_unit(**unit, device=device, rules=rules)
             for kind, payload in events:
                 if kind in ("reference", "start"):
@@ -460,8 +492,9 @@ def _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, o
                     record["rows"].append(payload)
                     failed = ([q for q, ok in payload["passed"].items() if not ok]
                               or (["crashed"] if "exception" in payload else []))
-                    tqdm.write(f"{'PASS' if payload['pass'] else 'FAIL'} {op} {payload['backend']} {B}x{L}x{D} {dname}"
-                               + (f" ({', '.join(failed)})" if failed else ""))
+                    packed = f" in {documents} sequences" if documents is not None else ""
+                    tqdm.write(f"{'PASS' if payload['pass'] else 'FAIL'} {op} {payload['backend']} {B}x{L}x{D}{packed} "
+                               f"{dname}" + (f" ({', '.join(failed)})" if failed else ""))
                 elif isolate:
                     tqdm.write(f"CUDA context lost ({payload}): a fresh worker process goes on")
                 else:
@@ -492,6 +525,8 @@ def status_from_records(records: list, version: "int | None" = None) -> dict:
             platforms.add(gate_status.platform(env["gpu"], env.get("triton")))
         stamp = (record["created"], path)
         for row in record["rows"]:
+            if row.get("documents") is not None:
+                continue   # packed: each sequence ran through dispatch as its own call (module docstring)
             unit = (row["op"], row["variant"], row["shape_class"], tuple(row.get("shape", ())))
             if unit not in latest or stamp > latest[unit][0]:
                 latest[unit] = (stamp, [row])
@@ -546,7 +581,7 @@ def gate_command(args) -> int:
               + "".join(f"\n  {item[0]} {item[1]} {item[2]} {item[3]}: {err}" for item, err in errors))
     record = run_gates(args.ops, args.shapes, args.dtypes, args.backends, args.device, seed=args.seed,
                        progress=not args.quiet, command=args.command_line, out=args.out, heads=args.heads,
-                       isolate=False if args.no_isolate else None)
+                       isolate=False if args.no_isolate else None, documents=args.documents)
     out = write_record(record, args.out)
     print(f"record: {out}")
     failed = [r for r in record["rows"] if not r["pass"]]

@@ -93,6 +93,48 @@ def test_torch_backend_passes_its_gates_for_both_mixers_and_dtypes():
         assert set(row["baselines"]["rounded_float64"]) == ({"y", "dx"} if low else set())
 
 
+def test_packed_gates_judge_each_sequence_against_its_own_reference(dummy_variants):
+    from samu.gates.inputs import document_offsets
+
+    offsets = document_offsets(61, 5, seed=3)
+    assert offsets[:2] == [0, 1] and offsets[-1] == 61 and len(offsets) == 6 and offsets == sorted(set(offsets))
+    assert document_offsets(61, 5, seed=3) == offsets and document_offsets(7, 1, seed=0) == [0, 7]
+    with pytest.raises(ValueError, match="documents must lie in"):
+        document_offsets(4, 5, seed=0)
+    record = run_gates(["samu", "rglru"], [(1, 61, 8), (2, 61, 8)], [torch.float32, torch.bfloat16],
+                       ["torch", "test_gate_good", "test_gate_bad"], "cpu", progress=False, documents=5)
+    assert {"op": "samu", "backend": "*", "reason": "documents=5 packs a batch-1 shape of L >= 5, got (2, 61, 8)"} \
+        in record["skipped"]
+    rows = record["rows"]
+    assert len(rows) == 2 * 2 + 2 * 2   # torch for both mixers, the dummies for SAMU; two dtypes
+    for row in rows:
+        assert row["documents"] == 5 and row["cu_seqlens"][:2] == [0, 1] and row["cu_seqlens"][-1] == 61
+        # the bad dummy's 0.1% error hides under bf16's rounding, not under the fp32 rule
+        assert row["pass"] == (row["backend"] != "test_gate_bad" or row["dtype"] == "bfloat16"), row
+        assert set(row["errors"]) == set(quantities(row["op"]))
+    # packed rows speak for no dispatch class: each sequence ran through dispatch as its own call
+    assert status_from_records([("r", {**record, "kind": "gate", "created": "x"})]) == {
+        "blocked": [], "passed": [], "platforms": [], "sources": []}
+
+
+def test_a_state_crossing_a_boundary_fails_the_packed_gate(monkeypatch):
+    from samu.ops import functional
+
+    # outputs as if cu_seqlens were ignored (the state runs on from one sequence into the next), with the
+    # right final states
+    packed = functional._packed
+
+    def leaking(run, x, h0, output_final_state, cu_seqlens):
+        y, _ = packed(run, x, h0[:1], output_final_state, [0, x.shape[1]])
+        return y, packed(run, x, h0, output_final_state, cu_seqlens)[1]
+
+    monkeypatch.setattr(functional, "_packed", leaking)
+    record = run_gates(["samu"], [(1, 40, 8)], [torch.float32], ["torch"], "cpu", progress=False, documents=3)
+    [row] = record["rows"]
+    assert "exception" not in row and row["passed"]["final_state"]
+    assert not row["pass"] and not row["passed"]["y"] and not row["passed"]["dx"]
+
+
 def _gate_record(created, rows, version=1):
     return ("r", {"kind": "gate", "created": created, "rows": rows, "gates_version": version})
 
