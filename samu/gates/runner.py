@@ -7,9 +7,9 @@ units run in a worker process, so a kernel fault fails its own row and the run g
 
 With ``documents`` = N, each unit of a batch-1 shape packs N sequences (samu.ops.packing; the first one
 token long, the others cut at random), each with its own initial and final state: the reference runs
-each sequence alone, the backend the packed call. Packed rows carry ``documents`` and ``cu_seqlens``;
-they stay out of dispatch's status, since a packed call runs each sequence through dispatch as its own
-call, judged by the unpacked gates of its shape.
+each sequence alone, the backend the packed call. Packed rows carry ``documents`` and ``cu_seqlens``
+and speak for packed classes (dispatch.shape_class's ``packed``), which dispatch consults for packed
+calls only.
 """
 
 from __future__ import annotations
@@ -116,7 +116,8 @@ def judge(op: str, dtype: torch.dtype, out: dict, ref: dict, serial_err: dict, r
             "pass": all(passed.values())}
 
 
-def resolve_backends(op: str, requested: list[str], shape, dtype, device, heads: int = 16) -> tuple[list, list]:
+def resolve_backends(op: str, requested: list[str], shape, dtype, device, heads: int = 16,
+                     packed: bool = False) -> tuple[list, list]:
     """[(backend, Variant or None)] to gate and [(backend, reason)] that cannot run here.
 
     ``variants`` expands to every registered Triton variant of ``op``; ``triton`` is the one
@@ -132,7 +133,7 @@ def resolve_backends(op: str, requested: list[str], shape, dtype, device, heads:
             skipped.append((name, f"backend {name!r} is not gated (auto resolves per shape; reference is the ground truth)"))
             continue
         try:
-            choice = dispatch.choose(op, *shape, dtype, device, name, heads)
+            choice = dispatch.choose(op, *shape, dtype, device, name, heads, packed=packed)
         except (ValueError, TypeError) as err:
             skipped.append((name, str(err)))
             continue
@@ -252,7 +253,7 @@ def gate_unit(op: str, shape, dtype: torch.dtype, heads: int, backends: list, de
     device = torch.device(device)
     B, L, D = shape
     dname = str(dtype).replace("torch.", "")
-    runnable, unrunnable = resolve_backends(op, backends, shape, dtype, device, heads)
+    runnable, unrunnable = resolve_backends(op, backends, shape, dtype, device, heads, documents is not None)
     for name, reason in unrunnable:
         yield "skip", {"op": op, "backend": name, "reason": reason}
     runnable = [(name, variant) for name, variant in runnable if name not in done]
@@ -293,8 +294,9 @@ def gate_unit(op: str, shape, dtype: torch.dtype, heads: int, backends: list, de
     recorded = {"serial_fp32": {q: _finite(v) for q, v in serial_err.items()},
                 "rounded_float64": {q: _finite(v) for q, v in rounded_err.items()}}
     for name, variant in runnable:
-        cls = (dispatch.gate_class(variant, B, L, D, heads, dtype) if variant is not None
-               else dispatch.shape_class(L, D, dtype))
+        packed = documents is not None
+        cls = (dispatch.gate_class(variant, B, L, D, heads, dtype, packed) if variant is not None
+               else dispatch.shape_class(L, D, dtype, packed=packed))
         row = {"op": op, "backend": name, "variant": variant.name if variant is not None else name,
                "shape": list(shape), "shape_class": cls, "dtype": dname, "seed": s, "baselines": recorded,
                "heads": heads if op == "rglru" else None}
@@ -525,8 +527,6 @@ def status_from_records(records: list, version: "int | None" = None) -> dict:
             platforms.add(gate_status.platform(env["gpu"], env.get("triton")))
         stamp = (record["created"], path)
         for row in record["rows"]:
-            if row.get("documents") is not None:
-                continue   # packed: each sequence ran through dispatch as its own call (module docstring)
             unit = (row["op"], row["variant"], row["shape_class"], tuple(row.get("shape", ())))
             if unit not in latest or stamp > latest[unit][0]:
                 latest[unit] = (stamp, [row])

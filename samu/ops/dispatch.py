@@ -12,6 +12,11 @@ result goes to the user's status file and one line on stderr says so); ``SAMU_AU
 that off (a one-time warning names the command instead), and inside a torch.compile trace or a
 CUDA-graph capture an ungated class is an error naming the command. A variant named explicitly
 runs regardless, so it can be gated.
+
+Packed calls (``packed``: cu_seqlens, samu.ops.packing) choose among the variants that pack (``packs``)
+by their packed classes (gated with ``samu gate --documents``); where none has passed, or the backend
+is torch or reference, the call runs one sequence at a time ("per_sequence"), each sequence through
+this same dispatch as a call of its own.
 """
 
 from __future__ import annotations
@@ -48,11 +53,13 @@ class Variant:
     settings: Callable[..., str] = field(compare=False, repr=False, default=lambda B, L, D, H, dtype: "")
     # numerics(B, L, D, H, dtype) -> the settings that fix its parenthesisation there (part of the gate class)
     numerics: Callable[..., str] = field(compare=False, repr=False, default=lambda B, L, D, H, dtype: "")
+    # run(..., cu_seqlens=offsets) runs packed sequences in one call (samu.ops.packing)
+    packs: bool = False
 
 
 @dataclass(frozen=True)
 class Choice:
-    backend: str             # "reference" | "torch" | "triton"
+    backend: str             # "reference" | "torch" | "triton" | "per_sequence" (packed calls only)
     variant: "Variant | None"
     reason: str
 
@@ -100,29 +107,31 @@ def _load_triton() -> None:
         _found["variants"] = True
 
 
-def shape_class(L: int, D: int, dtype: torch.dtype, numerics: str = "") -> str:
+def shape_class(L: int, D: int, dtype: torch.dtype, numerics: str = "", packed: bool = False) -> str:
     """The unit a gate record speaks for: dtype, a length bucket, a width bucket and, for a Triton
     variant, the settings that fix its parenthesisation at that shape (spec §6: numerics are part of
-    the variant, so a gate passed with other settings does not speak for these)."""
+    the variant, so a gate passed with other settings does not speak for these); packed calls are
+    classes of their own."""
     length = "L<=8192" if L <= 8192 else "L<=32768" if L <= 32768 else "L>32768"
     width = "D<=1024" if D <= 1024 else "D>1024"
-    return f"{str(dtype).replace('torch.', '')}|{length}|{width}" + (f"|{numerics}" if numerics else "")
+    return (f"{str(dtype).replace('torch.', '')}|{length}|{width}" + (f"|{numerics}" if numerics else "")
+            + ("|packed" if packed else ""))
 
 
 # (op, variant name, B, L, D, H, dtype) -> gate class, so eager calls compute it once per shape
 _classes: dict = {}
 
 
-def gate_class(variant: Variant, B: int, L: int, D: int, H: int, dtype: torch.dtype) -> str:
+def gate_class(variant: Variant, B: int, L: int, D: int, H: int, dtype: torch.dtype, packed: bool = False) -> str:
     """The shape class of ``variant`` at (B, L, D) with H heads (H matters to RG-LRU only)."""
     if torch.compiler.is_compiling():
         # traced once per graph; a memo lookup there would add a guard and a recompile per shape
-        return shape_class(L, D, dtype, variant.numerics(B, L, D, H, dtype))
-    key = (variant.op, variant.name, B, L, D, H, dtype)
+        return shape_class(L, D, dtype, variant.numerics(B, L, D, H, dtype), packed)
+    key = (variant.op, variant.name, B, L, D, H, dtype, packed)
     if key not in _classes:
         if len(_classes) > 4096:
             _classes.clear()
-        _classes[key] = shape_class(L, D, dtype, variant.numerics(B, L, D, H, dtype))
+        _classes[key] = shape_class(L, D, dtype, variant.numerics(B, L, D, H, dtype), packed)
     return _classes[key]
 
 
@@ -130,10 +139,16 @@ def _dname(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def gate_command(op: str, B: int, L: int, D: int, dtype: torch.dtype, heads: int, names=None) -> list[str]:
+# sequences a packed gate packs (fewer where L is shorter)
+GATE_DOCUMENTS = 16
+
+
+def gate_command(op: str, B: int, L: int, D: int, dtype: torch.dtype, heads: int, names=None,
+                 packed: bool = False) -> list[str]:
     """The ``samu gate`` arguments that gate ``op``'s variants (all, or ``names``) at one shape."""
     cmd = ["samu", "gate", "--ops", op, "--shapes", f"{B}x{L}x{D}", "--dtypes", _dname(dtype)]
     cmd += ["--backends", ",".join(names) if names else "variants"]
+    cmd += ["--documents", str(min(L, GATE_DOCUMENTS))] if packed else []
     return cmd + (["--heads", str(heads)] if op == "rglru" else [])
 
 
@@ -157,18 +172,19 @@ def _in_trace_or_capture() -> bool:
 _auto_tried: dict = {}  # (op, classes tried) -> outcome of this process's attempt to gate them
 
 
-def _gate_now(op: str, B: int, L: int, D: int, H: int, dtype: torch.dtype, device: torch.device, names) -> None:
+def _gate_now(op: str, B: int, L: int, D: int, H: int, dtype: torch.dtype, device: torch.device, names,
+              packed: bool = False) -> None:
     """Gate ``names`` at this shape in a child process (a kernel fault there cannot poison this
     one), record the result in the user's status file and reload the status. One process gates a
     class at a time (a lock in the cache folder): ranks of one job wait for the first. Says so in
     one line on stderr, and once more only when the gate did not pass."""
-    classes = {n: gate_class(_VARIANTS[op][n], B, L, D, H, dtype) for n in names}
+    classes = {n: gate_class(_VARIANTS[op][n], B, L, D, H, dtype, packed) for n in names}
     key = (op, tuple(sorted(classes.values())))
     if key in _auto_tried:
         return
     records = cache_dir() / "gates"
     records.mkdir(parents=True, exist_ok=True)
-    shown = " ".join(gate_command(op, B, L, D, dtype, H, names))
+    shown = " ".join(gate_command(op, B, L, D, dtype, H, names, packed))
     with FileLock(records / ".lock"):
         gate_status.reload()
         if all(gate_status.verdict(op, n, c, device) for n, c in classes.items()):
@@ -176,7 +192,7 @@ def _gate_now(op: str, B: int, L: int, D: int, H: int, dtype: torch.dtype, devic
             return
         print(f"samu: no gate record covers {op} at ({B}, {L}, {D}) {_dname(dtype)} on this GPU; gating it once "
               f"(`{shown}`) into {gate_status.user_file()}", file=sys.stderr, flush=True)
-        cmd = [sys.executable, "-m", "samu.bench", *gate_command(op, B, L, D, dtype, H, names)[1:], "--quiet",
+        cmd = [sys.executable, "-m", "samu.bench", *gate_command(op, B, L, D, dtype, H, names, packed)[1:], "--quiet",
                "--device", str(device), "--out", str(records), "--results", str(records),
                "--status", str(gate_status.user_file()), "--merge-status"]
         try:
@@ -209,10 +225,10 @@ def triton_unusable(device: torch.device) -> "str | None":
 
 
 def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend: str = "auto",
-           heads: int = 16, gate: bool = True) -> Choice:
+           heads: int = 16, gate: bool = True, packed: bool = False) -> Choice:
     """Resolve ``backend`` for one call; raises ValueError for an unknown or unusable backend.
     ``heads``: RG-LRU's head count (its head dim is part of the gate class). ``gate``: gate a class
-    no record covers (False: only say so)."""
+    no record covers (False: only say so). ``packed``: a packed call (B = 1), module docstring."""
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     device = torch.device(device)
@@ -236,9 +252,11 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
             return Choice("torch", None, "auto: float64 input, using the chunked PyTorch path")
         raise TypeError(f"backend={backend!r} supports bf16, fp16 and fp32 inputs, not float64")
     if backend in named:
+        if packed and not named[backend].packs:
+            return Choice("per_sequence", None, f"variant {backend!r} does not pack: one call per sequence")
         return Choice("triton", named[backend], f"variant {backend!r} requested")
-    applicable = [v for v in named.values() if v.preference(B, L, D, heads) is not None]
-    classes = {v.name: gate_class(v, B, L, D, heads, dtype) for v in applicable}
+    applicable = [v for v in named.values() if v.preference(B, L, D, heads) is not None and (v.packs or not packed)]
+    classes = {v.name: gate_class(v, B, L, D, heads, dtype, packed) for v in applicable}
 
     def verdicts():
         return {v.name: gate_status.verdict(op, v.name, classes[v.name], device) for v in applicable}
@@ -246,7 +264,7 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
     status = verdicts()
     ungated = [n for n, s in status.items() if s is None]
     if ungated and "passed" not in status.values():
-        command = " ".join(gate_command(op, B, L, D, dtype, heads, ungated))
+        command = " ".join(gate_command(op, B, L, D, dtype, heads, ungated, packed))
         where = "; ".join(f"{n} in {classes[n]}" for n in ungated)
         why_not = auto_gate_enabled()
         can_gate = why_not is None and _can_gate(device)
@@ -262,7 +280,7 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
                                          f"gates it (`{command}`)" + ("" if why_not is None else
                                                                       f", unless {why_not}"))
         if can_gate:
-            _gate_now(op, B, L, D, heads, dtype, device, ungated)
+            _gate_now(op, B, L, D, heads, dtype, device, ungated, packed)
             status = verdicts()
         elif backend == "auto" and not tracing and (op, classes[ungated[0]]) not in _warned:
             _warned.add((op, classes[ungated[0]]))
@@ -274,7 +292,10 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
                     key=lambda r: (r[0], r[1]))
     if not ranked:
         wanted = "; ".join(f"{n} in {classes[n]}: {status[n] or 'not gated'}" for n in status) or "no variant applies"
-        command = " ".join(gate_command(op, B, L, D, dtype, heads))
+        command = " ".join(gate_command(op, B, L, D, dtype, heads, packed=packed))
+        if packed:
+            return Choice("per_sequence", None, f"{backend}: no Triton variant has passed its packed gate here "
+                                                f"({wanted}; `{command}` gates it); one call per sequence")
         if backend == "triton":
             raise ValueError(f"no Triton variant of {op} has passed its gate here ({wanted}); run "
                              f"`{command}`, or name a variant")

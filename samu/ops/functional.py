@@ -7,7 +7,7 @@ import torch
 from samu import reference
 from samu.ops import dispatch
 from samu.ops.checks import check_rglru_inputs, check_samu_inputs, check_state
-from samu.ops.packing import per_sequence, sequence_offsets
+from samu.ops.packing import device_offsets, per_sequence, sequence_offsets
 from samu.ops.rglru.torch import rglru_mixer_torch
 from samu.ops.samu.torch import samu_mixer_torch
 from samu.ops.scan import state_dtype
@@ -19,10 +19,17 @@ def _finish(y, h, x, output_final_state):
     return y, (h.to(state_dtype(x.dtype)) if output_final_state else None)
 
 
-def _packed(run, x, initial_state, output_final_state, cu_seqlens):
-    """A packed call (samu.ops.packing): run(x_n, h0_n) -> (y_n, h_n) for each sequence, concatenated."""
+def _packed(op, backend, heads, native, run, x, initial_state, output_final_state, cu_seqlens):
+    """A packed call (samu.ops.packing): in one call of a Triton variant that packs where dispatch picks
+    one, native(variant, x, h0, offsets on the device) -> (y, h); else run(x_n, h0_n) -> (y_n, h_n) for
+    each sequence, concatenated."""
     offsets = sequence_offsets(cu_seqlens, x)
     check_state(initial_state, len(offsets) - 1, x.shape[-1], x.device, "initial_state")
+    B, L, D = x.shape
+    choice = dispatch.choose(op, B, L, D, x.dtype, x.device, backend, heads=heads, packed=True)
+    if choice.backend == "triton":
+        y, h = native(choice.variant, x.contiguous(), initial_state, device_offsets(offsets, x.device))
+        return _finish(y, h, x, output_final_state)
     outs = per_sequence(run, x, offsets, initial_state)
     y = torch.cat([o[0] for o in outs], dim=1)
     return y, (torch.cat([o[1] for o in outs]) if output_final_state else None)
@@ -67,9 +74,12 @@ def samu_mixer(x, nu, theta_log, directions, amplitudes, *, initial_state=None, 
             y, h = choice.variant.run(x.contiguous(), nu, theta_log, directions, amplitudes, h0, radial_bound)
         return _finish(y, h, x, output_final_state)
 
+    def native(variant, x, h0, offsets):
+        return variant.run(x, nu, theta_log, directions, amplitudes, h0, radial_bound, cu_seqlens=offsets)
+
     if cu_seqlens is None:
         return run(x, initial_state)
-    return _packed(run, x, initial_state, output_final_state, cu_seqlens)
+    return _packed("samu", backend, 16, native, run, x, initial_state, output_final_state, cu_seqlens)
 
 
 def rglru_mixer(x, w_a, b_a, w_x, b_x, a_param, *, initial_state=None, output_final_state=False,
@@ -105,6 +115,9 @@ def rglru_mixer(x, w_a, b_a, w_x, b_x, a_param, *, initial_state=None, output_fi
             y, h = choice.variant.run(x.contiguous(), w_a, b_a, w_x, b_x, a_param, h0, c)
         return _finish(y, h, x, output_final_state)
 
+    def native(variant, x, h0, offsets):
+        return variant.run(x, w_a, b_a, w_x, b_x, a_param, h0, c, cu_seqlens=offsets)
+
     if cu_seqlens is None:
         return run(x, initial_state)
-    return _packed(run, x, initial_state, output_final_state, cu_seqlens)
+    return _packed("rglru", backend, w_a.shape[0], native, run, x, initial_state, output_final_state, cu_seqlens)

@@ -3,12 +3,14 @@ flash-linear-attention packs them. ``cu_seqlens`` holds the N + 1 offsets, 0 fir
 document at least one token long: an int32 or int64 tensor, or a list of ints (what a model passes its
 layers, so that a device tensor is read once, not once per layer).
 
-A packed call is exactly the concatenation of one call per document, each from its own initial state
-(row n of an [N, ...] state, zeros when it is None), and its final states are stacked [N, ...]: that is
-how every backend runs it today (each document through the op's own dispatch); no state and no Conv1D
-window crosses a boundary. Reading the offsets is a host synchronisation for a CUDA tensor, so packed
-calls are refused inside torch.compile and CUDA-graph capture until the kernels take the offsets
-themselves.
+A packed call is the concatenation of one call per document, each from its own initial state (row n
+of an [N, ...] state, zeros when it is None), and its final states are stacked [N, ...]; no state and
+no Conv1D window crosses a boundary. The Triton variants that pack (dispatch's ``packs``) run it in one
+call, restarting the recurrence where a sequence opens (``sequence_index``); every other backend runs
+one call per document, each through the op's own dispatch. Reading the offsets is a host
+synchronisation for a CUDA tensor, so packed calls are refused inside torch.compile and CUDA-graph
+capture; a model reads them once per forward and hands its layers ints (``device_offsets`` makes the
+kernels' copy once).
 """
 
 from __future__ import annotations
@@ -43,3 +45,27 @@ def per_sequence(run, x: torch.Tensor, offsets: list[int], state=None) -> list:
     """run(x[:, a:b], row n of ``state`` or None) for each packed sequence n, in order."""
     return [run(x[:, a:b], None if state is None else state[n:n + 1])
             for n, (a, b) in enumerate(zip(offsets, offsets[1:]))]
+
+
+def sequence_index(cu_seqlens: torch.Tensor, L: int) -> torch.Tensor:
+    """The sequence of each of the L packed tokens, int32 [L], computed on cu_seqlens' device (no
+    synchronisation): token t belongs to sequence n where cu_seqlens[n] <= t < cu_seqlens[n + 1]."""
+    t = torch.arange(L, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
+    return torch.searchsorted(cu_seqlens[1:], t, right=True).to(torch.int32)
+
+
+_on_device: dict = {}   # (offsets, device) -> int32 tensor: a model's layers share one copy
+
+
+def device_offsets(offsets: list[int], device: torch.device) -> torch.Tensor:
+    """Checked ``offsets`` as an int32 tensor on ``device``, copied once for all the calls that share them
+    (to CUDA through pinned memory, without waiting for the device)."""
+    key = (tuple(offsets), torch.device(device))
+    found = _on_device.get(key)
+    if found is None:
+        if len(_on_device) >= 8:
+            _on_device.clear()
+        host = torch.tensor(offsets, dtype=torch.int32)
+        found = _on_device[key] = (host.pin_memory().to(device, non_blocking=True) if key[1].type == "cuda"
+                                   else host.to(device))
+    return found

@@ -112,9 +112,11 @@ def test_packed_gates_judge_each_sequence_against_its_own_reference(dummy_varian
         # the bad dummy's 0.1% error hides under bf16's rounding, not under the fp32 rule
         assert row["pass"] == (row["backend"] != "test_gate_bad" or row["dtype"] == "bfloat16"), row
         assert set(row["errors"]) == set(quantities(row["op"]))
-    # packed rows speak for no dispatch class: each sequence ran through dispatch as its own call
-    assert status_from_records([("r", {**record, "kind": "gate", "created": "x"})]) == {
-        "blocked": [], "passed": [], "platforms": [], "sources": []}
+    # packed rows speak for packed classes only
+    status = status_from_records([("r", {**record, "kind": "gate", "created": "x"})])
+    packed = dispatch.shape_class(61, 8, torch.float32, packed=True)
+    assert packed.endswith("|packed") and ["samu", "test_gate_bad", packed] in status["blocked"]
+    assert all(cls.endswith("|packed") for _, _, cls in status["blocked"] + status["passed"])
 
 
 def test_a_state_crossing_a_boundary_fails_the_packed_gate(monkeypatch):
@@ -124,9 +126,9 @@ def test_a_state_crossing_a_boundary_fails_the_packed_gate(monkeypatch):
     # right final states
     packed = functional._packed
 
-    def leaking(run, x, h0, output_final_state, cu_seqlens):
-        y, _ = packed(run, x, h0[:1], output_final_state, [0, x.shape[1]])
-        return y, packed(run, x, h0, output_final_state, cu_seqlens)[1]
+    def leaking(op, backend, heads, native, run, x, h0, output_final_state, cu_seqlens):
+        y, _ = packed(op, backend, heads, native, run, x, h0[:1], output_final_state, [0, x.shape[1]])
+        return y, packed(op, backend, heads, native, run, x, h0, output_final_state, cu_seqlens)[1]
 
     monkeypatch.setattr(functional, "_packed", leaking)
     record = run_gates(["samu"], [(1, 40, 8)], [torch.float32], ["torch"], "cpu", progress=False, documents=3)

@@ -202,6 +202,47 @@ def test_fallback_says_when_the_torch_path_failed_its_own_gate(empty_status):
     assert choice.backend == "torch" and "failed its own gate" in choice.reason
 
 
+@needs_triton
+def test_packed_calls_choose_by_packed_classes_or_run_per_sequence(empty_status, monkeypatch):
+    import json
+
+    variants = dispatch.variants("samu")
+    assert all(v.packs for v in variants.values()) and not any(v.packs for v in dispatch.variants("rglru").values())
+    # an unpacked pass does not speak for packed calls: the packed class is gated on first use, with --documents
+    passed = [["samu", n, dispatch.gate_class(v, 1, 64, 8, 16, torch.bfloat16)] for n, v in variants.items()]
+    empty_status.user_file().parent.mkdir(parents=True)
+    empty_status.user_file().write_text(json.dumps({"passed": passed, "blocked": []}))
+    empty_status.reload()
+    calls = []
+
+    def fake_gate(cmd, **kw):
+        calls.append(cmd)
+        names = cmd[cmd.index("--backends") + 1].split(",")
+        packed = [["samu", n, dispatch.gate_class(variants[n], 1, 64, 8, 16, torch.bfloat16, packed=True)]
+                  for n in names]
+        empty_status.user_file().write_text(json.dumps({"passed": passed + packed, "blocked": []}))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(dispatch.subprocess, "run", fake_gate)
+    assert dispatch.choose("samu", 1, 64, 8, torch.bfloat16, "cuda").backend == "triton" and not calls
+    choice = dispatch.choose("samu", 1, 64, 8, torch.bfloat16, "cuda", packed=True)
+    assert choice.backend == "triton" and choice.variant.packs and "|packed" in choice.reason
+    (cmd,) = calls
+    assert cmd[cmd.index("--documents") + 1] == str(dispatch.GATE_DOCUMENTS)
+    # where no packing variant passed, and for RG-LRU (none packs yet), one call per sequence
+    blocked = [["samu", n, dispatch.gate_class(v, 1, 64, 8, 16, torch.float16, packed=True)]
+               for n, v in variants.items()]
+    empty_status.user_file().write_text(json.dumps({"passed": [], "blocked": blocked}))
+    empty_status.reload()
+    assert dispatch.choose("samu", 1, 64, 8, torch.float16, "cuda", packed=True).backend == "per_sequence"
+    assert dispatch.choose("samu", 1, 64, 8, torch.float16, "cuda", backend="triton", packed=True).backend == \
+        "per_sequence"
+    assert dispatch.choose("rglru", 1, 64, 32, torch.float16, "cuda", heads=2, packed=True).backend == "per_sequence"
+    name = sorted(variants)[0]
+    assert dispatch.choose("samu", 1, 64, 8, torch.float16, "cuda", backend=name, packed=True).variant.name == name
+    assert dispatch.choose("samu", 1, 64, 8, torch.float16, "cpu", packed=True).backend == "torch"
+
+
 _real_can_gate = dispatch._can_gate
 
 

@@ -1,9 +1,10 @@
 """Packed sequences (cu_seqlens, samu.ops.packing): a packed call equals one call per sequence, for both
 mixers in every backend (the Triton variants in the interpreter on CPU), for the block (whose Conv1D
 restarts at each boundary) and for the model: for the mixers outputs, final states and every gradient bit
-for bit (each sequence runs through the same dispatch as an unpacked call), for the block and the model
-within fp32 rounding (their GEMMs over all rows may round unlike GEMMs over a piece). Bad offsets fail
-with one line."""
+for bit where each sequence runs through the same dispatch as an unpacked call, within fp32 rounding for
+the Triton variants that pack (one call: its chunks and sums span the boundaries), for the block and the
+model within fp32 rounding (their GEMMs over all rows may round unlike GEMMs over a piece). Bad offsets
+fail with one line."""
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from samu import rglru_mixer, samu_mixer
 from samu.models import LanguageModel, LMConfig
 from samu.modules import RecurrentBlock
 from samu.ops import dispatch
-from tests.helpers import randn, rglru_params, samu_params
+from tests.helpers import randn, rel_err, rglru_params, samu_params
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # lengths 1, one chunk exactly (32; RG-LRU's chunk is 16), a chunk and a bit, a few tokens, and random ones
@@ -53,8 +54,12 @@ def test_a_packed_mixer_call_equals_one_call_per_sequence(op):
             hs.append(h_n)
         y_sep, h_sep = torch.cat(ys, 1), torch.cat(hs)
         separate = [y_sep, h_sep, *_grads([y_sep, h_sep], [x, h0, *params], 0)]
+        native = backend in dispatch.variants(op) and dispatch.variants(op)[backend].packs
         for i, (p, s) in enumerate(zip(packed, separate)):
-            assert torch.equal(p, s), (backend, i)
+            if native:
+                assert rel_err(p, s) < 1e-5, (backend, i, rel_err(p, s))
+            else:
+                assert torch.equal(p, s), (backend, i)
         # no state crosses a boundary: changing the third sequence's input leaves every other output alone
         x2 = x.detach().clone()
         x2[:, 6:43] += 1.0

@@ -140,6 +140,44 @@ def test_matches_torch_path_with_split_sequence():
     assert rel_err(torch.cat([y1, y2], 1), y) < 1e-6 and rel_err(h2, h) < 1e-6
 
 
+def _packed_config(config):
+    from samu.ops.samu.function import run
+
+    def mixer(x, nu, theta_log, directions, amplitudes, *, initial_state=None, output_final_state=False,
+              radial_bound=2.0, cu_seqlens=None):
+        return run(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, config, cu_seqlens)
+
+    return mixer
+
+
+# packed sequences: lengths 1, a chunk exactly, a chunk and one, ragged; boundaries at chunk edges and inside
+PACKED = [0, 1, 9, 17, 18, 40, 41, 44, 70]
+
+
+@pytest.mark.parametrize("K,BN,G,with_state", [(8, 4, 1, True), (8, 4, 2, False), (4, 2, 4, True)])
+def test_packed_kernels_pass_the_gate_per_sequence(K, BN, G, with_state):
+    """One packed call restarts at every boundary: each sequence against the reference run alone."""
+    assert_gate(gate_check("samu", _packed_config(_config(K, BN, G)), torch.float32, 1, PACKED[-1], 10, seed=K + G,
+                           with_state=with_state, device=DEVICE, cu_seqlens=PACKED))
+
+
+def test_packed_kernels_without_a_final_state_cotangent():
+    """No final-state cotangent (the final state unused) gives the gradients of a zero one, bit for bit."""
+    from samu.ops.samu.function import run
+
+    x = randn((1, PACKED[-1], 8), 3, device=DEVICE)
+    params = samu_params(8, 4, device=DEVICE)
+    h0 = randn((len(PACKED) - 1, 8), 5, device=DEVICE)
+    cu = torch.tensor(PACKED, dtype=torch.int32, device=DEVICE)
+    dy = randn(x.shape, 6, device=DEVICE, requires_grad=False)
+    y, h = run(x, *params, h0, 2.0, _config(8, 4, 2), cu)
+    without = torch.autograd.grad(y, [x, h0, *params], dy)
+    y, h = run(x, *params, h0, 2.0, _config(8, 4, 2), cu)
+    zero = torch.autograd.grad([y, h], [x, h0, *params], [dy, torch.zeros_like(h)])
+    for a, b in zip(without, zero):
+        assert torch.equal(a, b)
+
+
 def test_custom_ops_pass_opcheck():
     from samu.ops.samu.function import samu_fwd
 
@@ -147,7 +185,12 @@ def test_custom_ops_pass_opcheck():
     x = randn((B, L, D), 8, device=DEVICE)
     nu, theta_log, directions, amplitudes = samu_params(D, 9, device=DEVICE)
     h0 = randn((B, D), 10, device=DEVICE)
-    torch.library.opcheck(samu_fwd, (x, nu, theta_log, directions, amplitudes, h0, 2.0, [8, 4, 2, 1, 3, 2]),
+    torch.library.opcheck(samu_fwd, (x, nu, theta_log, directions, amplitudes, h0, None, 2.0, [8, 4, 2, 1, 3, 2]),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    # packed: three sequences, states [3, D]
+    cu = torch.tensor([0, 1, 5, 9], dtype=torch.int32, device=DEVICE)
+    h0 = randn((3, D), 10, device=DEVICE)
+    torch.library.opcheck(samu_fwd, (x, nu, theta_log, directions, amplitudes, h0, cu, 2.0, [8, 4, 2, 1, 3, 2]),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 
@@ -168,6 +211,19 @@ def test_compiles_without_graph_breaks():
     want = torch.autograd.grad(loss(x, *params), [x, *params])
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+    # a packed call traces too: the offsets are a tensor input, their sequence index computed by torch ops
+    cu = torch.tensor([0, 2, 9], dtype=torch.int32, device=DEVICE)
+
+    def packed_loss(x, cu, *params):
+        y, h = run(x, *params, None, 2.0, Config(8, 4, 2), cu_seqlens=cu)
+        return (y * y).sum() + (h * h).sum()
+
+    compiled = torch.compile(packed_loss, fullgraph=True, backend="aot_eager")
+    for offsets in (cu, torch.tensor([0, 4, 5, 9], dtype=torch.int32, device=DEVICE)):
+        got = torch.autograd.grad(compiled(x, offsets, *params), [x, *params])
+        want = torch.autograd.grad(packed_loss(x, offsets, *params), [x, *params])
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.gpu

@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from samu.ops import dispatch
+from samu.ops.packing import sequence_index
 from samu.ops.samu.triton_bwd import bwd, slot_count
 from samu.ops.samu.triton_fwd import CTL, fwd
 from samu.ops.triton_utils import cdiv, next_power_of_2
@@ -43,68 +44,85 @@ class Config:
         return [self.K, self.BN, self.G, self.num_warps, self.slots_per_sm, self.unroll]
 
 
-def _fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, config):
+def _fwd(x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config):
     K, BN, G, num_warps, _, unroll = config
+    seq, n_seqs = (None, None) if cu_seqlens is None else (sequence_index(cu_seqlens, x.shape[1]), len(cu_seqlens) - 1)
     return fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, K=K, BN=BN, G=G,
-               num_warps=num_warps, unroll=unroll, empty=_empty)
+               num_warps=num_warps, unroll=unroll, empty=_empty, seq=seq, n_seqs=n_seqs)
 
 
-def _bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound, config):
+def _bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, cu_seqlens, initial_state,
+         radial_bound, config):
     K, BN, G, num_warps, slots_per_sm, unroll = config
+    seq = None if cu_seqlens is None else sequence_index(cu_seqlens, x.shape[1])
     return bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound,
-               K=K, BN=BN, G=G, num_warps=num_warps, slots_per_sm=slots_per_sm, unroll=unroll, empty=_empty)
+               K=K, BN=BN, G=G, num_warps=num_warps, slots_per_sm=slots_per_sm, unroll=unroll, empty=_empty,
+               seq=seq, h0=initial_state)
+
+
+def _rows(x, cu_seqlens) -> int:
+    """Rows of the states: the batch, or the packed sequences."""
+    return x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
 
 
 @torch.library.custom_op("samu::samu_fwd", mutates_args=())
 def samu_fwd(x: torch.Tensor, nu: torch.Tensor, theta_log: torch.Tensor, directions: torch.Tensor,
-             amplitudes: torch.Tensor, initial_state: Optional[torch.Tensor], radial_bound: float,
-             config: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, config)
+             amplitudes: torch.Tensor, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+             radial_bound: float, config: list[int]
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _fwd(x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config)
 
 
 @samu_fwd.register_fake
-def _(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, config):
+def _(x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config):
     B, L, D = x.shape
     f32 = dict(device=x.device, dtype=torch.float32)
-    return (x.new_empty(B, L, D), x.new_empty(B, D, **f32), x.new_empty(B, CTL.value, L, **f32),
+    return (x.new_empty(B, L, D), x.new_empty(_rows(x, cu_seqlens), D, **f32), x.new_empty(B, CTL.value, L, **f32),
             x.new_empty(2, **f32), x.new_empty(B, cdiv(L, config[0]), D, **f32))
 
 
 @torch.library.custom_op("samu::samu_bwd", mutates_args=())
 def samu_bwd(dy: torch.Tensor, dfinal: Optional[torch.Tensor], x: torch.Tensor, nu: torch.Tensor,
              theta_log: torch.Tensor, directions: torch.Tensor, amplitudes: torch.Tensor, has_h0: bool,
-             ctl: torch.Tensor, rnorm: torch.Tensor, bound: torch.Tensor, radial_bound: float, config: list[int]
+             ctl: torch.Tensor, rnorm: torch.Tensor, bound: torch.Tensor, cu_seqlens: Optional[torch.Tensor],
+             initial_state: Optional[torch.Tensor], radial_bound: float, config: list[int]
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dx, dnu, dtheta, ddir, damp, dh0 = _bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl,
-                                            rnorm, bound, radial_bound, config)
+                                            rnorm, bound, cu_seqlens, initial_state, radial_bound, config)
     # custom ops return fresh tensors: views of one buffer are copied out
     dh0 = dh0 if has_h0 else x.new_empty(0, dtype=torch.float32)
     return dx, dnu.clone(), dtheta.clone(), ddir.clone(), damp.clone(), dh0
 
 
 @samu_bwd.register_fake
-def _(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound, config):
+def _(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, cu_seqlens, initial_state,
+      radial_bound, config):
     B, L, D = x.shape
     f32 = dict(device=x.device, dtype=torch.float32)
     return (x.new_empty(B, L, D), x.new_empty(D // 2, **f32), x.new_empty(D // 2, **f32),
             x.new_empty(2, D, **f32), x.new_empty(2, 2, **f32),
-            x.new_empty(B, D, **f32) if has_h0 else x.new_empty(0, **f32))
+            x.new_empty(_rows(x, cu_seqlens), D, **f32) if has_h0 else x.new_empty(0, **f32))
 
 
-def _save(ctx, x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, config, ctl, rnorm, bound):
-    ctx.save_for_backward(x, nu, theta_log, directions, amplitudes, ctl, rnorm, bound)
+def _save(ctx, x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config, ctl, rnorm,
+          bound):
+    # packed, the backward restarts each sequence from its initial state, so it is kept (else it is in bound)
+    kept = () if cu_seqlens is None else (cu_seqlens,) + (() if initial_state is None else (initial_state,))
+    ctx.save_for_backward(x, nu, theta_log, directions, amplitudes, ctl, rnorm, bound, *kept)
     ctx.radial_bound, ctx.config = radial_bound, config
     ctx.has_h0 = initial_state is not None
 
 
 def _gradients(ctx, dy, dfinal, backward):
     """Input and parameter gradients from the saved context, with ``backward`` = the op or ``_bwd``."""
-    x, nu, theta_log, directions, amplitudes, ctl, rnorm, bound = ctx.saved_tensors
+    x, nu, theta_log, directions, amplitudes, ctl, rnorm, bound, *kept = ctx.saved_tensors
+    cu_seqlens, initial_state = (kept + [None, None])[:2]
     dy = torch.zeros_like(x) if dy is None else dy.contiguous()
     dfinal = None if dfinal is None else dfinal.float().contiguous()
     dx, dnu, dtheta, ddir, damp, dh0 = backward(dy, dfinal, x, nu, theta_log, directions, amplitudes, ctx.has_h0,
-                                                ctl, rnorm, bound, ctx.radial_bound, ctx.config)
-    return dx, dnu, dtheta, ddir, damp, (dh0 if ctx.has_h0 else None), None, None
+                                                ctl, rnorm, bound, cu_seqlens, initial_state, ctx.radial_bound,
+                                                ctx.config)
+    return dx, dnu, dtheta, ddir, damp, (dh0 if ctx.has_h0 else None), None, None, None
 
 
 def _setup_context(ctx, inputs, output):
@@ -125,10 +143,11 @@ class _Eager(torch.autograd.Function):
     ~0.2 ms of host time each; torch.compile traces the custom ops instead."""
 
     @staticmethod
-    def forward(ctx, x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, config):
-        y, final, ctl, rnorm, bound = _fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound,
-                                           config)
-        _save(ctx, x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, config, ctl, rnorm, bound)
+    def forward(ctx, x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config):
+        y, final, ctl, rnorm, bound = _fwd(x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens,
+                                           radial_bound, config)
+        _save(ctx, x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config, ctl,
+              rnorm, bound)
         return y, final
 
     @staticmethod
@@ -136,11 +155,12 @@ class _Eager(torch.autograd.Function):
         return _gradients(ctx, dy, dfinal, _bwd)
 
 
-def run(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, config: Config):
-    """Differentiable SAMU forward with one Triton configuration: (y, final_state fp32)."""
+def run(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, config: Config, cu_seqlens=None):
+    """Differentiable SAMU forward with one Triton configuration: (y, final_state fp32). ``cu_seqlens``: a
+    checked int32 device tensor of packed offsets (B = 1; states [N, D])."""
     params = [p.float().contiguous() for p in (nu, theta_log, directions, amplitudes)]
     h0 = None if initial_state is None else initial_state.float().contiguous()
-    args = (x.contiguous(), *params, h0, float(radial_bound), config.as_list())
+    args = (x.contiguous(), *params, h0, cu_seqlens, float(radial_bound), config.as_list())
     if torch.compiler.is_compiling():
         y, final, *_ = samu_fwd(*args)
     else:
@@ -186,7 +206,9 @@ def _scratch(config_of):
 def _variant(name, config_of, preference, description):
     return dispatch.register(dispatch.Variant(
         op="samu", name=name,
-        run=lambda x, nu, th, u, a, h0, kappa: run(x, nu, th, u, a, h0, kappa, config_of(*x.shape)),
+        run=lambda x, nu, th, u, a, h0, kappa, cu_seqlens=None: run(x, nu, th, u, a, h0, kappa, config_of(*x.shape),
+                                                                   cu_seqlens),
+        packs=True,
         preference=lambda B, L, D, H: preference(B, L, D), scratch=_scratch(config_of), description=description,
         settings=lambda B, L, D, H, dtype: str(config_of(B, L, D)),
         numerics=lambda B, L, D, H, dtype: _numerics(config_of(B, L, D))))

@@ -14,7 +14,10 @@ Layouts (fp32 unless noted; complex quantities in fused coordinates, real parts 
   groups    [B, nG, 2, D]   per group: the same over the whole group
   start     [B, nG, D]      state entering each group (outer prefix)
   bound     [B, nC, D]      state entering each chunk (saved for backward)
-See README.md beside this file for the derivation.
+  seq       [L] int32       packed calls (B = 1): the sequence of each token (packing.sequence_index)
+See README.md beside this file for the derivation. A packed call restarts the recurrence where a
+sequence opens: the state carried in becomes that sequence's initial state (or zero) and the carried
+transition zero, so no state crosses a boundary; its final state is stored where it closes.
 """
 
 from __future__ import annotations
@@ -124,6 +127,25 @@ def _store_quad(ptr, off, N, D, b_ar, b_ai, b_br, b_bi, mask):
 
 
 @triton.jit
+def _opens(seq, t, L, valid):
+    """(whether token t opens its packed sequence, that sequence's index) from the per-token index ``seq``."""
+    n = tl.load(seq + _clamp(t, L))
+    prev = tl.load(seq + _clamp(t - 1, L))
+    return valid & ((t == 0) | (prev != n)), n
+
+
+@triton.jit
+def _restart(opens, n, h0, b_hr, b_hi, i_n, N, D, mask_n, HAS_H0: tl.constexpr):
+    """The state carried into a token that opens sequence n: its initial state (row n of h0) or zero."""
+    if HAS_H0:
+        b_sr, b_si = _load_pair(h0, n.to(tl.int64) * D + i_n, N, _both(mask_n, opens))
+    else:
+        b_sr = tl.zeros_like(b_hr)
+        b_si = tl.zeros_like(b_hi)
+    return tl.where(opens, b_sr, b_hr), tl.where(opens, b_si, b_hi)
+
+
+@triton.jit
 def _input_step(p_x, p_m, p_c, t, L, N, mask_n, valid, b_rate, b_ch, b_cl, b_sh, b_sl):
     """Transition and input of token t, [BN] each, from pointers to its x row and the row's m (ctl)
     and cos (trig) planes; identity (lambda = 1, input 0) where not valid (past L)."""
@@ -180,9 +202,10 @@ def _controller_kernel(x, directions, amplitudes, ctl, trig, rnorm, L, D, kappa,
 
 
 @triton.jit
-def _summary_kernel(x, ctl, trig, nu, theta_log, csum, L, D, N, n_chunks, K: tl.constexpr, BN: tl.constexpr,
-                    U: tl.constexpr):
-    """(prod lambda, state reached from zero) of one chunk, for one mode tile."""
+def _summary_kernel(x, ctl, trig, nu, theta_log, csum, seq, h0, L, D, N, n_chunks, K: tl.constexpr, BN: tl.constexpr,
+                    U: tl.constexpr, VARLEN: tl.constexpr, HAS_H0: tl.constexpr):
+    """(prod lambda, state reached from zero) of one chunk, for one mode tile. Packed (VARLEN), where a
+    sequence opens the product restarts from zero and the state from that sequence's initial state."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
@@ -196,6 +219,11 @@ def _summary_kernel(x, ctl, trig, nu, theta_log, csum, L, D, N, n_chunks, K: tl.
     b_er = tl.zeros([BN], dtype=tl.float32)
     b_ei = tl.zeros([BN], dtype=tl.float32)
     for _ in tl.range(K, loop_unroll_factor=U):
+        if VARLEN:
+            opens, n = _opens(seq, t, L, t < L)
+            b_er, b_ei = _restart(opens, n, h0, b_er, b_ei, i_n, N, D, mask_n, HAS_H0)
+            b_pr = tl.where(opens, 0.0, b_pr)
+            b_pi = tl.where(opens, 0.0, b_pi)
         _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, p_c, t, L, N, mask_n, t < L,
                                                         b_rate, b_ch, b_cl, b_sh, b_sl)
         b_er, b_ei = _cfma(b_lr, b_li, b_er, b_ei, b_g * b_zr, b_g * b_zi)
@@ -283,9 +311,11 @@ def _entering(ck, start, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G):
 
 
 @triton.jit
-def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, L, D, N, n_chunks, n_groups,
-                   K: tl.constexpr, BN: tl.constexpr, U: tl.constexpr, G, HAS_FINAL: tl.constexpr):
-    """Rerun each chunk from its entering state and write y (and the final state)."""
+def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, seq, h0, L, D, N, n_chunks, n_groups,
+                   K: tl.constexpr, BN: tl.constexpr, U: tl.constexpr, G, HAS_FINAL: tl.constexpr,
+                   VARLEN: tl.constexpr, HAS_H0: tl.constexpr):
+    """Rerun each chunk from its entering state and write y (and the final state; packed, each
+    sequence's final state where it closes)."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
@@ -302,26 +332,36 @@ def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, L, D
     p_y = y + row
     for _ in tl.range(K, loop_unroll_factor=U):
         valid = t < L
+        if VARLEN:
+            opens, n = _opens(seq, t, L, valid)
+            b_hr, b_hi = _restart(opens, n, h0, b_hr, b_hi, i_n, N, D, mask_n, HAS_H0)
         _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, p_c, t, L, N, mask_n, valid,
                                                         b_rate, b_ch, b_cl, b_sh, b_sl)
         b_hr, b_hi = _cfma(b_lr, b_li, b_hr, b_hi, b_g * b_zr, b_g * b_zi)
         _store_pair(p_y, 0, N, b_hr, b_hi, _both(mask_n, valid))
+        if VARLEN:
+            if HAS_FINAL:
+                closes = valid & ((t == L - 1) | (tl.load(seq + _clamp(t + 1, L)) != n))
+                _store_pair(final, n.to(tl.int64) * D + i_n, N, b_hr, b_hi, _both(mask_n, closes))
         t += 1
         p_x += D
         p_y += D
-    if HAS_FINAL:
+    if HAS_FINAL and not VARLEN:
         # tokens past L are identity steps, so the chunk's last state is the state after token L-1
         _store_pair(final, i_b.to(tl.int64) * D + i_n, N, b_hr, b_hi, _both(mask_n, i_c == n_chunks - 1))
 
 
 def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *, K, BN, G,
-        num_warps=1, unroll=1, want_final=True, empty=torch.empty):
+        num_warps=1, unroll=1, want_final=True, empty=torch.empty, seq=None, n_seqs=None):
     """Forward pass. Returns y [B, L, D] (x.dtype), final [B, D] fp32 (or None), and the saved
     tensors for backward: ctl [B, 4, L], rnorm [2], bound [B, nC, D] (spec §3.1's list).
 
+    Packed (``seq`` [L] int32, the sequence of each token, and ``n_seqs`` = N, with B = 1):
+    initial_state and final are [N, D], one row per sequence.
     ``empty`` allocates every output (tests pass one that fills NaN, so unwritten elements show).
     """
     B, L, D = x.shape
+    varlen = seq is not None
     N = D // 2
     n_chunks = cdiv(L, K)
     n_tiles = cdiv(N, BN)
@@ -333,14 +373,18 @@ def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *
     launch(_controller_kernel, (cdiv(L, BT), B), x, directions, amplitudes, ctl, trig, rnorm, L, D, float(radial_bound),
            BT=BT, BD=min(256, next_power_of_2(D)), num_warps=4)
     csum = empty(B, n_chunks, 2, D, **f32)
-    launch(_summary_kernel, (n_chunks, n_tiles, B), x, ctl, trig, nu, theta_log, csum, L, D, N, n_chunks, K=K, BN=BN,
-           U=unroll, num_warps=num_warps)
-    ck, start = prefix(csum, initial_state, G=G, BN=BN, empty=empty)
+    # packed, each sequence's initial state enters where it opens (in the walks), not at the left end
+    has_h0 = varlen and initial_state is not None
+    h0 = initial_state if has_h0 else csum
+    seq_arg = seq if varlen else csum
+    launch(_summary_kernel, (n_chunks, n_tiles, B), x, ctl, trig, nu, theta_log, csum, seq_arg, h0, L, D, N, n_chunks,
+           K=K, BN=BN, U=unroll, VARLEN=varlen, HAS_H0=has_h0, num_warps=num_warps)
+    ck, start = prefix(csum, None if varlen else initial_state, G=G, BN=BN, empty=empty)
     n_groups = start.shape[1]
     y = empty(B, L, D, device=x.device, dtype=x.dtype)
     bound = empty(B, n_chunks, D, **f32)
-    final = empty(B, D, **f32) if want_final else None
+    final = empty(n_seqs if varlen else B, D, **f32) if want_final else None
     launch(_replay_kernel, (n_chunks, n_tiles, B), x, ctl, trig, nu, theta_log, ck if G > 1 else start, start, y, bound,
-           final if want_final else bound, L, D, N, n_chunks, n_groups,
-           K=K, BN=BN, U=unroll, G=G, HAS_FINAL=want_final, num_warps=num_warps)
+           final if want_final else bound, seq_arg, h0, L, D, N, n_chunks, n_groups,
+           K=K, BN=BN, U=unroll, G=G, HAS_FINAL=want_final, VARLEN=varlen, HAS_H0=has_h0, num_warps=num_warps)
     return y, final, ctl, rnorm, bound
