@@ -207,7 +207,7 @@ def test_packed_calls_choose_by_packed_classes_or_run_per_sequence(empty_status,
     import json
 
     variants = dispatch.variants("samu")
-    assert all(v.packs for v in variants.values()) and not any(v.packs for v in dispatch.variants("rglru").values())
+    assert all(v.packs for op in dispatch.OPS for v in dispatch.variants(op).values())
     # an unpacked pass does not speak for packed calls: the packed class is gated on first use, with --documents
     passed = [["samu", n, dispatch.gate_class(v, 1, 64, 8, 16, torch.bfloat16)] for n, v in variants.items()]
     empty_status.user_file().parent.mkdir(parents=True)
@@ -229,7 +229,7 @@ def test_packed_calls_choose_by_packed_classes_or_run_per_sequence(empty_status,
     assert choice.backend == "triton" and choice.variant.packs and "|packed" in choice.reason
     (cmd,) = calls
     assert cmd[cmd.index("--documents") + 1] == str(dispatch.GATE_DOCUMENTS)
-    # where no packing variant passed, and for RG-LRU (none packs yet), one call per sequence
+    # where no packing variant passed, one call per sequence
     blocked = [["samu", n, dispatch.gate_class(v, 1, 64, 8, 16, torch.float16, packed=True)]
                for n, v in variants.items()]
     empty_status.user_file().write_text(json.dumps({"passed": [], "blocked": blocked}))
@@ -237,7 +237,6 @@ def test_packed_calls_choose_by_packed_classes_or_run_per_sequence(empty_status,
     assert dispatch.choose("samu", 1, 64, 8, torch.float16, "cuda", packed=True).backend == "per_sequence"
     assert dispatch.choose("samu", 1, 64, 8, torch.float16, "cuda", backend="triton", packed=True).backend == \
         "per_sequence"
-    assert dispatch.choose("rglru", 1, 64, 32, torch.float16, "cuda", heads=2, packed=True).backend == "per_sequence"
     name = sorted(variants)[0]
     assert dispatch.choose("samu", 1, 64, 8, torch.float16, "cuda", backend=name, packed=True).variant.name == name
     assert dispatch.choose("samu", 1, 64, 8, torch.float16, "cpu", packed=True).backend == "torch"

@@ -167,14 +167,54 @@ def test_custom_ops_opcheck():
     checks = ("test_schema", "test_faketensor", "test_autograd_registration")
     # c, K, WC, G, G_dx, WC_dx, fast
     config = (8.0, 4, 4, 1, 1, 4, True)
-    args = (x, *params, h0, *config)
-    torch.library.opcheck(rglru_fwd_op, args, test_utils=checks)
-    _, _, states = rglru_fwd_op(*args)
     dy = randn((1, 20, 16), 3, device=DEVICE, requires_grad=False)
-    dh = randn((1, 16), 4, device=DEVICE, requires_grad=False)
     plain = [t.detach() for t in (x, *params)]
-    torch.library.opcheck(rglru_bwd_op, (dy, dh, *plain, True, states.detach(), *config),
-                          test_utils=("test_schema", "test_faketensor"))
+    # unpacked, then packed (three sequences, states [3, D])
+    cu = torch.tensor([0, 1, 9, 20], dtype=torch.int32, device=DEVICE)
+    for offsets, h0 in ((None, h0), (cu, randn((3, 16), 2, device=DEVICE))):
+        args = (x, *params, h0, offsets, *config)
+        torch.library.opcheck(rglru_fwd_op, args, test_utils=checks)
+        _, _, states = rglru_fwd_op(*args)
+        dh = randn((h0.shape[0], 16), 4, device=DEVICE, requires_grad=False)
+        torch.library.opcheck(rglru_bwd_op, (dy, dh, *plain, True, states.detach(), offsets, h0.detach(), *config),
+                              test_utils=("test_schema", "test_faketensor"))
+
+
+def _packed_config(config):
+    from samu.ops.rglru.function import run
+
+    def mixer(x, w_a, b_a, w_x, b_x, a_param, *, initial_state=None, output_final_state=False, c=8.0, cu_seqlens=None):
+        return run(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, config, cu_seqlens)
+
+    return mixer
+
+
+# packed sequences: lengths 1, a chunk exactly, a chunk and one, ragged; boundaries at chunk and step edges
+PACKED = [0, 1, 9, 17, 18, 40, 41, 44, 70]
+
+
+@pytest.mark.parametrize("cfg,with_state", [(dict(K=8, WC=2), True), (dict(target=8, K=4, WC=2, WC_dx=4), False)])
+def test_packed_kernels_pass_the_gate_per_sequence(cfg, with_state):
+    """One packed call restarts at every boundary: each sequence against the reference run alone."""
+    assert_gate(gate_check("rglru", _packed_config(_config(**cfg)), torch.float32, 1, PACKED[-1], 32, H=2, seed=7,
+                           with_state=with_state, device=DEVICE, cu_seqlens=PACKED))
+
+
+def test_packed_kernels_without_a_final_state_cotangent():
+    """No final-state cotangent (the final state unused) gives the gradients of a zero one, bit for bit."""
+    from samu.ops.rglru.function import run
+
+    x = randn((1, PACKED[-1], 16), 3, device=DEVICE)
+    params = rglru_params(16, 2, 4, device=DEVICE)
+    h0 = randn((len(PACKED) - 1, 16), 5, device=DEVICE)
+    cu = torch.tensor(PACKED, dtype=torch.int32, device=DEVICE)
+    dy = randn(x.shape, 6, device=DEVICE, requires_grad=False)
+    y, h = run(x, *params, h0, 8.0, _config(K=8, WC=2), cu)
+    without = torch.autograd.grad(y, [x, h0, *params], dy)
+    y, h = run(x, *params, h0, 8.0, _config(K=8, WC=2), cu)
+    zero = torch.autograd.grad([y, h], [x, h0, *params], [dy, torch.zeros_like(h)])
+    for a, b in zip(without, zero):
+        assert torch.equal(a, b)
 
 
 # ----------------------------------------------------------------------------------------------

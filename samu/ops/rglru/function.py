@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from samu.ops import dispatch
+from samu.ops.packing import sequence_index
 from samu.ops.rglru.triton_bwd import rglru_bwd
 from samu.ops.rglru.triton_fwd import MAX_GROUPS, channel_block, rglru_fwd, weight_width
 from samu.ops.triton_utils import cdiv
@@ -24,65 +25,83 @@ from samu.ops.triton_utils import cdiv
 Tensor = torch.Tensor
 
 
+def _fwd_positional(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, fast):
+    seq, n_seqs = (None, None) if cu_seqlens is None else (sequence_index(cu_seqlens, x.shape[1]), len(cu_seqlens) - 1)
+    return rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K=K, WC=WC, G=G, fast=fast, seq=seq,
+                     n_seqs=n_seqs)
+
+
+def _rows(x, cu_seqlens) -> int:
+    """Rows of the states: the batch, or the packed sequences."""
+    return x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+
+
 @torch.library.custom_op("samu::rglru_fwd", mutates_args=())
 def rglru_fwd_op(x: Tensor, w_a: Tensor, b_a: Tensor, w_x: Tensor, b_x: Tensor, a_param: Tensor,
-                 initial_state: Optional[Tensor], c: float, K: int, WC: int, G: int, G_dx: int,
-                 WC_dx: int, fast: bool) -> tuple[Tensor, Tensor, Tensor]:
+                 initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor], c: float, K: int, WC: int, G: int,
+                 G_dx: int, WC_dx: int, fast: bool) -> tuple[Tensor, Tensor, Tensor]:
     """Forward with chunks of K tokens, WC chunks per step, G steps per program; returns the states too."""
-    return rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K=K, WC=WC, G=G, fast=fast)
+    return _fwd_positional(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, fast)
 
 
 @rglru_fwd_op.register_fake
-def _(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K, WC, G, G_dx, WC_dx, fast):
+def _(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, G_dx, WC_dx, fast):
     B, L, D = x.shape
     f32 = dict(dtype=torch.float32)
-    return x.new_empty(B, L, D), x.new_empty(B, D, **f32), x.new_empty(B, cdiv(L, K), D, **f32)
+    return x.new_empty(B, L, D), x.new_empty(_rows(x, cu_seqlens), D, **f32), x.new_empty(B, cdiv(L, K), D, **f32)
 
 
-def _bwd_positional(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, c, K, WC, G, G_dx, WC_dx,
-                    fast):
+def _bwd_positional(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, cu_seqlens, initial_state, c, K,
+                    WC, G, G_dx, WC_dx, fast):
+    seq = None if cu_seqlens is None else sequence_index(cu_seqlens, x.shape[1])
     return rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, c, K=K, WC=WC, G=G, G_dx=G_dx,
-                     WC_dx=WC_dx, fast=fast)
+                     WC_dx=WC_dx, fast=fast, seq=seq, h0=initial_state)
 
 
 @torch.library.custom_op("samu::rglru_bwd", mutates_args=())
 def rglru_bwd_op(dy: Tensor, dh_last: Optional[Tensor], x: Tensor, w_a: Tensor, b_a: Tensor, w_x: Tensor,
-                 b_x: Tensor, a_param: Tensor, has_h0: bool, states: Tensor, c: float, K: int, WC: int, G: int,
-                 G_dx: int, WC_dx: int, fast: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                 b_x: Tensor, a_param: Tensor, has_h0: bool, states: Tensor, cu_seqlens: Optional[Tensor],
+                 initial_state: Optional[Tensor], c: float, K: int, WC: int, G: int, G_dx: int, WC_dx: int,
+                 fast: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Backward with the forward's chunking (``states`` holds the state entering every chunk)."""
     dx, dw_a, db_a, dw_x, db_x, da, dh0 = _bwd_positional(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0,
-                                                          states, c, K, WC, G, G_dx, WC_dx, fast)
+                                                          states, cu_seqlens, initial_state, c, K, WC, G, G_dx,
+                                                          WC_dx, fast)
     return dx, dw_a, db_a, dw_x, db_x, da, (dh0 if has_h0 else x.new_empty(0, dtype=torch.float32))
 
 
 @rglru_bwd_op.register_fake
-def _(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, c, K, WC, G, G_dx, WC_dx, fast):
+def _(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, cu_seqlens, initial_state, c, K, WC, G, G_dx,
+      WC_dx, fast):
     B, L, D = x.shape
     f32 = dict(dtype=torch.float32)
     return (x.new_empty(B, L, D), torch.empty_like(w_a), torch.empty_like(b_a), torch.empty_like(w_x),
             torch.empty_like(b_x), torch.empty_like(a_param),
-            x.new_empty(B, D, **f32) if has_h0 else x.new_empty(0, **f32))
+            x.new_empty(_rows(x, cu_seqlens), D, **f32) if has_h0 else x.new_empty(0, **f32))
 
 
-def _save(ctx, x, w_a, b_a, w_x, b_x, a_param, initial_state, config, states):
-    ctx.save_for_backward(x, w_a, b_a, w_x, b_x, a_param, states)
+def _save(ctx, x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, config, states):
+    # packed, the backward restarts each sequence from its initial state, so it is kept (else it is in states)
+    kept = () if cu_seqlens is None else (cu_seqlens,) + (() if initial_state is None else (initial_state,))
+    ctx.save_for_backward(x, w_a, b_a, w_x, b_x, a_param, states, *kept)
     ctx.has_h0 = initial_state is not None
     ctx.config = config
 
 
 def _gradients(ctx, dy, dh_last, backward):
-    """Input and parameter gradients from the saved context, with ``backward`` = the op or ``rglru_bwd``."""
-    x, w_a, b_a, w_x, b_x, a_param, states = ctx.saved_tensors
+    """Input and parameter gradients from the saved context, with ``backward`` = the op or ``_bwd_positional``."""
+    x, w_a, b_a, w_x, b_x, a_param, states, *kept = ctx.saved_tensors
+    cu_seqlens, initial_state = (kept + [None, None])[:2]
     dy = torch.zeros_like(x) if dy is None else dy.contiguous()
     dh_last = None if dh_last is None else dh_last.float().contiguous()
     dx, dw_a, db_a, dw_x, db_x, da, dh0 = backward(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, ctx.has_h0, states,
-                                                   *ctx.config)
-    return dx, dw_a, db_a, dw_x, db_x, da, (dh0 if ctx.has_h0 else None)
+                                                   cu_seqlens, initial_state, *ctx.config)
+    return dx, dw_a, db_a, dw_x, db_x, da, (dh0 if ctx.has_h0 else None), None
 
 
 def _setup_context(ctx, inputs, output):
-    *tensors, c, K, WC, G, G_dx, WC_dx, fast = inputs
-    _save(ctx, *tensors, (c, K, WC, G, G_dx, WC_dx, fast), output[2])
+    *tensors, cu_seqlens, c, K, WC, G, G_dx, WC_dx, fast = inputs
+    _save(ctx, *tensors, cu_seqlens, (c, K, WC, G, G_dx, WC_dx, fast), output[2])
     ctx.mark_non_differentiable(output[2])
 
 
@@ -98,9 +117,10 @@ class _Eager(torch.autograd.Function):
     call); torch.compile traces the custom ops instead."""
 
     @staticmethod
-    def forward(ctx, x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K, WC, G, G_dx, WC_dx, fast):
-        y, h, states = rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K=K, WC=WC, G=G, fast=fast)
-        _save(ctx, x, w_a, b_a, w_x, b_x, a_param, initial_state, (c, K, WC, G, G_dx, WC_dx, fast), states)
+    def forward(ctx, x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, G_dx, WC_dx, fast):
+        y, h, states = _fwd_positional(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, fast)
+        _save(ctx, x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, (c, K, WC, G, G_dx, WC_dx, fast),
+              states)
         return y, h
 
     @staticmethod
@@ -147,8 +167,9 @@ def dx_chunks(config: Config, n: int, dtype: torch.dtype) -> int:
     return 2 if dtype == torch.float32 and n > 128 else config.WC
 
 
-def run(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, config: Config):
-    """Differentiable RG-LRU forward with one Triton configuration: (y [B, L, D] x.dtype, h [B, D] fp32)."""
+def run(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, config: Config, cu_seqlens=None):
+    """Differentiable RG-LRU forward with one Triton configuration: (y [B, L, D] x.dtype, h [B, D] fp32).
+    ``cu_seqlens``: a checked int32 device tensor of packed offsets (B = 1; states [N, D])."""
     B, L, D = x.shape
     H = w_a.shape[0]
     n = D // H
@@ -157,7 +178,7 @@ def run(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, config: Config):
     G = config.steps_per_program(B, L, H * cdiv(n, channel_block(n)))
     WC_dx = dx_chunks(config, n, x.dtype)
     G_dx = config.steps_per_program(B, L, H, grouped=False, WC=WC_dx)
-    args = (x.contiguous(), *params, h0, float(c), config.K, config.WC, G, G_dx, WC_dx, config.fast)
+    args = (x.contiguous(), *params, h0, cu_seqlens, float(c), config.K, config.WC, G, G_dx, WC_dx, config.fast)
     if torch.compiler.is_compiling():
         y, h, _ = rglru_fwd_op(*args)
     else:
@@ -202,7 +223,9 @@ def scratch(config: Config):
 def _register(name, config, score, description):
     return dispatch.register(dispatch.Variant(
         op="rglru", name=name,
-        run=lambda x, w_a, b_a, w_x, b_x, a_param, h0, c: run(x, w_a, b_a, w_x, b_x, a_param, h0, c, config),
+        run=lambda x, w_a, b_a, w_x, b_x, a_param, h0, c, cu_seqlens=None: run(x, w_a, b_a, w_x, b_x, a_param, h0, c,
+                                                                              config, cu_seqlens),
+        packs=True,
         preference=lambda B, L, D, H: score if D % H == 0 else None,
         scratch=lambda B, L, D: scratch(config)(B, L, D), description=description,
         settings=lambda B, L, D, H, dtype: (f"{config}, H={H}, {_groups(config, B, L, D, H)} groups of "

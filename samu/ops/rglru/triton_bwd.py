@@ -7,7 +7,10 @@ and a fixed-order reduction of the parameter-gradient partials. Every chunk is i
 the state entering it (saved by the forward) and the adjoint entering it, so both main kernels take
 WC chunks per step, one per warp, and rebuild per chunk and channel tile the gates (from x), the
 state before every token and the adjoint, all in registers. Derivations are in README.md beside
-this file.
+this file. Packed calls (VARLEN) run on the forward's restarted transitions (triton_fwd's module
+docstring): the adjoint is cut before every token that opens a sequence, each sequence's final-state
+cotangent joins dy where it closes, and where it opens, a_t h_{t-1} is a_t times its initial state and
+d initial_state = a_t delta_t.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import triton
 import triton.language as tl
 
 from samu.ops.rglru.triton_fwd import (
+    _boundaries,
     _head_pieces,
     _head_rows,
     _trans3,
@@ -28,7 +32,9 @@ from samu.ops.rglru.triton_fwd import (
     _fold_groups,
     _gate_dot,
     _parts_dot,
+    _restart,
     _rows,
+    _rows_of,
     _rsqrt,
     _sigmoid,
     _sigmoid_channel,
@@ -97,7 +103,7 @@ def _scan_adjoint(b_af, b_dyf, K: tl.constexpr, MATH: tl.constexpr):
 @triton.jit
 def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e, m_t, X_PARTS: tl.constexpr,
                       ORDER: tl.constexpr, NPB: tl.constexpr, WC: tl.constexpr, K: tl.constexpr, BJ: tl.constexpr,
-                      MATH: tl.constexpr):
+                      MATH: tl.constexpr, opens, b_h0, VARLEN: tl.constexpr, HAS_H0: tl.constexpr):
     """What WC chunks of one channel tile contribute, as [BJ, WC, K] tiles.
 
     xa, xb: parts of the head's input rows (two column pieces); wa, wb: the (gate a, gate x) weight
@@ -105,7 +111,10 @@ def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
     output cotangents; b_hin [BJ, WC]: the state entering each chunk; b_e [BJ, WC]: eps = a delta
     entering each chunk from the right; ORDER: of the gate products (2 for fp32 results, 1 for dx
     in bf16 or fp16). Returns dza, dzx (gate pre-activation cotangents), the direct input
-    cotangent delta * multiplier * gate_x, and dlog a * gate_a (for d softplus).
+    cotangent delta * multiplier * gate_x, dlog a * gate_a (for d softplus) and a * delta (d of the
+    state before each token: d initial_state where a packed sequence opens). Packed (VARLEN): b_dy
+    holds the final-state cotangents already, ``opens`` [WC, K] marks where sequences open and b_h0
+    holds their initial states there.
     """
     b_za = _to_scan_layout(_gate_dot(xa, xb, wa[0], wb[0], X_PARTS, ORDER, NPB, WC, K, BJ, MATH), MATH)
     b_zx = _to_scan_layout(_gate_dot(xa, xb, wa[1], wb[1], X_PARTS, ORDER, NPB, WC, K, BJ, MATH), MATH)
@@ -121,12 +130,22 @@ def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
     b_at = tl.where(m_t[None, :, :], b_at, 1.0)
     b_bt = tl.where(m_t[None, :, :], b_mult * b_gx * b_xj, 0.0)
 
+    # the scans run on the restarted transitions (packed); the pointwise terms keep the gates' own a
+    b_as, b_bs = b_at, b_bt
+    if VARLEN:
+        b_as, b_bs = _restart(b_at, b_bt, opens, b_h0, HAS_H0)
     # g_t = a_t h_{t-1}, from the state entering the chunk
-    b_P, b_W = _scan_before(b_at, b_bt, K, MATH)
+    b_P, b_W = _scan_before(b_as, b_bs, K, MATH)
     b_gt = b_W + b_P * b_hin[:, :, None]
+    if VARLEN:
+        # where a sequence opens, h_{t-1} is its initial state (or zero)
+        if HAS_H0:
+            b_gt = tl.where(opens[None, :, :], b_at * b_h0, b_gt)
+        else:
+            b_gt = tl.where(opens[None, :, :], 0.0, b_gt)
 
     # delta_t = dy_t + a_{t+1} delta_{t+1} over each chunk flipped (free: its tokens lie inside a thread)
-    b_q, b_v = _scan_adjoint(_flip_tokens(b_at, K, MATH), _flip_tokens(b_dy, K, MATH), K, MATH)
+    b_q, b_v = _scan_adjoint(_flip_tokens(b_as, K, MATH), _flip_tokens(b_dy, K, MATH), K, MATH)
     # tokens past L carry the adjoint through but contribute nothing: every cotangent below is a
     # multiple of delta (padded channels have delta = 0 already)
     b_delta = tl.where(m_t[None, :, :], _flip_tokens(b_v + b_q * b_e[:, :, None], K, MATH), 0.0)
@@ -137,7 +156,18 @@ def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
     b_du = b_delta * b_gx * b_xj * _rsqrt(tl.maximum(4.0 * b_u, 1e-6), MATH)
     # u = 1 - exp(2 log a): du/dlog a = -2 a^2
     b_dloga = b_delta * b_gt - 2.0 * b_at * b_at * b_du
-    return b_dloga * b_csp[:, None, None] * b_pa, b_dm * b_xj * b_px, b_dm * b_gx, b_dloga * b_ga
+    return b_dloga * b_csp[:, None, None] * b_pa, b_dm * b_xj * b_px, b_dm * b_gx, b_dloga * b_ga, b_at * b_delta
+
+
+@triton.jit
+def _with_final(b_dy, dh_last, seq, t0, m_t, m_j, o_d, L, D: tl.constexpr, WC: tl.constexpr, K: tl.constexpr,
+                HAS_DH: tl.constexpr):
+    """Packed: dy with each sequence's final-state cotangent added where it closes; the step's
+    (sequence, opens) per token."""
+    i_n, opens, closes = _boundaries(seq, t0, m_t, L, WC, K)
+    if HAS_DH:
+        b_dy = b_dy + _rows_of(dh_last, i_n, o_d, m_j, closes, D)
+    return b_dy, i_n, opens
 
 
 @triton.jit(do_not_specialize=["L", "NC", "G", "NG", "one"])
@@ -147,11 +177,12 @@ def _rglru_bwd_summary_kernel(
     b_a, a_param,        # [D] fp32
     cums,                # [2, B, NC, D] fp32: per chunk, the map (P, E) of eps from its group's end to it
     gsums,               # [2, B, NG, D] fp32: per group, the map through the whole group
+    seq, dh_last,        # packed (VARLEN): [L] int32 sequence of every token, [N, D] final-state cotangents
     L, NC, G, NG, c, one,
     D: tl.constexpr, n: tl.constexpr, H: tl.constexpr,
     K: tl.constexpr, WC: tl.constexpr, NPA: tl.constexpr, NPB: tl.constexpr, NPW: tl.constexpr,
     BJ: tl.constexpr, X_PARTS: tl.constexpr,
-    MATH: tl.constexpr,
+    MATH: tl.constexpr, VARLEN: tl.constexpr, HAS_DH: tl.constexpr,
 ):
     """Reverse affine maps of eps_t = a_t (dy_t + eps_{t+1}), eps -> P eps + E, per group.
 
@@ -192,6 +223,9 @@ def _rglru_bwd_summary_kernel(
         b_dy = tl.load(p_dy + o_ch, mask=m_j[:, None, None] & m_t[None, :, :], other=0.0).to(tl.float32)
         b_za = _gate_dot(xa, xb, wa[0], wb[0], X_PARTS, 2, NPB, WC, K, BJ, MATH) + b_ba[:, None, None]
         b_at, _ = _decay(b_csp[:, None, None] * _sigmoid(b_za, MATH), MATH)
+        if VARLEN:
+            b_dy, _, opens = _with_final(b_dy, dh_last, seq, t0, m_t, m_j, o_d, L, D, WC, K, HAS_DH)
+            b_at = tl.where(opens[None, :, :], 0.0, b_at)
         # tokens past L are identities; they come first once flipped
         b_at = _flip_tokens(tl.where(m_t[None, :, :], b_at, 1.0), K, MATH)
         b_A, b_E = _scan_affine(b_at, b_at * _flip_tokens(b_dy, K, MATH), K, MATH)
@@ -222,11 +256,12 @@ def _rglru_bwd_dw_kernel(
     estates,             # [B, NC, D] fp32: eps entering every chunk from the right (written)
     dh0,                 # [B, D] fp32 (written when HAS_H0)
     part,                # [B * NG, M] fp32 parameter-gradient partials of each program
+    seq, h0,             # packed (VARLEN): [L] int32 sequence of every token, [N, D] initial states
     L, NC, G, NG, c, one,
     D: tl.constexpr, n: tl.constexpr, H: tl.constexpr, M: tl.constexpr,
     K: tl.constexpr, WC: tl.constexpr, NPA: tl.constexpr, NPB: tl.constexpr, NPW: tl.constexpr,
     BJ: tl.constexpr, NGP: tl.constexpr,
-    X_PARTS: tl.constexpr, HAS_DH: tl.constexpr, HAS_H0: tl.constexpr, MATH: tl.constexpr,
+    X_PARTS: tl.constexpr, HAS_DH: tl.constexpr, HAS_H0: tl.constexpr, MATH: tl.constexpr, VARLEN: tl.constexpr,
 ):
     """Weight, bias and decay gradients of one (group of G steps of WC chunks, head x channel tile,
     batch row): dW[:, J] accumulates x^T dz over the WC K tokens of every step on tensor cores.
@@ -260,17 +295,21 @@ def _rglru_bwd_dw_kernel(
     SC = tl.num_programs(2).to(tl.int64) * NC * D
     SG = tl.num_programs(2).to(tl.int64) * NG * D
     b_eg = tl.zeros([BJ], dtype=tl.float32)
-    if HAS_DH:
+    # packed, the final-state cotangents join dy where their sequences close, and d initial_state is
+    # taken where they open
+    DH_RIGHT: tl.constexpr = HAS_DH and not VARLEN
+    H0_LEFT: tl.constexpr = HAS_H0 and not VARLEN
+    if DH_RIGHT:
         b_eg = tl.load(dh_last + i_b64 * D + o_d, mask=m_j, other=0.0)
     if NGP > 1:
         o_r = tl.arange(0, NGP)
         p_g = gsums + i_b64 * NG * D
-        if HAS_H0:
+        if H0_LEFT:
             if i_g == 0:
                 b_all = _fold_groups(b_eg, p_g, SG, NG - 1 - o_r, o_r < NG, o_d, m_j, D, BJ, NGP, MATH)
                 tl.store(dh0 + i_b64 * D + o_d, b_all, mask=m_j)
         b_eg = _fold_groups(b_eg, p_g, SG, NG - 1 - o_r, o_r < NG - 1 - i_g, o_d, m_j, D, BJ, NGP, MATH)
-    elif HAS_H0:
+    elif H0_LEFT:
         p_g = gsums + i_b64 * NG * D + o_d
         tl.store(dh0 + i_b64 * D + o_d, tl.load(p_g, mask=m_j, other=1.0) * b_eg
                  + tl.load(p_g + SG, mask=m_j, other=0.0), mask=m_j)
@@ -287,14 +326,24 @@ def _rglru_bwd_dw_kernel(
         xa, xb = _head_rows(p_x, o_t, t0 + o_t < L, o_ia, m_ia, o_ib, m_ib, D, NPB, X_PARTS)
         b_xj = tl.load(p_x + o_ch, mask=m_x, other=0.0).to(tl.float32)
         b_dy = tl.load(p_dy + o_ch, mask=m_x, other=0.0).to(tl.float32)
+        opens, b_h0 = m_t, b_dy
+        if VARLEN:
+            b_dy, i_n, opens = _with_final(b_dy, dh_last, seq, t0, m_t, m_j, o_d, L, D, WC, K, HAS_DH)
+            if HAS_H0:
+                b_h0 = _rows_of(h0, i_n, o_d, m_j, opens, D)
         o_s = (i_b64 * NC + i_s * WC + o_c)[None, :] * D + o_d[:, None]                # [BJ, WC]
         m_s = m_j[:, None] & (i_s * WC + o_c < NC)[None, :]
         b_hin = tl.load(states + o_s, mask=m_s, other=0.0)
         b_e = tl.load(cums + o_s, mask=m_s, other=1.0) * b_eg[:, None] + tl.load(cums + SC + o_s, mask=m_s,
                                                                                  other=0.0)
         tl.store(estates + o_s, b_e, mask=m_s)
-        b_dza, b_dzx, _, b_dlga = _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
-                                                    m_t, X_PARTS, 2, NPB, WC, K, BJ, MATH)
+        b_dza, b_dzx, _, b_dlga, b_dh = _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
+                                                          m_t, X_PARTS, 2, NPB, WC, K, BJ, MATH, opens, b_h0, VARLEN,
+                                                          HAS_H0)
+        if VARLEN:
+            if HAS_H0:
+                tl.store(dh0 + i_n[None, :, :].to(tl.int64) * D + o_d[:, None, None], b_dh,
+                         mask=m_j[:, None, None] & opens[None, :, :])
         b_dba += tl.sum(b_dza, axis=2)
         b_dbx += tl.sum(b_dzx, axis=2)
         b_dsp += tl.sum(b_dlga, axis=2)
@@ -363,11 +412,12 @@ def _rglru_bwd_dx_kernel(
     states,              # [B, NC, D] fp32: the state entering every chunk (from the forward)
     estates,             # [B, NC, D] fp32: eps entering every chunk from the right
     dx,                  # [B, L, D] x.dtype
+    seq, dh_last, h0,    # packed (VARLEN): [L] int32, final-state cotangents [N, D], initial states [N, D]
     L, NC, G, c, one,
     D: tl.constexpr, n: tl.constexpr, H: tl.constexpr,
     K: tl.constexpr, WC: tl.constexpr, NPA: tl.constexpr, NPB: tl.constexpr, NPW: tl.constexpr,
     BJ: tl.constexpr, X_PARTS: tl.constexpr,
-    DX_ORDER: tl.constexpr, MATH: tl.constexpr,
+    DX_ORDER: tl.constexpr, MATH: tl.constexpr, VARLEN: tl.constexpr, HAS_DH: tl.constexpr, HAS_H0: tl.constexpr,
 ):
     """dx of one (range of G steps of WC chunks, head, batch row): per step, the cotangents of each
     channel tile in turn, folded into the head's input-gradient tile ([WC K, NPA] and [WC K, NPB]
@@ -408,12 +458,18 @@ def _rglru_bwd_dx_kernel(
             b_bx = tl.load(b_x + o_d, mask=m_j, other=0.0)
             b_xj = tl.load(p_x + o_ch, mask=m_x, other=0.0).to(tl.float32)
             b_dy = tl.load(p_dy + o_ch, mask=m_x, other=0.0).to(tl.float32)
+            opens, b_h0 = m_t, b_dy
+            if VARLEN:
+                b_dy, i_n, opens = _with_final(b_dy, dh_last, seq, t0, m_t, m_j, o_d, L, D, WC, K, HAS_DH)
+                if HAS_H0:
+                    b_h0 = _rows_of(h0, i_n, o_d, m_j, opens, D)
             o_s = (i_b64 * NC + i_s * WC + o_c)[None, :] * D + o_d[:, None]            # [BJ, WC]
             m_s = m_j[:, None] & (i_s * WC + o_c < NC)[None, :]
             b_hin = tl.load(states + o_s, mask=m_s, other=0.0)
             b_e = tl.load(estates + o_s, mask=m_s, other=0.0)
-            b_dza, b_dzx, b_direct, _ = _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin,
-                                                          b_e, m_t, X_PARTS, DX_ORDER, NPB, WC, K, BJ, MATH)
+            b_dza, b_dzx, b_direct, _, _ = _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin,
+                                                             b_e, m_t, X_PARTS, DX_ORDER, NPB, WC, K, BJ, MATH,
+                                                             opens, b_h0, VARLEN, HAS_H0)
             # dx += dz w^T over this tile's channels (ORDER 1 keeps ~2^-16, enough for bf16 / fp16 dx);
             # the direct term enters through the identity slab E[j, i] = [i == channel j] (exact: one part)
             dza = _split3(_rows(b_dza, WC, K, BJ))
@@ -465,7 +521,7 @@ def _rglru_reduce_kernel(
 
 
 def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states, c: float, *, K: int, WC: int,
-              G: int, G_dx: int, WC_dx: int = 0, fast: bool = False):
+              G: int, G_dx: int, WC_dx: int = 0, fast: bool = False, seq=None, h0=None):
     """Chunked RG-LRU backward.
 
     dy: [B, L, D] (any float dtype); dh_last: [B, D] fp32 or None; x and the parameters as in the
@@ -474,9 +530,11 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
     warp); G: steps per group of the reverse maps and the weight-gradient kernel; G_dx: steps per
     program of the dx kernel, whose steps take WC_dx chunks (0: WC; it needs no groups).
     Returns dx [B, L, D] x.dtype, dw_a [H, n, n], db_a [D], dw_x [H, n, n], db_x [D], da [D]
-    (all fp32) and dh0 [B, D] fp32 (None without an initial state).
+    (all fp32) and dh0 [B, D] fp32 (None without an initial state). Packed (``seq`` [L] int32, B = 1):
+    dh_last, h0 (the forward's initial state, needed when has_h0) and dh0 are [N, D].
     """
     B, L, D = x.shape
+    varlen = seq is not None
     H, n = w_a.shape[0], w_a.shape[1]
     NC = cdiv(L, K)
     assert states.shape == (B, NC, D), "states must come from a forward with the same chunk length"
@@ -488,21 +546,24 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
     NG = grid[0]
     cums = new_buffer((2, B, NC, D), torch.float32, dev)
     gsums = new_buffer((2, B, NG, D), torch.float32, dev)
-    launch_staged(_rglru_bwd_summary_kernel, grid, x, dy, w3, b_a, a_param, cums, gsums, L, NC, G, NG, float(c), 1,
-                  **meta)
+    dh = dh_last if dh_last is not None else cums
+    seq_arg = seq if varlen else cums
+    h0_arg = h0 if varlen and has_h0 else cums
+    launch_staged(_rglru_bwd_summary_kernel, grid, x, dy, w3, b_a, a_param, cums, gsums, seq_arg, dh, L, NC, G, NG,
+                  float(c), 1, VARLEN=varlen, HAS_DH=dh_last is not None, **meta)
     estates = new_buffer((B, NC, D), torch.float32, dev)
-    dh0 = new_buffer((B, D), torch.float32, dev) if has_h0 else None
+    dh0 = new_buffer((h0.shape[0] if varlen else B, D), torch.float32, dev) if has_h0 else None
     M = 2 * H * n * n + 3 * D
     part = new_buffer((B * NG, M), torch.float32, dev)
-    launch_staged(_rglru_bwd_dw_kernel, grid, x, dy, w3, b_a, b_x, a_param, states,
-                  dh_last if dh_last is not None else part, cums, gsums, estates, dh0 if has_h0 else part, part, L, NC,
-                  G, NG, float(c), 1,
-                  M=M, NGP=group_width(NG), HAS_DH=dh_last is not None, HAS_H0=has_h0, **meta)
+    launch_staged(_rglru_bwd_dw_kernel, grid, x, dy, w3, b_a, b_x, a_param, states, dh, cums, gsums, estates,
+                  dh0 if has_h0 else part, part, seq_arg, h0_arg, L, NC, G, NG, float(c), 1,
+                  M=M, NGP=group_width(NG), HAS_DH=dh_last is not None, HAS_H0=has_h0, VARLEN=varlen, **meta)
     dx = new_buffer((B, L, D), x.dtype, dev)
     grid_dx, meta_dx = chunk_launch(x, H, K, WC_dx or WC, G_dx, grouped=False, MATH=MATH,
                                     DX_ORDER=out_order(x.dtype))
-    launch_staged(_rglru_bwd_dx_kernel, (grid_dx[0], H, B), x, dy, w3, b_a, b_x, a_param, states, estates, dx, L,
-                  NC, G_dx, float(c), 1, **meta_dx)
+    launch_staged(_rglru_bwd_dx_kernel, (grid_dx[0], H, B), x, dy, w3, b_a, b_x, a_param, states, estates, dx,
+                  seq_arg, dh, h0_arg, L, NC, G_dx, float(c), 1, VARLEN=varlen, HAS_DH=dh_last is not None,
+                  HAS_H0=has_h0, **meta_dx)
     dw_a = new_buffer((H, n, n), torch.float32, dev)
     dw_x = new_buffer((H, n, n), torch.float32, dev)
     db_a = new_buffer((D,), torch.float32, dev)

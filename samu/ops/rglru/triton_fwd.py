@@ -16,6 +16,12 @@ chunks) and takes WC chunks per step, one per warp: its gate products read the h
 rows of those WC * K tokens, everything else is per channel, in [BJ, WC, K] tiles laid out one
 channel per lane, one chunk per warp and a chunk's K tokens inside the thread, so token scans
 (and flips) never leave a thread.
+
+Packed calls (VARLEN, B = 1, ``seq`` [L] int32: the sequence of every token) restart the recurrence
+where a sequence opens: that token's transition becomes 0 and its input gains a_t times the
+sequence's initial state, so the scans need no other change. Each sequence's final state is the
+summary pass's map from its last chunk's start to the token that closes it (``fin``, fp32-accurate
+gates), applied by the replay to the state entering that chunk.
 """
 
 from __future__ import annotations
@@ -537,13 +543,38 @@ def _channel_consts(b_a, a_param, w3, c, i_h, o_ia, o_ib, o_j, o_d, m_j, NPB: tl
 
 
 @triton.jit
+def _boundaries(seq, t0, m_t, L, WC: tl.constexpr, K: tl.constexpr):
+    """Per token of a step [WC, K]: its packed sequence, whether it opens it and whether it closes it."""
+    o_tok = t0 + tl.arange(0, WC)[:, None] * K + tl.arange(0, K)[None, :]
+    n = tl.load(seq + o_tok, mask=m_t, other=0)
+    prev = tl.load(seq + o_tok - 1, mask=m_t & (o_tok > 0), other=-1)
+    nxt = tl.load(seq + o_tok + 1, mask=m_t & (o_tok + 1 < L), other=-1)
+    return n, m_t & (prev != n), m_t & (nxt != n)
+
+
+@triton.jit
+def _rows_of(p, n, o_d, m_j, m_tok, D: tl.constexpr):
+    """Rows n [WC, K] of a [N, D] state at channels o_d [BJ], as [BJ, WC, K] fp32 (0 where m_tok is false)."""
+    return tl.load(p + n[None, :, :].to(tl.int64) * D + o_d[:, None, None], mask=m_j[:, None, None] & m_tok[None, :, :],
+                   other=0.0)
+
+
+@triton.jit
+def _restart(b_at, b_bt, opens, b_h0, HAS_H0: tl.constexpr):
+    """Where a token opens its sequence: transition 0, input plus a_t times the initial state (b_h0)."""
+    if HAS_H0:
+        b_bt = b_bt + tl.where(opens[None, :, :], b_at * b_h0, 0.0)
+    return tl.where(opens[None, :, :], 0.0, b_at), b_bt
+
+
+@triton.jit
 def _steps(i_g, G, NC, WC: tl.constexpr):
     """The steps [s_lo, s_hi) of WC chunks that group i_g walks."""
     s_lo = i_g * G
     return s_lo, tl.minimum(s_lo + G, tl.cdiv(NC, WC))
 
 
-@triton.jit(do_not_specialize=["L", "NC", "G", "NG", "one"])
+@triton.jit(do_not_specialize=["L", "NC", "G", "NG", "one", "SF"])
 def _rglru_chunk_kernel(
     x,                   # [B, L, D] bf16 / fp16 / fp32
     w3,                  # [2, 3, H, NPW, NPW] bf16 weight parts (see _rglru_split_weights_kernel)
@@ -553,13 +584,17 @@ def _rglru_chunk_kernel(
     gsums,               # [2, B, NG, D] fp32: per group, the map through the whole group
     states,              # [B, NC, D] fp32: the state entering every chunk (replay writes it)
     y,                   # [B, L, D] x.dtype (replay)
-    h_last,              # [B, D] fp32 final state (replay)
+    h_last,              # [B, D] fp32 final state (replay); packed, [N, D]
+    seq,                 # [L] int32: the sequence of every token (VARLEN)
+    fin,                 # [2, N, D] fp32: per sequence, the map from its last chunk's start to its end (VARLEN)
     L, NC, G, NG, c,
     one,                 # 1, as a runtime value (see below)
+    SF,                  # N * D: the stride of fin's two planes (VARLEN)
     D: tl.constexpr, n: tl.constexpr, H: tl.constexpr,
     K: tl.constexpr, WC: tl.constexpr, NPA: tl.constexpr, NPB: tl.constexpr, NPW: tl.constexpr,
     BJ: tl.constexpr, NGP: tl.constexpr,
     X_PARTS: tl.constexpr, Y_ORDER: tl.constexpr, HAS_H0: tl.constexpr, SUMMARY: tl.constexpr, MATH: tl.constexpr,
+    VARLEN: tl.constexpr,
 ):
     """One (group: a range of G steps of WC chunks, head x channel tile, batch row).
 
@@ -568,7 +603,8 @@ def _rglru_chunk_kernel(
     (``gsums``). Replay: enter with h0 composed with the maps of the groups before, enter every
     chunk with its ``cums`` map applied to that, write the states and y; the last group also
     applies its own map: h_last. Only y depends on the replay's gates, so they carry Y_ORDER (1
-    when y is stored in bf16 or fp16); every fp32 result comes from the summary pass's.
+    when y is stored in bf16 or fp16); every fp32 result comes from the summary pass's. Packed
+    (VARLEN): the module docstring.
     """
     i_g, i_hj, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h, o_j, m_j, o_d = _channel_tile(i_hj, n, BJ)
@@ -592,13 +628,15 @@ def _rglru_chunk_kernel(
         tl.store(p_c, b_rA, mask=m_j)
         tl.store(p_c + SC, b_rB, mask=m_j)
     else:
-        if HAS_H0:
+        # packed, each sequence's initial state enters where it opens, and its final state where it closes
+        if HAS_H0 and not VARLEN:
             b_rB = tl.load(h0 + i_b64 * D + o_d, mask=m_j, other=0.0)
         o_r = tl.arange(0, NGP)
         p_g = gsums + i_b64 * NG * D
-        if i_g == NG - 1:
-            b_end = _fold_groups(b_rB, p_g, SG, o_r, o_r < NG, o_d, m_j, D, BJ, NGP, MATH)
-            tl.store(h_last + i_b64 * D + o_d, b_end, mask=m_j)
+        if not VARLEN:
+            if i_g == NG - 1:
+                b_end = _fold_groups(b_rB, p_g, SG, o_r, o_r < NG, o_d, m_j, D, BJ, NGP, MATH)
+                tl.store(h_last + i_b64 * D + o_d, b_end, mask=m_j)
         if NGP > 1:
             b_rB = _fold_groups(b_rB, p_g, SG, o_r, o_r < i_g, o_d, m_j, D, BJ, NGP, MATH)
 
@@ -617,11 +655,20 @@ def _rglru_chunk_kernel(
         b_xj = tl.load(p_x + o_ch, mask=m_x, other=0.0).to(tl.float32)
         b_at, b_bt = _chunk_gates(xa, xb, b_xj, wa, wb, b_ba, b_bx, b_csp, m_t, X_PARTS,
                                   2 if SUMMARY else Y_ORDER, NPB, WC, K, BJ, MATH)
+        if VARLEN:
+            i_n, opens, closes = _boundaries(seq, t0, m_t, L, WC, K)
+            b_at, b_bt = _restart(b_at, b_bt, opens, _rows_of(h0, i_n, o_d, m_j, opens, D), HAS_H0)
         i_c = i_s * WC + o_c                                                            # [WC] chunk index
         o_s = (i_b64 * NC + i_c)[None, :] * D + o_d[:, None]                           # [BJ, WC]
         if SUMMARY:
             # a scan (not a reduce) keeps the order of this non-commutative combine in any layout
             b_A, b_B = _scan_affine(b_at, b_bt, K, MATH)
+            if VARLEN:
+                # the map from the chunk's start to each token that closes a sequence
+                p_f = fin + i_n[None, :, :].to(tl.int64) * D + o_d[:, None, None]
+                m_f = m_j[:, None, None] & closes[None, :, :]
+                tl.store(p_f, b_A, mask=m_f)
+                tl.store(p_f + SF, b_B, mask=m_f)
             b_A, b_B = _compose_chunks(_token(b_A, K - 1, K), _token(b_B, K - 1, K), b_rA, b_rB, BJ, WC, False,
                                        MATH)
             # the map entering chunk c + 1 runs through chunk c: stored one chunk over
@@ -636,6 +683,11 @@ def _rglru_chunk_kernel(
             b_h = tl.load(cums + o_s, mask=m_s, other=1.0) * b_rB[:, None] + tl.load(cums + SC + o_s, mask=m_s,
                                                                                      other=0.0)
             tl.store(states + o_s, b_h, mask=m_s)
+            if VARLEN:
+                p_f = fin + i_n[None, :, :].to(tl.int64) * D + o_d[:, None, None]
+                m_f = m_j[:, None, None] & closes[None, :, :]
+                b_end = tl.load(p_f, mask=m_f, other=0.0) * b_h[:, :, None] + tl.load(p_f + SF, mask=m_f, other=0.0)
+                tl.store(h_last + i_n[None, :, :].to(tl.int64) * D + o_d[:, None, None], b_end, mask=m_f)
             b_bt = tl.where(o_k[None, None, :] == 0, b_bt + b_at * b_h[:, :, None], b_bt)
             _, b_H = _scan_affine(b_at, b_bt, K, MATH)
             tl.store(p_y + o_ch, _to_store(b_H, y.dtype.element_ty, MATH), mask=m_x)
@@ -717,17 +769,20 @@ def group_width(NG: int) -> int:
     return next_power_of_2(NG) if math_mode(False) == 0 else MAX_GROUPS
 
 
-def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, G: int, fast: bool = False):
+def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, G: int, fast: bool = False,
+              seq=None, n_seqs=None):
     """Chunked RG-LRU forward.
 
     x: [B, L, D] bf16/fp16/fp32 contiguous; w_a, w_x: [H, n, n] fp32; b_a, b_x, a_param: [D] fp32;
     h0: [B, D] fp32 or None. K: chunk length (a power of two; WC * K >= 16); WC: chunks per
     program step, one per warp; G: steps per group (one program each; at most MAX_GROUPS groups).
-    fast: hardware approximations of exp, reciprocal and sqrt (MATH = 2).
+    fast: hardware approximations of exp, reciprocal and sqrt (MATH = 2). Packed (``seq`` [L] int32
+    and ``n_seqs`` = N, B = 1): h0 and h_last are [N, D].
     Returns y [B, L, D] x.dtype, h_last [B, D] fp32, states [B, ceil(L/K), D] fp32 (the state
     entering every chunk; the backward replays from it).
     """
     B, L, D = x.shape
+    varlen = seq is not None
     NC = cdiv(L, K)
     dev = x.device
     w3 = split_weights(w_a, w_x)
@@ -737,10 +792,11 @@ def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, 
     gsums = new_buffer((2, B, NG, D), torch.float32, dev)
     states = new_buffer((B, NC, D), torch.float32, dev)
     y = new_buffer((B, L, D), x.dtype, dev)
-    h_last = new_buffer((B, D), torch.float32, dev)
+    h_last = new_buffer((n_seqs if varlen else B, D), torch.float32, dev)
+    fin = new_buffer((2, n_seqs, D), torch.float32, dev) if varlen else h_last
     args = (x, w3, b_a, b_x, a_param, h0 if h0 is not None else h_last, cums, gsums, states, y, h_last,
-            L, NC, G, NG, float(c), 1)
-    meta.update(NGP=group_width(NG), HAS_H0=h0 is not None, Y_ORDER=out_order(x.dtype))
+            seq if varlen else h_last, fin, L, NC, G, NG, float(c), 1, n_seqs * D if varlen else 0)
+    meta.update(NGP=group_width(NG), HAS_H0=h0 is not None, Y_ORDER=out_order(x.dtype), VARLEN=varlen)
     launch_staged(_rglru_chunk_kernel, grid, *args, SUMMARY=True, **meta)
     launch_staged(_rglru_chunk_kernel, grid, *args, SUMMARY=False, **meta)
     return y, h_last, states
