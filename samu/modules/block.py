@@ -11,7 +11,7 @@ from samu.modules.layers import (Conv1D, GatedMLP, RMSNorm, check_sequence, chec
                                  linear_onto)
 from samu.modules.mixers import RGLRUMixer, SAMUMixer
 from samu.ops.glue import conv_gelu, fused_backend
-from samu.ops.packing import per_sequence, sequence_offsets
+from samu.ops.packing import sequence_offsets
 from samu.ops.scan import state_dtype
 from samu.validate import positive_int
 
@@ -86,20 +86,12 @@ class RecurrentBlock(nn.Module):
         restart at each boundary (from row n of a state of N rows), and the state returned has N rows."""
         check_sequence("u", u, self.width)
         z = self.linear_in(u)
-        if cu_seqlens is None:
-            conv_state, mixer_state = self._unpack(state, u.shape[0])
-            x, y, conv_state = conv_gelu(z, self.conv1d.weight, self.conv1d.bias, conv_state, return_state,
-                                         self.glue_backend)
-        else:
-            cu_seqlens = sequence_offsets(cu_seqlens, u)   # ints from here on: read once
-            conv_state, mixer_state = self._unpack(state, len(cu_seqlens) - 1)
-            def glue(z_n, s_n):
-                return conv_gelu(z_n, self.conv1d.weight, self.conv1d.bias, s_n, return_state, self.glue_backend)
-
-            pieces = per_sequence(glue, z, cu_seqlens, conv_state)
-            x, y = (torch.cat([p[i] for p in pieces], dim=1) for i in (0, 1))
-            conv_state = torch.cat([p[2] for p in pieces]) if return_state else None
-        x, mixer_state = self.mixer(x, mixer_state, return_state, cu_seqlens=cu_seqlens)
+        # packed: ints from here on, read once
+        offsets = None if cu_seqlens is None else sequence_offsets(cu_seqlens, u)
+        conv_state, mixer_state = self._unpack(state, u.shape[0] if offsets is None else len(offsets) - 1)
+        x, y, conv_state = conv_gelu(z, self.conv1d.weight, self.conv1d.bias, conv_state, return_state,
+                                     self.glue_backend, offsets)
+        x, mixer_state = self.mixer(x, mixer_state, return_state, cu_seqlens=offsets)
         out = self.linear_out(x * y)
         return out, (BlockState(conv_state, mixer_state) if return_state else None)
 

@@ -7,6 +7,10 @@
 as the PyTorch ops below elsewhere and while torch.compile traces (Inductor fuses those itself).
 The fused kernels accumulate in fp32 and round once; the PyTorch ops round after each product in the
 input dtype, so the two agree to the input dtype's rounding, the fused one the nearer to exact.
+
+Packed rows (``cu_seqlens``, samu.ops.packing): the Conv1D restarts at every boundary, from that
+sequence's row of the state; the fused kernels take the offsets, the PyTorch ops run one sequence at
+a time.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from samu.ops import dispatch
+from samu.ops.packing import device_offsets, per_sequence, sequence_index
 
 GLUE_BACKENDS = ("auto", "torch", "triton")
 # the widest Conv1D the fused kernels take (one accumulator per tap); wider ones run as PyTorch ops
@@ -88,8 +93,11 @@ def conv_gelu_torch(z, weight, bias, state=None):
     return xc, F.gelu(z[..., E:], approximate="tanh")
 
 
-def _state_grad(dxc: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """d(state)[j] = sum_{i <= j} weight[i] dx_c[j - i] (the outputs that read the state's entry j)."""
+def _state_grad(dxc: torch.Tensor, weight: torch.Tensor, offsets=None) -> torch.Tensor:
+    """d(state)[j] = sum_{i <= j} weight[i] dx_c[j - i] (the outputs that read the state's entry j);
+    packed (``offsets``), for each sequence's row."""
+    if offsets is not None:
+        return torch.cat(per_sequence(lambda d, _: _state_grad(d, weight), dxc, offsets))
     B, L, E = dxc.shape
     K = weight.shape[0]
     d = dxc.new_zeros(B, K - 1, E, dtype=torch.float32)
@@ -102,25 +110,30 @@ def _state_grad(dxc: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 class _ConvGelu(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, z, weight, bias, state):
+    def forward(ctx, z, weight, bias, state, offsets):
         from samu.ops.glue_triton import conv_gelu_fwd
 
-        ctx.save_for_backward(z, weight, state)
-        return conv_gelu_fwd(z, weight, bias, state)
+        seq, cu = None, None
+        if offsets is not None:
+            cu = device_offsets(offsets, z.device)
+            seq = sequence_index(cu, z.shape[1])
+        ctx.save_for_backward(z, weight, state, seq, cu)
+        ctx.offsets = offsets
+        return conv_gelu_fwd(z, weight, bias, state, seq, cu)
 
     @staticmethod
     def backward(ctx, dxc, da):
         from samu.ops.glue_triton import conv_gelu_bwd
 
-        z, weight, state = ctx.saved_tensors
+        z, weight, state, seq, cu = ctx.saved_tensors
         E = z.shape[-1] // 2
         dxc = z.new_zeros(*z.shape[:-1], E) if dxc is None else dxc.contiguous()
         da = z.new_zeros(*z.shape[:-1], E) if da is None else da.contiguous()
-        dz, dw, db = conv_gelu_bwd(dxc, da, z, weight, state)
+        dz, dw, db = conv_gelu_bwd(dxc, da, z, weight, state, seq, cu)
         dstate = None
         if state is not None and ctx.needs_input_grad[3]:
-            dstate = _state_grad(dxc, weight).to(state.dtype)
-        return dz, dw.to(weight.dtype), db.to(weight.dtype), dstate
+            dstate = _state_grad(dxc, weight, ctx.offsets).to(state.dtype)
+        return dz, dw.to(weight.dtype), db.to(weight.dtype), dstate, None
 
 
 def uses_triton(z: torch.Tensor, weight: torch.Tensor, backend: str = "auto") -> bool:
@@ -129,16 +142,28 @@ def uses_triton(z: torch.Tensor, weight: torch.Tensor, backend: str = "auto") ->
     return weight.shape[0] <= FUSED_MAX_WIDTH and fused_kernels(z, backend)
 
 
-def conv_gelu(z, weight, bias, state=None, return_state=False, backend="auto"):
+def conv_gelu(z, weight, bias, state=None, return_state=False, backend="auto", offsets=None):
     """(x_c [B, L, E], a [B, L, E], the new conv state [B, K-1, E] or None) from z [B, L, 2E], a Conv1D
     weight [K, E] and bias [E] and its state [B, K-1, E] or None; see the module docstring.
 
     backend: "auto" (fused kernels on CUDA, PyTorch ops elsewhere), "torch" or "triton".
+    offsets: checked packed offsets, a list of N + 1 ints (samu.ops.packing.sequence_offsets; B = 1):
+    the states then have N rows.
     """
-    E = z.shape[-1] // 2
-    if uses_triton(z, weight, backend):
+    E, K = z.shape[-1] // 2, weight.shape[0]
+    fused = uses_triton(z, weight, backend)
+    if offsets is not None and not fused:
+        pieces = per_sequence(lambda z_n, s_n: conv_gelu(z_n, weight, bias, s_n, return_state, backend), z, offsets,
+                              state)
+        xc, a = (torch.cat([p[i] for p in pieces], dim=1) for i in (0, 1))
+        return xc, a, (torch.cat([p[2] for p in pieces]) if return_state else None)
+    if fused:
         s = None if state is None else state.to(z.dtype).contiguous()
-        xc, a = _ConvGelu.apply(z.contiguous(), weight, bias, s)
+        xc, a = _ConvGelu.apply(z.contiguous(), weight, bias, s, offsets)
     else:
         xc, a = conv_gelu_torch(z, weight, bias, state)
-    return xc, a, (last_inputs(z[..., :E], state, weight.shape[0]) if return_state else None)
+    if not return_state:
+        return xc, a, None
+    if offsets is None:
+        return xc, a, last_inputs(z[..., :E], state, K)
+    return xc, a, torch.cat(per_sequence(lambda z_n, s_n: last_inputs(z_n[..., :E], s_n, K), z, offsets, state))

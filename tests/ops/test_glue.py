@@ -97,6 +97,40 @@ def test_backward_is_deterministic_and_new_state_is_the_last_inputs():
         assert torch.equal(new.cpu(), window[:, -3:])
 
 
+@pytest.mark.parametrize("K,with_state", [(4, False), (4, True), (3, True)])
+def test_packed_rows_restart_the_convolution_at_every_boundary(K, with_state):
+    """One fused packed call against the float64 PyTorch ops run one sequence at a time: outputs, every
+    gradient (the state's per sequence) and the new state; lengths 1, 2 (shorter than the window), a row
+    tile exactly and ragged ones, boundaries inside row tiles and programs."""
+    offsets = [0, 1, 3, 11, 12, 29, 30, 37]
+    N, E = len(offsets) - 1, 20
+    z, weight, bias, _, dxc, da = _inputs(1, offsets[-1], E, K, torch.float32, False, seed=K)
+    state = torch.randn(N, K - 1, E, generator=torch.Generator().manual_seed(9)) if with_state else None
+
+    def packed(z, weight, bias, state):
+        xc, a, _ = conv_gelu(z, weight, bias, state, backend="triton", offsets=offsets)
+        return xc, a
+
+    def one_by_one(z, weight, bias, state):
+        pieces = [conv_gelu_torch(z[:, a:b], weight, bias, None if state is None else state[n:n + 1])
+                  for n, (a, b) in enumerate(zip(offsets, offsets[1:]))]
+        return tuple(torch.cat([p[i] for p in pieces], dim=1) for i in (0, 1))
+
+    exact = _run(one_by_one, z, weight, bias, state, dxc, da, "cpu", torch.float64)
+    fused = _run(packed, z, weight, bias, state, dxc, da, DEVICE)
+    assert len(fused) == len(exact)
+    for name, f, e in zip(NAMES, fused, exact):
+        assert rel_err(f.cpu(), e) < 1e-6, name
+    # the new state of each sequence: its last K - 1 inputs, reaching back into its state row
+    _, _, new = conv_gelu(z.to(DEVICE), weight.to(DEVICE), bias.to(DEVICE),
+                          None if state is None else state.to(DEVICE), return_state=True, backend="triton",
+                          offsets=offsets)
+    for n, (a, b) in enumerate(zip(offsets, offsets[1:])):
+        old = torch.zeros(1, K - 1, E) if state is None else state[n:n + 1]
+        window = torch.cat([old, z[:, a:b, :E]], dim=1)
+        assert torch.equal(new[n:n + 1].cpu(), window[:, -(K - 1):]), n
+
+
 def test_wider_convolutions_run_as_pytorch_ops():
     from samu.ops.glue import uses_triton
 
