@@ -21,7 +21,8 @@ MAIN = {"samu": "samu/auto", "rglru": "rglru/auto"}
 SCOPE_TITLE = {"fwd": "mixer forward", "fb": "mixer forward + backward", "block": "RMSNorm + RecurrentBlock forward + backward",
                "step": "one residual layer: forward, backward, AdamW step", "model": "full-model training step",
                "gen": "generation: L greedy decoding steps of the full model for B sequences (ms per call)",
-               "prefill": "prefill: the full model's forward over B prompts of L tokens, with its state (ms per call)"}
+               "prefill": "prefill: the full model's forward over B prompts of L tokens, with its state (ms per call)",
+               "packed": "packed sequences: mixer forward + backward of one row, unpacked and packed"}
 MIB = float(1 << 20)
 
 
@@ -238,6 +239,23 @@ def generation_table(units) -> list[str]:
                   rows)
 
 
+def packed_table(units) -> list[str]:
+    """Each packed candidate against the same implementation unpacked, timed side by side."""
+    rows = []
+    for key in sorted(k for k in units if k[0] == "packed"):
+        u = units[key]
+        for name in sorted(n for n in u.rows if "@" in n):
+            row, plain = u.rows[name], u.rows.get(name.split("@")[0])
+            rows.append([shape_str(u.shape), u.dtype, OP_LABEL[row["op"]], name, name.split("@")[1],
+                         _ms(_get(plain, "median_ms")), _ms(row["median_ms"]),
+                         _x(_ratio(row["median_ms"], _get(plain, "median_ms"))), row.get("choice") or "n/a",
+                         _link(u.path)])
+    if not rows:
+        return ["No records.", ""]
+    return _table(["shape", "dtype", "mixer", "candidate", "sequences", "unpacked ms", "packed ms",
+                   "packed / unpacked", "dispatch (packed)", "record"], rows)
+
+
 def peer_table(units) -> list[str]:
     rows = []
     for key in sorted(k for k in units if k[0] in ("fwd", "fb")):
@@ -451,6 +469,10 @@ def render(units, gate_rows, records, figures, comparison=()) -> str:
         out += [f"## {_title(SCOPE_TITLE[scope])}: primary shapes", ""] + mixer_table(units, scope, PRIMARY)
     out += ["## Length sweep (mixer forward + backward)", ""] + mixer_table(units, "fb", LENGTH)
     out += ["## Width sweep (mixer forward + backward)", ""] + mixer_table(units, "fb", WIDTH)
+    out += ["## Packed sequences (mixer forward + backward)", "",
+            "One row of B = 1 timed unpacked and packed into N sequences (cu_seqlens; their lengths drawn as the "
+            "packed gates draw them) in the same run: `packed / unpacked` is what the boundaries cost.",
+            ""] + packed_table(units)
     out += ["## Peers side by side", "",
             "Each peer (and any other candidate) is timed in the same run as the dispatched samu op on the same "
             "inputs; the ratio is its time over samu's. Its y is checked against samu's on those inputs after the "

@@ -2,6 +2,8 @@
 
 * ``fwd``   mixer forward (under ``torch.no_grad``).
 * ``fb``    mixer forward + backward: dense output cotangent, input and all parameter gradients.
+* ``packed`` the same forward + backward of a batch-1 row, unpacked and packed with PACKED_DOCUMENTS
+            sequences each (cu_seqlens; ``<op>/<impl>@<N>``), side by side: what packing costs.
 * ``block`` RMSNorm + one RecurrentBlock, forward + backward (input and parameter gradients).
 * ``step``  one optimizer step of one residual layer: forward, backward, AdamW step.
 * ``model`` one full-model training step: forward, cross-entropy, backward, AdamW step; beside samu's
@@ -29,12 +31,14 @@ import torch.nn.functional as F
 
 from samu.bench import peer_models, peers
 from samu.bench.shapes import GEN_PROMPT
-from samu.gates.inputs import make_inputs
+from samu.gates.inputs import derive_seed, document_offsets, make_inputs
 from samu.ops import dispatch
 from samu.ops.functional import rglru_mixer, samu_mixer
 
-SCOPES = ("fwd", "fb", "block", "step", "model", "gen", "prefill")
-MIXER_SCOPES = ("fwd", "fb")
+SCOPES = ("fwd", "fb", "packed", "block", "step", "model", "gen", "prefill")
+MIXER_SCOPES = ("fwd", "fb", "packed")
+# sequences a packed candidate packs its row into (issue 15's target: within 5% of unpacked at both)
+PACKED_DOCUMENTS = (16, 256)
 OPS = ("samu", "rglru")
 # The comparison builds timed beside the dispatched op: the chunked PyTorch backend and the peers.
 PEER_IMPLS = ("torch",) + tuple(peers.PEERS)
@@ -71,37 +75,50 @@ def memory_floor(scope: str, shape, dtype: torch.dtype) -> tuple:
     s = torch.empty((), dtype=dtype).element_size()
     if scope == "fwd":
         return f"2*B*L*D*s (fwd reads x, writes y; s={s} bytes)", 2 * B * L * D * s
-    if scope == "fb":
+    if scope in ("fb", "packed"):
         return f"5*B*L*D*s (fwd reads x, writes y; bwd reads x and dy, writes dx; s={s} bytes)", 5 * B * L * D * s
     return None, None
 
 
-def _mixer(op: str, impl: str) -> Callable:
-    """f(x, *params) -> y for a samu backend or a peer."""
+def _mixer(op: str, impl: str, cu_seqlens=None) -> Callable:
+    """f(x, *params) -> y for a samu backend or a peer (a samu backend packed with ``cu_seqlens``)."""
     if impl in peers.PEERS:
         return peers.PEERS[impl][1]
     if op == "samu":
-        return lambda x, *p: samu_mixer(x, *p, backend=impl)[0]
-    return lambda x, *p: rglru_mixer(x, *p, backend=impl)[0]
+        return lambda x, *p: samu_mixer(x, *p, backend=impl, cu_seqlens=cu_seqlens)[0]
+    return lambda x, *p: rglru_mixer(x, *p, backend=impl, cu_seqlens=cu_seqlens)[0]
 
 
-def _choice(op, shape, dtype, device, backend):
-    c = dispatch.choose(op, *shape, dtype, device, backend)
+def _choice(op, shape, dtype, device, backend, packed=False):
+    c = dispatch.choose(op, *shape, dtype, device, backend, packed=packed)
     scratch = c.variant.scratch(*shape) if c.variant is not None else (None, None)
     return c, tuple(scratch)
+
+
+def _packings(scope: str, impl: str, shape, seed: int) -> list:
+    """(name suffix, offsets) of each run of ``impl``: unpacked, and in the packed scope packed into each
+    of PACKED_DOCUMENTS sequences (drawn as the packed gates draw them) where the row holds that many."""
+    runs = [("", None)]
+    if scope == "packed" and impl not in peers.PEERS and shape[0] == 1:
+        runs += [(f"@{n}", document_offsets(shape[1], n, derive_seed(seed, "documents", n)))
+                 for n in PACKED_DOCUMENTS if n <= shape[1]]
+    return runs
 
 
 def mixer_candidates(scope: str, op: str, impls: list[str], shape, dtype, device, seed: int):
     """Candidates of a mixer scope on one shared set of inputs: ([Candidate], [Skip])."""
     inputs = make_inputs(op, shape, dtype, device, seed)
-    grad = scope == "fb"
+    grad = scope in ("fb", "packed")
     x = inputs["x"].requires_grad_(grad)
     params = [p.requires_grad_(grad) for p in inputs["params"].values()]
     dy = inputs["dy"]
     n_params = sum(p.numel() for p in params)
     found, skipped = [], []
-    for impl in impls:
-        name = f"{op}/{impl}"
+    if scope == "packed" and shape[0] != 1:
+        return found, [Skip(f"{op}/*", f"the packed scope packs a batch-1 row, not B={shape[0]}")]
+    runs = [(impl, suffix, offsets) for impl in impls for suffix, offsets in _packings(scope, impl, shape, seed)]
+    for impl, suffix, offsets in runs:
+        name = f"{op}/{impl}{suffix}"
         if impl in peers.PEERS:
             reason = peers.unavailable(impl, device, shape)
             if reason:
@@ -110,11 +127,12 @@ def mixer_candidates(scope: str, op: str, impls: list[str], shape, dtype, device
             choice, scratch = None, (None, None)
         else:
             try:
-                choice, scratch = _choice(op, shape, dtype, device, impl)
+                choice, scratch = _choice(op, shape, dtype, device, impl, packed=offsets is not None)
             except (ValueError, TypeError) as err:
                 skipped.append(Skip(name, str(err)))
                 continue
-        f = _mixer(op, impl)
+        # the offsets as ints, as a model hands them to its layers (a device tensor would be read every call)
+        f = _mixer(op, impl, offsets)
 
         def output(f=f):
             with torch.no_grad():

@@ -18,13 +18,16 @@ GEN_PREFILL = tuple(dict.fromkeys((B, GEN_PROMPT, D) for B, _, D in GEN))
 # The prefill scope: 512-token prompts at the gen batches, and one 32K-token prompt.
 PREFILL = ((1, 512, 1664), (8, 512, 1664), (64, 512, 1664), (1, 32768, 1664))
 
+# The packed scope: one row of 32K tokens at two widths, packed into 16 and into 256 sequences.
+PACKED = ((1, 32768, 2048), (1, 32768, 1024))
+
 # The mixer shapes of the presets' default training runs (batch 16 of 256 tokens: tiny, small, 400m)
 # and of models of width 2048 at 8K and 64K tokens (the compile checks), so a fresh install's `auto`
 # finds them gated.
 TRAIN = ((16, 256, 128), (16, 256, 512), (16, 256, 1664), (1, 8192, 2048), (1, 65536, 2048))
 
 SETS = {"primary": PRIMARY, "length": LENGTH, "width": WIDTH, "block": BLOCK, "step": STEP, "gen": GEN,
-        "prefill": PREFILL, "train": TRAIN}
+        "prefill": PREFILL, "packed": PACKED, "train": TRAIN}
 # Every shape a sequence kernel is benchmarked at (a gate speaks only for the numerics of its shape),
 # the generation prompts' prefill, the prefill scope's and the training shapes above.
 GATE = tuple(dict.fromkeys(PRIMARY + LENGTH + WIDTH + BLOCK + STEP + GEN_PREFILL + PREFILL + TRAIN))

@@ -26,7 +26,7 @@ INFERENCE = ("gen", "prefill")
 
 def bench_row(scope, op, impl, shape, ms, peer=False, **extra):
     B, L, D = shape
-    floor = {"fwd": 2, "fb": 5}.get(scope)
+    floor = {"fwd": 2, "fb": 5, "packed": 5}.get(scope)
     floor_bytes = floor * B * L * D * 2 if floor else None
     floor_ms = floor_bytes / BANDWIDTH * 1e3 if floor else None
     return {"scope": scope, "op": op, "impl": impl, "candidate": f"{op}/{impl}", "peer": peer, "shape": list(shape),
@@ -112,12 +112,19 @@ def write_fixtures(root: Path):
                       cuda_graph=False),
             bench_row("gen", "samu", "auto", (8, 64, 1664), 20.0, preset="400m", tokens_per_call=512, cuda_graph=True),
             bench_row("prefill", "samu", "auto", (1, 512, 1664), 10.0, preset="400m", tokens_per_call=512),
-            bench_row("prefill", "samu", "auto", (8, 512, 1664), 40.0, preset="400m", tokens_per_call=4096)],
+            bench_row("prefill", "samu", "auto", (8, 512, 1664), 40.0, preset="400m", tokens_per_call=4096),
+            bench_row("packed", "samu", "auto", (1, 32768, 2048), 1.0),
+            dict(bench_row("packed", "samu", "auto", (1, 32768, 2048), 1.03125), candidate="samu/auto@16"),
+            dict(bench_row("packed", "samu", "auto", (1, 32768, 2048), 1.125), candidate="samu/auto@256"),
+            bench_row("packed", "rglru", "auto", (1, 32768, 2048), 2.0),
+            dict(bench_row("packed", "rglru", "auto", (1, 32768, 2048), 2.0625), candidate="rglru/auto@16")],
             complete=False),
         "gates/2026-01-02-gates.json": record("gate", "2026-01-02T01:00:00Z", [
             gate_row("samu", "torch", (1, 8192, 1024), True),
             gate_row("samu", "triton_x", (1, 8192, 1024), False),
-            gate_row("rglru", "torch", (1, 8192, 1024), True)], gates_version=1),
+            gate_row("rglru", "torch", (1, 8192, 1024), True),
+            dict(gate_row("samu", "triton_x", (1, 8192, 1024), True), documents=16,
+                 shape_class="bfloat16|L<=8192|D<=1024|packed")], gates_version=1),
         # newest of all, but quarantined: nothing in it may reach the report
         "quarantine/2026-02-01-wrong.json": record("bench", "2026-02-01T00:00:00Z", [
             bench_row("fb", "samu", "auto", (1, 8192, 1024), 0.4242),
@@ -184,7 +191,7 @@ def test_every_number_row_cites_its_record(reports):
 
 def test_brief_digest(reports):
     digest = reports[0][2]
-    assert "gates: 2 pass, 1 fail" in digest
+    assert "gates: 3 pass, 1 fail" in digest   # the packed row counts on its own
     assert "FAIL samu triton_x 1x8192x1024 bfloat16: y" in digest
     line = next(x for x in digest.splitlines() if x.startswith("fb    1x8192x1024"))
     assert "1.234" in line and "2.468" in line and "0.50" in line and "rglru/fla-chunk_hgrn=flagged" in line

@@ -39,6 +39,29 @@ def test_mixer_fb_candidate_returns_input_and_every_parameter_gradient(op):
     assert all(bool(torch.isfinite(g).all()) for g in grads)
 
 
+@pytest.mark.parametrize("op", ["samu", "rglru"])
+def test_packed_scope_times_each_implementation_unpacked_and_packed(op, monkeypatch):
+    from samu.bench import scopes
+    from samu.ops import functional
+
+    monkeypatch.setattr(scopes, "PACKED_DOCUMENTS", (3, 40))   # 40 > L: left out
+    calls = []
+    packed = functional._packed
+    monkeypatch.setattr(functional, "_packed", lambda *a: calls.append(a[-1]) or packed(*a))
+    found, skipped = mixer_candidates("packed", op, ["auto", "torch"], (1, 30, 8), torch.float32, "cpu", seed=2)
+    assert [c.name for c in found] == [f"{op}/auto", f"{op}/auto@3", f"{op}/torch", f"{op}/torch@3"] and not skipped
+    assert memory_floor("packed", (1, 30, 8), torch.float32) == memory_floor("fb", (1, 30, 8), torch.float32)
+    for c in found:
+        grads = c.run()
+        assert len(grads) == 1 + (4 if op == "samu" else 5) and all(bool(torch.isfinite(g).all()) for g in grads)
+    # the packed runs pass their offsets as ints, drawn as the packed gates draw them (the first one token)
+    assert len(calls) == 2 and calls[0] == calls[1] and calls[0][:2] == [0, 1] and calls[0][-1] == 30
+    assert len(calls[0]) == 4
+    assert not torch.equal(found[1].run()[0], found[0].run()[0])
+    found, skipped = mixer_candidates("packed", op, ["auto"], (2, 30, 8), torch.float32, "cpu", seed=2)
+    assert not found and "batch-1 row" in skipped[0].reason
+
+
 def test_mixer_fwd_candidate_is_gradient_free():
     (c, *_), _ = mixer_candidates("fwd", "samu", ["auto"], (1, 5, 4), torch.float32, "cpu", seed=0)
     y = c.run()
