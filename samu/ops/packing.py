@@ -21,8 +21,9 @@ import torch
 def sequence_offsets(cu_seqlens, x: torch.Tensor, name: str = "cu_seqlens") -> list[int]:
     """The offsets of ``cu_seqlens`` as ints, checked against x [1, L, ...]: a ValueError/TypeError naming it."""
     if torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
-        raise ValueError(f"{name}: packed sequences run one call per sequence, which torch.compile and CUDA-graph "
-                         f"capture cannot trace; run the packed call eagerly")
+        raise ValueError(f"{name}: a packed call reads its offsets on the host (to check them, and to run one call "
+                         f"per sequence where no kernel packs), which torch.compile and CUDA-graph capture cannot "
+                         f"trace; run the packed call eagerly")
     if isinstance(cu_seqlens, torch.Tensor):
         if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
             raise ValueError(f"{name} must be an int32 or int64 tensor [N + 1] of offsets (N >= 1), got "

@@ -97,11 +97,18 @@ def test_bad_offsets_name_the_argument():
         samu_mixer(x, *params, initial_state=torch.zeros(1, 8), cu_seqlens=torch.tensor([0, 4, 10], dtype=torch.int32))
 
 
+# the block's backends: auto, and a packing Triton variant with the fused glue (the interpreter on CPU)
+BLOCK_BACKENDS = ["auto"] + (["variant"] if dispatch.triton_available() else [])
+VARIANT = {"samu": "triton_grouped", "rglru": "triton_chunked"}
+
+
+@pytest.mark.parametrize("backend", BLOCK_BACKENDS)
 @pytest.mark.parametrize("mixer", ["samu", "rglru"])
-def test_a_packed_block_and_model_equal_one_call_per_sequence(mixer):
+def test_a_packed_block_and_model_equal_one_call_per_sequence(mixer, backend):
     torch.manual_seed(0)
     cu = torch.tensor([0, 3, 4, 11], dtype=torch.int32)
-    block = RecurrentBlock(16, mixer=mixer, num_heads=4, device=DEVICE)
+    backend = VARIANT[mixer] if backend == "variant" else backend
+    block = RecurrentBlock(16, mixer=mixer, num_heads=4, backend=backend, device=DEVICE)
     u = torch.randn(1, 11, 16, device=DEVICE, requires_grad=True)
     out, state = block(u, return_state=True, cu_seqlens=cu)
     assert state.conv.shape == (3, 3, 16) and state.mixer.shape == (3, 16)
@@ -120,7 +127,8 @@ def test_a_packed_block_and_model_equal_one_call_per_sequence(mixer):
     more, _ = block(u[:, :4].detach(), state, cu_seqlens=torch.tensor([0, 1, 2, 4], dtype=torch.int32))
     alone, _ = block(u[:, 2:4].detach(), type(state)(state.conv[2:], state.mixer[2:]))
     assert torch.allclose(more[:, 2:4], alone, atol=1e-6, rtol=0)
-    model = LanguageModel(LMConfig(vocab_size=19, width=16, num_layers=2, mixer=mixer, num_heads=4), device=DEVICE)
+    model = LanguageModel(LMConfig(vocab_size=19, width=16, num_layers=2, mixer=mixer, num_heads=4), backend=backend,
+                          device=DEVICE)
     tokens = torch.randint(0, 19, (1, 11), device=DEVICE)
     logits, states = model(tokens, return_state=True, cu_seqlens=cu)
     separate = torch.cat([model(tokens[:, a:b])[0] for a, b in zip(cu.tolist(), cu[1:].tolist())], 1)
@@ -133,5 +141,23 @@ def test_a_packed_block_and_model_equal_one_call_per_sequence(mixer):
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(torch.compiler, "is_compiling", lambda: True)
-        with pytest.raises(ValueError, match="cu_seqlens: packed sequences run one call per sequence"):
+        with pytest.raises(ValueError, match="cu_seqlens: a packed call reads its offsets on the host"):
             packing.sequence_offsets(cu, tokens)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("op", ["samu", "rglru"])
+def test_gpu_packed_variants_pass_the_gate_per_sequence(op, dtype):
+    """Every Triton variant's one packed call at a realistic shape (16 sequences of random lengths, the
+    first one token long) against the float64 reference run one sequence at a time."""
+    from samu.gates.inputs import document_offsets
+    from tests.helpers import assert_gate, gate_check
+
+    fn, _ = _mixer(op)
+    offsets = document_offsets(5000, 16, seed=1)
+    for name in dispatch.variants(op):
+        def mixer(*args, name=name, **kw):
+            return fn(*args, backend=name, **kw)
+
+        assert_gate(gate_check(op, mixer, dtype, 1, 5000, 1024, H=16, seed=3, device="cuda", cu_seqlens=offsets))
