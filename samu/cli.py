@@ -90,7 +90,7 @@ def _add_train_args(p):
                    help="recompute each layer's activations in the backward: less memory, ~1/3 more compute")
     g.add_argument("--pack", action="store_const", const=True, default=None,
                    help="packed batches: documents (the embedded corpus's files, a text folder's files) keep their "
-                        "boundaries, so that no state crosses from one into the next; trains eagerly")
+                        "boundaries, so that no state crosses from one into the next")
 
 
 def _add_runtime_args(p, threads=None):

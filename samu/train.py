@@ -37,6 +37,7 @@ from samu.models.checkpoint import CheckpointError, atomic_write, temporaries
 from samu.models.flops import mfu, peak_flops
 from samu.modules import RecurrentBlock
 from samu.ops.checks import NonFiniteParameters, set_check_finite
+from samu.ops.packing import sequence_offsets
 from samu.paths import RUN_MARKER, FileLock
 from samu.validate import cpu_or_cuda, finite_number, nonneg_int, positive_int
 
@@ -85,8 +86,7 @@ class TrainConfig:
     # recompute each layer's activations in the backward instead of keeping them (less memory, ~1/3 more compute)
     activation_checkpointing: bool = False
     # packed batches: a micro-batch's windows laid end to end with every document boundary kept
-    # (TokenData.packed), so that no state or convolution crosses from one document into the next; runs
-    # eagerly (the packed call is one call per sequence until the kernels take the offsets)
+    # (TokenData.packed), so that no state or convolution crosses from one document into the next
     pack: bool = False
     # A progress bar; validation results are printed either way.
     progress: bool = True
@@ -123,9 +123,6 @@ class TrainConfig:
         for name in ("activation_checkpointing", "pack"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if self.pack and self.compile == "on":
-            raise ValueError("compile must be 'off' or 'auto' with pack: packed sequences run one call per sequence, "
-                             "which torch.compile cannot trace")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -222,16 +219,25 @@ def _setup_distributed(config: TrainConfig) -> tuple[_Dist, torch.device]:
 
 
 def _compiles(config: TrainConfig, device: torch.device) -> bool:
-    return config.compile == "on" or (config.compile == "auto" and device.type == "cuda" and not config.pack)
+    return config.compile == "on" or (config.compile == "auto" and device.type == "cuda")
 
 
-def _choose_mixers(model: CausalLM, config: TrainConfig, device: torch.device) -> None:
+def _choose_mixers(model: CausalLM, config: TrainConfig, device: torch.device) -> "str | None":
     """Each mixer's implementation at the training shape, chosen eagerly (gating its class where no record
-    covers it), before torch.compile traces the model: dispatch never gates inside a trace."""
+    covers it), before torch.compile traces the model: dispatch never gates inside a trace. Returns why
+    the model cannot be compiled (packed batches no kernel packs in one call), or None."""
     dtype = torch.bfloat16 if _autocasts(config, device) else next(model.parameters()).dtype
-    for block in model.modules():
-        if isinstance(block, RecurrentBlock):
-            block.mixer.choose(config.batch_size, config.seq_len, dtype, device)
+    blocks = [m for m in model.modules() if isinstance(m, RecurrentBlock)]
+    if config.pack and not blocks:
+        return "the transformer runs packed batches one call per sequence, which torch.compile cannot trace"
+    # packed, a micro-batch is one row of batch_size * seq_len tokens
+    shape = (1, config.batch_size * config.seq_len) if config.pack else (config.batch_size, config.seq_len)
+    for block in blocks:
+        choice = block.mixer.choose(*shape, dtype, device, packed=config.pack)
+        if config.pack and choice.backend != "triton":
+            return (f"packed batches compile only where a Triton variant packs them in one call, and here "
+                    f"{choice.reason}")
+    return None
 
 
 def _autocasts(config: TrainConfig, device: torch.device) -> bool:
@@ -263,12 +269,17 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
-def forward(model, x: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
-    """The logits [B, L, V] of a batch x [B, L]; with ``cu_seqlens`` (TokenData.packed) its rows run as one
-    packed row, every document on its own."""
+def forward(model, x: torch.Tensor, cu_seqlens: torch.Tensor | None, compiled: bool = False) -> torch.Tensor:
+    """The logits [B, L, V] of a batch x [B, L] (on the model's device); with ``cu_seqlens`` (TokenData.packed,
+    on the host) its rows run as one packed row, every document on its own. A ``compiled`` model takes the
+    offsets checked here and copied to the device (a trace cannot read them)."""
     if cu_seqlens is None:
         return model(x)[0]
-    return model(x.reshape(1, -1), cu_seqlens=cu_seqlens)[0].view(*x.shape, -1)
+    row = x.reshape(1, -1)
+    if compiled:
+        sequence_offsets(cu_seqlens, row)   # host values: no synchronisation
+        cu_seqlens = to_device(cu_seqlens, x.device)
+    return model(row, cu_seqlens=cu_seqlens)[0].view(*x.shape, -1)
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -585,8 +596,15 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         engine = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
     compiled = _compiles(config, device)
     if compiled:
-        _choose_mixers(model, config, device)
-        engine = torch.compile(engine)
+        why = _choose_mixers(model, config, device)
+        if why is not None and config.compile == "on":
+            raise ValueError(f"compile: {why}; train with compile='off' (--no-compile)")
+        if why is not None:
+            compiled = False
+            if is_main:
+                tqdm.write(f"training eagerly: {why}")
+        else:
+            engine = torch.compile(engine)
     log.update(compiled=compiled, activation_checkpointing=config.activation_checkpointing, packed=config.pack)
     peak, params = peak_flops(device), model.num_params()
     autocast = _autocast(config, device)
@@ -665,7 +683,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
             try:
                 with sync:
                     with autocast:
-                        logits = forward(engine, x, cu_seqlens)
+                        logits = forward(engine, x, cu_seqlens, compiled)
                     loss = cross_entropy(logits, y)
                     (loss / config.grad_accum).backward()
             except NonFiniteParameters:

@@ -26,10 +26,10 @@ def test_a_tiny_study_trains_every_arm_alike_and_resumes(tmp_path, capsys, monke
 
     sample, drawn = TokenData.sample, []
 
-    def recording(self, batch_size, seq_len, rng):
-        x, y = sample(self, batch_size, seq_len, rng)
+    def recording(self, batch_size, seq_len, rng, pack=False):
+        x, y, cu = sample(self, batch_size, seq_len, rng, pack)
         drawn.append(x)
-        return x, y
+        return x, y, cu
 
     monkeypatch.setattr(TokenData, "sample", recording)
     record, results = _study(tmp_path, "a")

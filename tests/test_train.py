@@ -13,6 +13,7 @@ import torch
 
 from samu.data import TokenData, text_corpus
 from samu.models import CheckpointError, LanguageModel, LMConfig, load_checkpoint
+from samu.ops import dispatch
 from samu.train import CosineSchedule, TrainConfig, check_out_dir, train
 from tests.helpers import byte_text as _text
 
@@ -317,7 +318,7 @@ def test_compile_on_trains_through_torch_compile(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     choose = SAMUMixer.choose
-    monkeypatch.setattr(SAMUMixer, "choose", lambda self, *a: events.append(a[:2]) or choose(self, *a))
+    monkeypatch.setattr(SAMUMixer, "choose", lambda self, *a, **kw: events.append(a[:2]) or choose(self, *a, **kw))
     data = text_corpus(_text(tmp_path))
     config = _config(tmp_path, "on", steps=2, compile="on")
     result = train(config, data=data)
@@ -420,11 +421,36 @@ def test_packed_runs_resume_exactly_and_refuse_the_other_way(tmp_path):
         train(_config(tmp_path, "whole", steps=6), data=data, resume=True)
 
 
-def test_packing_needs_documents_and_eager_training(tmp_path):
-    with pytest.raises(ValueError, match="compile must be 'off' or 'auto' with pack"):
-        TrainConfig(pack=True, compile="on")
+def test_packing_needs_documents(tmp_path):
     with pytest.raises(ValueError, match="pack must be true or false"):
         TrainConfig(pack="yes")
     with pytest.raises(ValueError, match="pack: the data .* have no document boundaries"):
         train(_config(tmp_path, pack=True), data=text_corpus(_text(tmp_path)))
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+@pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
+def test_packed_training_compiles_only_through_a_packing_kernel(tmp_path, monkeypatch):
+    """compile='on' with packed batches: refused in one line where a mixer would run one call per sequence
+    (the torch backend); through a packing Triton variant (the interpreter here: a one-layer model, one
+    step) the compiled model gets the checked offsets as an int32 tensor on its device."""
+    data = _documents(tmp_path)
+    with pytest.raises(ValueError, match="compile: packed batches compile only where a Triton variant packs"):
+        train(_config(tmp_path, "torch", pack=True, compile="on"), data=data)
+    seen = []
+    original = LanguageModel.forward
+
+    def spy(self, tokens, *a, cu_seqlens=None, **kw):
+        if self.training:
+            seen.append(cu_seqlens)
+        return original(self, tokens, *a, cu_seqlens=cu_seqlens, **kw)
+
+    monkeypatch.setattr(LanguageModel, "forward", spy)
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: module)   # the trace itself: test_compile.py
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    small = dict(model=LMConfig(width=8, num_layers=1, lru_width=8), steps=1, batch_size=2, seq_len=16,
+                 eval_batches=1)
+    compiled = train(_config(tmp_path, "compiled", pack=True, compile="on", backend="triton_grouped", **small),
+                     data=data)
+    assert compiled.log["compiled"] and len(seen) == 1
+    assert isinstance(seen[0], torch.Tensor) and seen[0].dtype == torch.int32 and seen[0][-1] == 32

@@ -29,12 +29,13 @@ class _FP32Parameters(nn.Module):
         self._step_backend = fused_backend(value)
         self._backend = value
 
-    def choose(self, batch: int, length: int, dtype: torch.dtype, device=None) -> dispatch.Choice:
-        """The implementation a [batch, length, width] input of ``dtype`` runs (samu.dispatch.choose), gating
-        its class now if no record covers it: call it eagerly before torch.compile, which never gates."""
+    def choose(self, batch: int, length: int, dtype: torch.dtype, device=None, packed: bool = False) -> dispatch.Choice:
+        """The implementation a [batch, length, width] input of ``dtype`` runs (samu.dispatch.choose; ``packed``:
+        a packed row of that length), gating its class now if no record covers it: call it eagerly before
+        torch.compile, which never gates."""
         device = next(self.parameters()).device if device is None else device
         return dispatch.choose(self.OP, batch, length, self.width, dtype, device, self.backend,
-                               heads=getattr(self, "num_heads", 16))
+                               heads=getattr(self, "num_heads", 16), packed=packed)
 
     def _apply(self, fn, recurse=True):
         def keep_fp32(t):

@@ -9,8 +9,9 @@ The fused kernels accumulate in fp32 and round once; the PyTorch ops round after
 input dtype, so the two agree to the input dtype's rounding, the fused one the nearer to exact.
 
 Packed rows (``cu_seqlens``, samu.ops.packing): the Conv1D restarts at every boundary, from that
-sequence's row of the state; the fused kernels take the offsets, the PyTorch ops run one sequence at
-a time.
+sequence's row of the state. The fused kernels and the PyTorch ops (``packed_causal_conv``: each tap
+masked to the token's own sequence, the state's rows gathered where it reaches back) both take the
+offsets on the device, so neither needs the host, and torch.compile traces the PyTorch ops.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from samu.ops import dispatch
-from samu.ops.packing import device_offsets, per_sequence, sequence_index
+from samu.ops.packing import device_offsets, sequence_index
 
 GLUE_BACKENDS = ("auto", "torch", "triton")
 # the widest Conv1D the fused kernels take (one accumulator per tap); wider ones run as PyTorch ops
@@ -86,18 +87,73 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, state
     return y, (last_inputs(x, state, K) if return_state else None)
 
 
-def conv_gelu_torch(z, weight, bias, state=None):
-    """(x_c, a) by PyTorch ops: the unfused glue, the ground the fused kernels are tested against."""
+def _taps(seq: torch.Tensor, cu: torch.Tensor, K: int):
+    """Per tap i and token t of a packed row: the position t - (K - 1) + i, whether it lies in t's own
+    sequence, and the entry of that sequence's state it reads otherwise ([K, L] each, and t's sequence)."""
+    L = seq.shape[0]
+    t = torch.arange(L, device=seq.device)
+    n = seq.long()
+    first = cu.long()[n]
+    pos = t[None, :] - (K - 1) + torch.arange(K, device=seq.device)[:, None]
+    return pos, pos >= first[None, :], (pos - first[None, :] + (K - 1)).clamp(0, max(K - 2, 0)), n
+
+
+def packed_causal_conv(x, weight, bias, state, seq, cu, return_state=False):
+    """causal_conv of a packed row x [1, L, E] (``seq`` [L] and ``cu`` [N + 1] on x's device): each token's
+    window reaches back to its own sequence's start, then into its row of ``state`` [N, K - 1, E] (zeros
+    when None). The same sum in the same order as causal_conv, by PyTorch ops only (no host reads).
+    Returns (y [1, L, E], each sequence's last K - 1 inputs [N, K - 1, E] or None)."""
+    K = weight.shape[0]
+    state = state if K > 1 else None   # a width-1 convolution has no state
+    pos, inside, entry, n = _taps(seq, cu, K)
+    weight, bias = weight.to(x.dtype), bias.to(x.dtype)
+    xs = x[0]
+
+    def tap(i):
+        own = torch.where(inside[i, :, None], xs[pos[i].clamp(min=0)], 0.0)
+        if state is None:
+            return own
+        return torch.where(inside[i, :, None], own, state.to(x.dtype)[n, entry[i]])
+
+    y = bias + tap(0) * weight[0]
+    for i in range(1, K):
+        y = torch.addcmul(y, tap(i), weight[i])
+    if not return_state:
+        return y[None], None
+    # sequence m's last K - 1 inputs: positions end - (K - 1) .. end - 1, reaching back into its state row
+    last = cu.long()[1:, None] - (K - 1) + torch.arange(K - 1, device=x.device)[None, :]
+    own = last >= cu.long()[:-1, None]
+    window = xs[last.clamp(min=0)]
+    old = (torch.zeros_like(window) if state is None else
+           state.to(x.dtype).gather(1, (last - cu.long()[:-1, None] + (K - 1)).clamp(0, K - 2)[..., None]
+                                    .expand(-1, -1, x.shape[-1])))
+    return y[None], torch.where(own[..., None], window, old)
+
+
+def conv_gelu_torch(z, weight, bias, state=None, seq=None, cu=None, return_state=False):
+    """(x_c, a, the new state or None) by PyTorch ops: the unfused glue, the ground the fused kernels are
+    tested against; packed with ``seq`` and ``cu`` (packed_causal_conv)."""
     E = z.shape[-1] // 2
-    xc, _ = causal_conv(z[..., :E], weight, bias, state)
-    return xc, F.gelu(z[..., E:], approximate="tanh")
+    if seq is None:
+        xc, _ = causal_conv(z[..., :E], weight, bias, state)
+        new = last_inputs(z[..., :E], state, weight.shape[0]) if return_state else None
+    else:
+        xc, new = packed_causal_conv(z[..., :E], weight, bias, state, seq, cu, return_state)
+    return xc, F.gelu(z[..., E:], approximate="tanh"), new
 
 
-def _state_grad(dxc: torch.Tensor, weight: torch.Tensor, offsets=None) -> torch.Tensor:
+def _state_grad(dxc: torch.Tensor, weight: torch.Tensor, seq=None, cu=None) -> torch.Tensor:
     """d(state)[j] = sum_{i <= j} weight[i] dx_c[j - i] (the outputs that read the state's entry j);
-    packed (``offsets``), for each sequence's row."""
-    if offsets is not None:
-        return torch.cat(per_sequence(lambda d, _: _state_grad(d, weight), dxc, offsets))
+    packed (``seq``, ``cu``), each sequence's row from its own outputs."""
+    if seq is not None:
+        K, E = weight.shape
+        pos, inside, entry, n = _taps(seq, cu, K)
+        d = dxc.new_zeros(cu.shape[0] - 1, max(K - 1, 0), E, dtype=torch.float32)
+        for i in range(K - 1):
+            # tap i of token t reads entry[i, t] of its sequence's state where it reaches back
+            rows = ~inside[i]
+            d.index_put_((n[rows], entry[i][rows]), weight[i].float() * dxc[0][rows].float(), accumulate=True)
+        return d
     B, L, E = dxc.shape
     K = weight.shape[0]
     d = dxc.new_zeros(B, K - 1, E, dtype=torch.float32)
@@ -110,15 +166,10 @@ def _state_grad(dxc: torch.Tensor, weight: torch.Tensor, offsets=None) -> torch.
 
 class _ConvGelu(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, z, weight, bias, state, offsets):
+    def forward(ctx, z, weight, bias, state, seq, cu):
         from samu.ops.glue_triton import conv_gelu_fwd
 
-        seq, cu = None, None
-        if offsets is not None:
-            cu = device_offsets(offsets, z.device)
-            seq = sequence_index(cu, z.shape[1])
         ctx.save_for_backward(z, weight, state, seq, cu)
-        ctx.offsets = offsets
         return conv_gelu_fwd(z, weight, bias, state, seq, cu)
 
     @staticmethod
@@ -132,8 +183,8 @@ class _ConvGelu(torch.autograd.Function):
         dz, dw, db = conv_gelu_bwd(dxc, da, z, weight, state, seq, cu)
         dstate = None
         if state is not None and ctx.needs_input_grad[3]:
-            dstate = _state_grad(dxc, weight, ctx.offsets).to(state.dtype)
-        return dz, dw.to(weight.dtype), db.to(weight.dtype), dstate, None
+            dstate = _state_grad(dxc, weight, seq, cu).to(state.dtype)
+        return dz, dw.to(weight.dtype), db.to(weight.dtype), dstate, None, None
 
 
 def uses_triton(z: torch.Tensor, weight: torch.Tensor, backend: str = "auto") -> bool:
@@ -147,23 +198,21 @@ def conv_gelu(z, weight, bias, state=None, return_state=False, backend="auto", o
     weight [K, E] and bias [E] and its state [B, K-1, E] or None; see the module docstring.
 
     backend: "auto" (fused kernels on CUDA, PyTorch ops elsewhere), "torch" or "triton".
-    offsets: checked packed offsets, a list of N + 1 ints (samu.ops.packing.sequence_offsets; B = 1):
-    the states then have N rows.
+    offsets: checked packed offsets (samu.ops.packing.sequence_offsets: N + 1 ints, or inside a trace
+    the tensor; B = 1): the states then have N rows.
     """
     E, K = z.shape[-1] // 2, weight.shape[0]
-    fused = uses_triton(z, weight, backend)
-    if offsets is not None and not fused:
-        pieces = per_sequence(lambda z_n, s_n: conv_gelu(z_n, weight, bias, s_n, return_state, backend), z, offsets,
-                              state)
-        xc, a = (torch.cat([p[i] for p in pieces], dim=1) for i in (0, 1))
-        return xc, a, (torch.cat([p[2] for p in pieces]) if return_state else None)
-    if fused:
-        s = None if state is None else state.to(z.dtype).contiguous()
-        xc, a = _ConvGelu.apply(z.contiguous(), weight, bias, s, offsets)
-    else:
-        xc, a = conv_gelu_torch(z, weight, bias, state)
+    seq = cu = None
+    if offsets is not None:
+        cu = device_offsets(offsets, z.device)
+        seq = sequence_index(cu, z.shape[1])
+    if not uses_triton(z, weight, backend):
+        return conv_gelu_torch(z, weight, bias, state, seq, cu, return_state)
+    s = None if state is None else state.to(z.dtype).contiguous()
+    xc, a = _ConvGelu.apply(z.contiguous(), weight, bias, s, seq, cu)
     if not return_state:
         return xc, a, None
-    if offsets is None:
+    if seq is None:
         return xc, a, last_inputs(z[..., :E], state, K)
-    return xc, a, torch.cat(per_sequence(lambda z_n, s_n: last_inputs(z_n[..., :E], s_n, K), z, offsets, state))
+    # the new states by the PyTorch ops' gathers (no arithmetic: the same values)
+    return xc, a, packed_causal_conv(z[..., :E], weight, bias, state, seq, cu, return_state=True)[1]

@@ -5,12 +5,14 @@ layers, so that a device tensor is read once, not once per layer).
 
 A packed call is the concatenation of one call per document, each from its own initial state (row n
 of an [N, ...] state, zeros when it is None), and its final states are stacked [N, ...]; no state and
-no Conv1D window crosses a boundary. The Triton variants that pack (dispatch's ``packs``) run it in one
-call, restarting the recurrence where a sequence opens (``sequence_index``); every other backend runs
-one call per document, each through the op's own dispatch. Reading the offsets is a host
-synchronisation for a CUDA tensor, so packed calls are refused inside torch.compile and CUDA-graph
-capture; a model reads them once per forward and hands its layers ints (``device_offsets`` makes the
-kernels' copy once).
+no Conv1D window crosses a boundary. The Triton variants that pack (dispatch's ``packs``) and the
+block's glue run it in one call, restarting where a sequence opens (``sequence_index``); the mixers'
+other backends run one call per document, each through the op's own dispatch.
+
+Eagerly, the offsets are read and checked on the host (a synchronisation for a CUDA tensor); a model
+reads them once per forward and hands its layers ints (``device_offsets`` makes the kernels' copy once).
+Inside torch.compile an int32 device tensor passes unread (checked before, as samu train does), and the
+call must run in one kernel call; CUDA-graph capture refuses packed calls.
 """
 
 from __future__ import annotations
@@ -18,12 +20,29 @@ from __future__ import annotations
 import torch
 
 
-def sequence_offsets(cu_seqlens, x: torch.Tensor, name: str = "cu_seqlens") -> list[int]:
-    """The offsets of ``cu_seqlens`` as ints, checked against x [1, L, ...]: a ValueError/TypeError naming it."""
-    if torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+def _tracing() -> bool:
+    return torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def sequence_offsets(cu_seqlens, x: torch.Tensor, name: str = "cu_seqlens"):
+    """The offsets of ``cu_seqlens`` as ints, checked against x [1, L, ...]: a ValueError/TypeError naming it.
+
+    Inside torch.compile, where values cannot be read, an int32 tensor on x's device is checked by its
+    dtype, shape and device only and returned as it is (check the values before, as samu train does);
+    a packed call there must run in one call of a packing kernel (or the PyTorch glue), never one call
+    per sequence. A CUDA-graph capture refuses packed calls."""
+    if torch.compiler.is_compiling() and isinstance(cu_seqlens, torch.Tensor):
+        if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 or cu_seqlens.device != x.device:
+            raise ValueError(f"{name} must be an int32 tensor [N + 1] on {x.device} inside torch.compile, got "
+                             f"{cu_seqlens.dtype} {list(cu_seqlens.shape)} on {cu_seqlens.device}")
+        if x.shape[0] != 1:
+            raise ValueError(f"{name} packs sequences along L of a batch-1 input; got a batch of {x.shape[0]}")
+        return cu_seqlens
+    if _tracing():
         raise ValueError(f"{name}: a packed call reads its offsets on the host (to check them, and to run one call "
-                         f"per sequence where no kernel packs), which torch.compile and CUDA-graph capture cannot "
-                         f"trace; run the packed call eagerly")
+                         f"per sequence where no kernel packs), which CUDA-graph capture (and torch.compile, for "
+                         f"offsets given as ints) cannot trace; pass an int32 tensor to a compiled model, or run "
+                         f"the packed call eagerly")
     if isinstance(cu_seqlens, torch.Tensor):
         if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
             raise ValueError(f"{name} must be an int32 or int64 tensor [N + 1] of offsets (N >= 1), got "
@@ -44,6 +63,10 @@ def sequence_offsets(cu_seqlens, x: torch.Tensor, name: str = "cu_seqlens") -> l
 
 def per_sequence(run, x: torch.Tensor, offsets: list[int], state=None) -> list:
     """run(x[:, a:b], row n of ``state`` or None) for each packed sequence n, in order."""
+    if isinstance(offsets, torch.Tensor):
+        raise ValueError("cu_seqlens: inside torch.compile a packed call needs a kernel that packs (a gated "
+                         "packing Triton variant on CUDA); this one would run one call per sequence, which a "
+                         "trace cannot: run it eagerly")
     return [run(x[:, a:b], None if state is None else state[n:n + 1])
             for n, (a, b) in enumerate(zip(offsets, offsets[1:]))]
 
@@ -61,6 +84,8 @@ _on_device: dict = {}   # (offsets, device) -> int32 tensor: a model's layers sh
 def device_offsets(offsets: list[int], device: torch.device) -> torch.Tensor:
     """Checked ``offsets`` as an int32 tensor on ``device``, copied once for all the calls that share them
     (to CUDA through pinned memory, without waiting for the device)."""
+    if isinstance(offsets, torch.Tensor):   # inside a trace: already the device tensor (sequence_offsets)
+        return offsets
     key = (tuple(offsets), torch.device(device))
     found = _on_device.get(key)
     if found is None:

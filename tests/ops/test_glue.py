@@ -49,6 +49,10 @@ def _run(fn, z, weight, bias, state, dxc, da, device, dtype=None):
     return [xc, a, *grads]
 
 
+def _unfused(z, weight, bias, state):
+    return conv_gelu_torch(z, weight, bias, state)[:2]
+
+
 def _fused(z, weight, bias, state):
     xc, a, _ = conv_gelu(z, weight, bias, state, backend="triton")
     return xc, a
@@ -64,7 +68,7 @@ CASES = [(2, 37, 20, 4), (1, 1, 16, 4), (2, 2, 8, 4), (1, 50, 36, 2), (3, 9, 8, 
                                                   if not (s and case[3] == 1)])   # width 1: no state
 def test_fp32_matches_float64(B, L, E, K, with_state):
     inputs = _inputs(B, L, E, K, torch.float32, with_state, seed=L + E + K)
-    exact = _run(conv_gelu_torch, *inputs, "cpu", torch.float64)
+    exact = _run(_unfused, *inputs, "cpu", torch.float64)
     fused = _run(_fused, *inputs, DEVICE)
     assert len(fused) == len(exact)
     for name, f, e in zip(NAMES, fused, exact):
@@ -75,8 +79,8 @@ def test_fp32_matches_float64(B, L, E, K, with_state):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_no_worse_than_unfused(dtype):
     inputs = _inputs(2, 45, 20, 4, dtype, True, seed=3)
-    exact = _run(conv_gelu_torch, *inputs, "cpu", torch.float64)
-    unfused = _run(conv_gelu_torch, *inputs, "cpu")
+    exact = _run(_unfused, *inputs, "cpu", torch.float64)
+    unfused = _run(_unfused, *inputs, "cpu")
     fused = _run(_fused, *inputs, DEVICE)
     rounding = torch.finfo(dtype).eps / 2
     for name, f, u, e in zip(NAMES, fused, unfused, exact):
@@ -97,22 +101,24 @@ def test_backward_is_deterministic_and_new_state_is_the_last_inputs():
         assert torch.equal(new.cpu(), window[:, -3:])
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize("K,with_state", [(4, False), (4, True), (3, True)])
-def test_packed_rows_restart_the_convolution_at_every_boundary(K, with_state):
-    """One fused packed call against the float64 PyTorch ops run one sequence at a time: outputs, every
-    gradient (the state's per sequence) and the new state; lengths 1, 2 (shorter than the window), a row
-    tile exactly and ragged ones, boundaries inside row tiles and programs."""
+def test_packed_rows_restart_the_convolution_at_every_boundary(K, with_state, backend):
+    """One packed call (fused, or the PyTorch ops' masked taps) against the float64 PyTorch ops run one
+    sequence at a time: outputs, every gradient (the state's per sequence) and the new state; lengths 1,
+    2 (shorter than the window), a row tile exactly and ragged ones, boundaries inside row tiles and
+    programs. The PyTorch ops packed equal them unpacked, one sequence at a time, bit for bit."""
     offsets = [0, 1, 3, 11, 12, 29, 30, 37]
     N, E = len(offsets) - 1, 20
     z, weight, bias, _, dxc, da = _inputs(1, offsets[-1], E, K, torch.float32, False, seed=K)
     state = torch.randn(N, K - 1, E, generator=torch.Generator().manual_seed(9)) if with_state else None
 
     def packed(z, weight, bias, state):
-        xc, a, _ = conv_gelu(z, weight, bias, state, backend="triton", offsets=offsets)
+        xc, a, _ = conv_gelu(z, weight, bias, state, backend=backend, offsets=offsets)
         return xc, a
 
     def one_by_one(z, weight, bias, state):
-        pieces = [conv_gelu_torch(z[:, a:b], weight, bias, None if state is None else state[n:n + 1])
+        pieces = [_unfused(z[:, a:b], weight, bias, None if state is None else state[n:n + 1])
                   for n, (a, b) in enumerate(zip(offsets, offsets[1:]))]
         return tuple(torch.cat([p[i] for p in pieces], dim=1) for i in (0, 1))
 
@@ -121,9 +127,13 @@ def test_packed_rows_restart_the_convolution_at_every_boundary(K, with_state):
     assert len(fused) == len(exact)
     for name, f, e in zip(NAMES, fused, exact):
         assert rel_err(f.cpu(), e) < 1e-6, name
+    if backend == "torch":
+        alone = _run(one_by_one, z, weight, bias, state, dxc, da, DEVICE)
+        for name, f, e in zip(NAMES[:2], fused, alone):
+            assert torch.equal(f, e), name
     # the new state of each sequence: its last K - 1 inputs, reaching back into its state row
     _, _, new = conv_gelu(z.to(DEVICE), weight.to(DEVICE), bias.to(DEVICE),
-                          None if state is None else state.to(DEVICE), return_state=True, backend="triton",
+                          None if state is None else state.to(DEVICE), return_state=True, backend=backend,
                           offsets=offsets)
     for n, (a, b) in enumerate(zip(offsets, offsets[1:])):
         old = torch.zeros(1, K - 1, E) if state is None else state[n:n + 1]

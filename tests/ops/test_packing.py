@@ -136,13 +136,20 @@ def test_a_packed_block_and_model_equal_one_call_per_sequence(mixer, backend):
     model.activation_checkpointing = True
     recomputed, _ = model(tokens, cu_seqlens=cu)
     assert torch.allclose(recomputed, logits, atol=1e-6, rtol=0)
-    # a trace or a capture cannot run one call per sequence: refused in one line
+    # inside a trace: an int32 tensor on the input's device passes unread, ints or other tensors are refused
+    # in one line, and so is a call that would run one call per sequence
     from samu.ops import packing
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(torch.compiler, "is_compiling", lambda: True)
+        on_device = cu.to(DEVICE)
+        assert packing.sequence_offsets(on_device, tokens) is on_device
         with pytest.raises(ValueError, match="cu_seqlens: a packed call reads its offsets on the host"):
-            packing.sequence_offsets(cu, tokens)
+            packing.sequence_offsets(cu.tolist(), tokens)
+        with pytest.raises(ValueError, match="must be an int32 tensor"):
+            packing.sequence_offsets(cu.long().to(DEVICE), tokens)
+        with pytest.raises(ValueError, match="needs a kernel that packs"):
+            packing.per_sequence(lambda *a: None, tokens, on_device)
 
 
 @pytest.mark.gpu
