@@ -279,6 +279,11 @@ def forward(model, x: torch.Tensor, cu_seqlens: torch.Tensor | None, compiled: b
     if compiled:
         sequence_offsets(cu_seqlens, row)   # host values: no synchronisation
         cu_seqlens = to_device(cu_seqlens, x.device)
+        # the number of documents changes from batch to batch: one graph for every count
+        torch._dynamo.mark_dynamic(cu_seqlens, 0)
+    else:
+        # ints: an eager model (and DDP, which would copy a tensor to the GPU) reads them without a sync
+        cu_seqlens = cu_seqlens.tolist()
     return model(row, cu_seqlens=cu_seqlens)[0].view(*x.shape, -1)
 
 

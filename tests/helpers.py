@@ -55,11 +55,12 @@ def randn(shape, seed: int, dtype=torch.float32, device="cpu", requires_grad=Tru
     return torch.randn(shape, generator=g).to(device=device, dtype=dtype).requires_grad_(requires_grad)
 
 
-def gate_check(op: str, run, x_dtype, B, L, D, H=4, seed=0, with_state=True, device="cpu", cu_seqlens=None):
+def gate_check(op: str, run, x_dtype, B, L, D, H=4, seed=0, with_state=True, device="cpu", cu_seqlens=None,
+               final_grad=True):
     """Run ``run`` (same signature as samu.samu_mixer / samu.rglru_mixer) through the spec §7 gate,
     judged by the gate runner's own functions on these test inputs. ``cu_seqlens`` (a list; B = 1): the
     call packs those sequences, each with its own initial and final state, against the reference run
-    one sequence at a time.
+    one sequence at a time. ``final_grad`` False leaves the final state out of the loss (as training does).
 
     Returns the runner's verdict: {"errors", "thresholds", "passed", "pass", ...} over y,
     final_state, dx, d_initial_state (with_state) and every parameter gradient.
@@ -81,6 +82,8 @@ def gate_check(op: str, run, x_dtype, B, L, D, H=4, seed=0, with_state=True, dev
 
         inputs = pack_inputs(inputs, cu_seqlens, seed + 5)
         inputs["initial_state"] = inputs["initial_state"] if with_state else None
+    if not final_grad:
+        inputs["dh"] = None
     ref = evaluate(op, inputs, ref_dtype=torch.float64)
     serial_err, rounded_err = baselines(ref, evaluate(op, inputs, ref_dtype=torch.float32), x_dtype, rules)
     return judge(op, x_dtype, evaluate(op, inputs, run=run), ref, serial_err, rounded_err, rules)

@@ -74,7 +74,10 @@ def evaluate(op: str, inputs: dict, *, backend: "str | None" = None, ref_dtype: 
         kw.update({"radial_bound": RADIAL_BOUND} if op == "samu" else {"c": RGLRU_C})
     y, h = fn(x, *params, initial_state=h0, output_final_state=True, **kw)
     leaves = [x] + ([h0] if h0 is not None else []) + params
-    grads = torch.autograd.grad([y, h], leaves, [inputs["dy"].to(y.dtype), inputs["dh"].to(h.dtype)])
+    # a "dh" of None leaves the final state out of the loss (its cotangent is then no tensor at all)
+    outs, cots = ([y], [inputs["dy"].to(y.dtype)]) if inputs["dh"] is None else (
+        [y, h], [inputs["dy"].to(y.dtype), inputs["dh"].to(h.dtype)])
+    grads = torch.autograd.grad(outs, leaves, cots)
     names = [q for q in quantities(op) if h0 is not None or q != "d_initial_state"]
     return dict(zip(names, (y.detach(), h.detach(), *grads)))
 
@@ -136,6 +139,10 @@ def resolve_backends(op: str, requested: list[str], shape, dtype, device, heads:
             choice = dispatch.choose(op, *shape, dtype, device, name, heads, packed=packed)
         except (ValueError, TypeError) as err:
             skipped.append((name, str(err)))
+            continue
+        if choice.backend == "per_sequence":
+            # one call per sequence through the unpacked classes: nothing a packed gate could speak for
+            skipped.append((name, f"packed calls of {name} run one call per sequence ({choice.reason})"))
             continue
         runnable.append((name, choice.variant))
     if "variants" in requested and not dispatch.variants(op):

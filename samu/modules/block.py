@@ -86,7 +86,7 @@ class RecurrentBlock(nn.Module):
         restart at each boundary (from row n of a state of N rows), and the state returned has N rows."""
         check_sequence("u", u, self.width)
         z = self.linear_in(u)
-        # packed: ints from here on, read once
+        # packed: ints from here on, read once (inside torch.compile, the device tensor)
         offsets = None if cu_seqlens is None else sequence_offsets(cu_seqlens, u)
         conv_state, mixer_state = self._unpack(state, u.shape[0] if offsets is None else len(offsets) - 1)
         x, y, conv_state = conv_gelu(z, self.conv1d.weight, self.conv1d.bias, conv_state, return_state,

@@ -293,7 +293,12 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
     if not ranked:
         wanted = "; ".join(f"{n} in {classes[n]}: {status[n] or 'not gated'}" for n in status) or "no variant applies"
         command = " ".join(gate_command(op, B, L, D, dtype, heads, packed=packed))
-        if packed:
+        if packed and backend != "triton":
+            if not _in_trace_or_capture() and (op, "packed", L, D, dtype) not in _warned:
+                _warned.add((op, "packed", L, D, dtype))
+                warnings.warn(f"samu: no Triton variant has passed the packed gate of {op} at (L={L}, D={D}) "
+                              f"{_dname(dtype)} ({wanted}), so its packed calls run one call per sequence, far "
+                              f"slower for many short sequences; `{command}` gates it", stacklevel=3)
             return Choice("per_sequence", None, f"{backend}: no Triton variant has passed its packed gate here "
                                                 f"({wanted}; `{command}` gates it); one call per sequence")
         if backend == "triton":
@@ -310,11 +315,11 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
 
 
 def explain(shape, op: str = "samu", dtype: torch.dtype = torch.bfloat16, device="cuda",
-            backend: str = "auto", heads: int = 16) -> str:
-    """Say which implementation ``op`` uses for ``shape`` = (B, L, D), with which launch settings, and
-    why. It only looks: a class no record covers is reported, not gated."""
+            backend: str = "auto", heads: int = 16, packed: bool = False) -> str:
+    """Say which implementation ``op`` uses for ``shape`` = (B, L, D) (``packed``: a packed row), with which
+    launch settings, and why. It only looks: a class no record covers is reported, not gated."""
     B, L, D = shape
-    c = choose(op, B, L, D, dtype, device, backend, heads, gate=False)
+    c = choose(op, B, L, D, dtype, device, backend, heads, gate=False, packed=packed)
     settings = f"; launch settings: {c.variant.settings(B, L, D, heads, dtype)}" if c.variant is not None else ""
     return (f"{op} {tuple(shape)} {str(dtype).replace('torch.', '')} on {torch.device(device).type}: "
             f"{c.name} ({c.reason}{settings})")

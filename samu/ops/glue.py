@@ -118,16 +118,20 @@ def packed_causal_conv(x, weight, bias, state, seq, cu, return_state=False):
     y = bias + tap(0) * weight[0]
     for i in range(1, K):
         y = torch.addcmul(y, tap(i), weight[i])
-    if not return_state:
-        return y[None], None
-    # sequence m's last K - 1 inputs: positions end - (K - 1) .. end - 1, reaching back into its state row
+    return y[None], (packed_last_inputs(x, state, cu, K) if return_state else None)
+
+
+def packed_last_inputs(x, state, cu, K: int) -> torch.Tensor:
+    """last_inputs of each sequence of a packed row x [1, L, E]: [N, K - 1, E], reaching back into its row of
+    ``state`` (zeros when None) where the sequence is shorter than K - 1."""
+    # sequence n's last K - 1 inputs: positions end - (K - 1) .. end - 1
     last = cu.long()[1:, None] - (K - 1) + torch.arange(K - 1, device=x.device)[None, :]
     own = last >= cu.long()[:-1, None]
-    window = xs[last.clamp(min=0)]
+    window = x[0][last.clamp(min=0)]
     old = (torch.zeros_like(window) if state is None else
            state.to(x.dtype).gather(1, (last - cu.long()[:-1, None] + (K - 1)).clamp(0, K - 2)[..., None]
                                     .expand(-1, -1, x.shape[-1])))
-    return y[None], torch.where(own[..., None], window, old)
+    return torch.where(own[..., None], window, old)
 
 
 def conv_gelu_torch(z, weight, bias, state=None, seq=None, cu=None, return_state=False):
@@ -150,9 +154,10 @@ def _state_grad(dxc: torch.Tensor, weight: torch.Tensor, seq=None, cu=None) -> t
         pos, inside, entry, n = _taps(seq, cu, K)
         d = dxc.new_zeros(cu.shape[0] - 1, max(K - 1, 0), E, dtype=torch.float32)
         for i in range(K - 1):
-            # tap i of token t reads entry[i, t] of its sequence's state where it reaches back
-            rows = ~inside[i]
-            d.index_put_((n[rows], entry[i][rows]), weight[i].float() * dxc[0][rows].float(), accumulate=True)
+            # tap i of token t reads entry[i, t] of its sequence's state where it reaches back (dense: the other
+            # tokens add exact zeros, and no mask becomes a host synchronisation)
+            g = torch.where(inside[i, :, None], 0.0, weight[i].float() * dxc[0].float())
+            d.index_put_((n, entry[i]), g, accumulate=True)
         return d
     B, L, E = dxc.shape
     K = weight.shape[0]
@@ -214,5 +219,4 @@ def conv_gelu(z, weight, bias, state=None, return_state=False, backend="auto", o
         return xc, a, None
     if seq is None:
         return xc, a, last_inputs(z[..., :E], state, K)
-    # the new states by the PyTorch ops' gathers (no arithmetic: the same values)
-    return xc, a, packed_causal_conv(z[..., :E], weight, bias, state, seq, cu, return_state=True)[1]
+    return xc, a, packed_last_inputs(z[..., :E], state, cu, K)

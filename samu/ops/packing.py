@@ -32,11 +32,16 @@ def sequence_offsets(cu_seqlens, x: torch.Tensor, name: str = "cu_seqlens"):
     a packed call there must run in one call of a packing kernel (or the PyTorch glue), never one call
     per sequence. A CUDA-graph capture refuses packed calls."""
     if torch.compiler.is_compiling() and isinstance(cu_seqlens, torch.Tensor):
-        if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 or cu_seqlens.device != x.device:
-            raise ValueError(f"{name} must be an int32 tensor [N + 1] on {x.device} inside torch.compile, got "
-                             f"{cu_seqlens.dtype} {list(cu_seqlens.shape)} on {cu_seqlens.device}")
+        if (cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2
+                or cu_seqlens.device != x.device):
+            raise ValueError(f"{name} must be an int32 tensor [N + 1] (N >= 1) on {x.device} inside torch.compile, "
+                             f"got {cu_seqlens.dtype} {list(cu_seqlens.shape)} on {cu_seqlens.device}")
         if x.shape[0] != 1:
             raise ValueError(f"{name} packs sequences along L of a batch-1 input; got a batch of {x.shape[0]}")
+        # the values on the device, without a synchronisation: offsets beyond the row would index past the
+        # kernels' state buffers
+        ok = (cu_seqlens[0] == 0) & (cu_seqlens[-1] == x.shape[1]) & (cu_seqlens.diff() > 0).all()
+        torch._assert_async(ok, f"{name} must rise strictly from 0 to L = {x.shape[1]}")
         return cu_seqlens
     if _tracing():
         raise ValueError(f"{name}: a packed call reads its offsets on the host (to check them, and to run one call "
@@ -95,3 +100,8 @@ def device_offsets(offsets: list[int], device: torch.device) -> torch.Tensor:
         found = _on_device[key] = (host.pin_memory().to(device, non_blocking=True) if key[1].type == "cuda"
                                    else host.to(device))
     return found
+
+
+def state_rows(x: torch.Tensor, cu_seqlens) -> int:
+    """Rows of a mixer's states: x's batch, or with ``cu_seqlens`` (a tensor) its packed sequences."""
+    return x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1

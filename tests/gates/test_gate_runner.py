@@ -93,6 +93,18 @@ def test_torch_backend_passes_its_gates_for_both_mixers_and_dtypes():
         assert set(row["baselines"]["rounded_float64"]) == ({"y", "dx"} if low else set())
 
 
+def _packing(scale):
+    """A packing dummy: the torch path one sequence at a time, its y scaled (0.1% off: far above the fp32 rule)."""
+    import samu
+
+    def run(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, cu_seqlens=None):
+        y, h = samu.samu_mixer(x, nu, theta_log, directions, amplitudes, initial_state=initial_state,
+                               output_final_state=True, radial_bound=radial_bound, backend="torch",
+                               cu_seqlens=None if cu_seqlens is None else cu_seqlens.tolist())
+        return y * scale, h
+    return run
+
+
 def test_packed_gates_judge_each_sequence_against_its_own_reference(dummy_variants):
     from samu.gates.inputs import document_offsets
 
@@ -101,22 +113,47 @@ def test_packed_gates_judge_each_sequence_against_its_own_reference(dummy_varian
     assert document_offsets(61, 5, seed=3) == offsets and document_offsets(7, 1, seed=0) == [0, 7]
     with pytest.raises(ValueError, match="documents must lie in"):
         document_offsets(4, 5, seed=0)
-    record = run_gates(["samu", "rglru"], [(1, 61, 8), (2, 61, 8)], [torch.float32, torch.bfloat16],
-                       ["torch", "test_gate_good", "test_gate_bad"], "cpu", progress=False, documents=5)
+    packing = {"test_pack_good": 1.0, "test_pack_bad": 1.001}
+    for name, scale in packing.items():
+        dispatch.register(dispatch.Variant("samu", name, _packing(scale), lambda B, L, D, H: 0.0,
+                                           lambda B, L, D: ("0", 0), "test dummy", packs=True))
+    try:
+        record = run_gates(["samu", "rglru"], [(1, 61, 8), (2, 61, 8)], [torch.float32, torch.bfloat16],
+                           ["torch", "test_gate_good", *packing], "cpu", progress=False, documents=5)
+    finally:
+        for name in packing:
+            dispatch._VARIANTS["samu"].pop(name, None)
     assert {"op": "samu", "backend": "*", "reason": "documents=5 packs a batch-1 shape of L >= 5, got (2, 61, 8)"} \
         in record["skipped"]
+    # a variant that does not pack runs one call per sequence: nothing for a packed gate to speak for
+    assert any(e["backend"] == "test_gate_good" and "run one call per sequence" in e["reason"]
+               for e in record["skipped"])
     rows = record["rows"]
-    assert len(rows) == 2 * 2 + 2 * 2   # torch for both mixers, the dummies for SAMU; two dtypes
+    assert len(rows) == 2 * 2 + 2 * 2   # torch for both mixers, the packing dummies for SAMU; two dtypes
     for row in rows:
         assert row["documents"] == 5 and row["cu_seqlens"][:2] == [0, 1] and row["cu_seqlens"][-1] == 61
         # the bad dummy's 0.1% error hides under bf16's rounding, not under the fp32 rule
-        assert row["pass"] == (row["backend"] != "test_gate_bad" or row["dtype"] == "bfloat16"), row
+        assert row["pass"] == (row["backend"] != "test_pack_bad" or row["dtype"] == "bfloat16"), row
         assert set(row["errors"]) == set(quantities(row["op"]))
     # packed rows speak for packed classes only
     status = status_from_records([("r", {**record, "kind": "gate", "created": "x"})])
     packed = dispatch.shape_class(61, 8, torch.float32, packed=True)
-    assert packed.endswith("|packed") and ["samu", "test_gate_bad", packed] in status["blocked"]
+    assert packed.endswith("|packed") and ["samu", "test_pack_bad", packed] in status["blocked"]
     assert all(cls.endswith("|packed") for _, _, cls in status["blocked"] + status["passed"])
+
+
+@pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
+def test_a_packing_variant_gated_packed_passes_its_packed_class(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    variant = dispatch.variants("samu")["triton_grouped"]
+    record = run_gates(["samu"], [(1, 45, 8)], [torch.float32], ["triton_grouped"], "cpu", progress=False,
+                       documents=4)
+    [row] = record["rows"]
+    assert row["pass"], row
+    cls = dispatch.gate_class(variant, 1, 45, 8, 16, torch.float32, packed=True)
+    assert row["shape_class"] == cls and cls.endswith("|packed")
+    status = status_from_records([("r", {**record, "kind": "gate", "created": "x"})])
+    assert status["passed"] == [["samu", "triton_grouped", cls]] and not status["blocked"]
 
 
 def test_a_state_crossing_a_boundary_fails_the_packed_gate(monkeypatch):

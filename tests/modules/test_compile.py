@@ -42,8 +42,8 @@ def test_residual_layer_compiles_in_one_graph(mixer, backend, monkeypatch):
 @pytest.mark.parametrize("mixer,backend", [("samu", "triton_grouped"), ("rglru", "triton_chunked")])
 def test_a_packed_model_compiles_in_one_graph(mixer, backend, monkeypatch):
     """A packed forward (cu_seqlens an int32 tensor) traces whole: the mixers as their packing custom ops,
-    the glue's masked PyTorch taps, the sequence index by searchsorted; the same values and gradients as
-    the eager packed model, and new offsets of the same count need no new graph."""
+    the glue's masked PyTorch taps, the sequence index by searchsorted; the same gradients as the eager
+    packed model, for two sets of offsets."""
     from samu.models import LanguageModel, LMConfig
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -234,9 +234,13 @@ def test_packed_calls_choose_by_packed_classes_or_run_per_sequence(empty_status,
                for n, v in variants.items()]
     empty_status.user_file().write_text(json.dumps({"passed": [], "blocked": blocked}))
     empty_status.reload()
-    assert dispatch.choose("samu", 1, 64, 8, torch.float16, "cuda", packed=True).backend == "per_sequence"
-    assert dispatch.choose("samu", 1, 64, 8, torch.float16, "cuda", backend="triton", packed=True).backend == \
-        "per_sequence"
+    with pytest.warns(UserWarning, match="packed calls run one call per sequence") as said:
+        for _ in range(2):   # said once
+            assert dispatch.choose("samu", 1, 64, 8, torch.float16, "cuda", packed=True).backend == "per_sequence"
+    assert len(said) == 1
+    with pytest.raises(ValueError, match="no Triton variant of samu has passed its gate here"):
+        dispatch.choose("samu", 1, 64, 8, torch.float16, "cuda", backend="triton", packed=True)
+    assert dispatch.explain((1, 64, 8), "samu", torch.float16, "cuda", packed=True).endswith("one call per sequence)")
     name = sorted(variants)[0]
     assert dispatch.choose("samu", 1, 64, 8, torch.float16, "cuda", backend=name, packed=True).variant.name == name
     assert dispatch.choose("samu", 1, 64, 8, torch.float16, "cpu", packed=True).backend == "torch"

@@ -167,4 +167,7 @@ def test_gpu_packed_variants_pass_the_gate_per_sequence(op, dtype):
         def mixer(*args, name=name, **kw):
             return fn(*args, backend=name, **kw)
 
-        assert_gate(gate_check(op, mixer, dtype, 1, 5000, 1024, H=16, seed=3, device="cuda", cu_seqlens=offsets))
+        # with states and their cotangents, and as training runs (neither)
+        for state in (True, False):
+            assert_gate(gate_check(op, mixer, dtype, 1, 5000, 1024, H=16, seed=3, device="cuda", cu_seqlens=offsets,
+                                   with_state=state, final_grad=state))

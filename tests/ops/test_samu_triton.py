@@ -154,11 +154,13 @@ def _packed_config(config):
 PACKED = [0, 1, 9, 17, 18, 40, 41, 44, 70]
 
 
-@pytest.mark.parametrize("K,BN,G,with_state", [(8, 4, 1, True), (8, 4, 2, False), (4, 2, 4, True)])
-def test_packed_kernels_pass_the_gate_per_sequence(K, BN, G, with_state):
+# (K, BN, G, initial states, a final-state cotangent): the last is what training runs (neither)
+@pytest.mark.parametrize("K,BN,G,with_state,final_grad", [(8, 4, 1, True, True), (8, 4, 2, False, True),
+                                                          (4, 2, 4, False, False)])
+def test_packed_kernels_pass_the_gate_per_sequence(K, BN, G, with_state, final_grad):
     """One packed call restarts at every boundary: each sequence against the reference run alone."""
     assert_gate(gate_check("samu", _packed_config(_config(K, BN, G)), torch.float32, 1, PACKED[-1], 10, seed=K + G,
-                           with_state=with_state, device=DEVICE, cu_seqlens=PACKED))
+                           with_state=with_state, device=DEVICE, cu_seqlens=PACKED, final_grad=final_grad))
 
 
 def test_packed_kernels_without_a_final_state_cotangent():

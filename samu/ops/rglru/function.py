@@ -6,7 +6,8 @@ graphs can capture it (the host code only allocates and launches; it never synch
 calls go through ``_Eager``, the same kernels without the custom-op dispatch layers (host time).
 
 The forward saves for the backward only x (held by autograd anyway), the parameters and the state
-entering every chunk, [B, ceil(L/K), D] fp32; gates are recomputed from x.
+entering every chunk, [B, ceil(L/K), D] fp32 (packed calls also the offsets and the initial state);
+gates are recomputed from x.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Optional
 import torch
 
 from samu.ops import dispatch
-from samu.ops.packing import sequence_index
+from samu.ops.packing import sequence_index, state_rows
 from samu.ops.rglru.triton_bwd import rglru_bwd
 from samu.ops.rglru.triton_fwd import MAX_GROUPS, channel_block, rglru_fwd, weight_width
 from samu.ops.triton_utils import cdiv
@@ -29,11 +30,6 @@ def _fwd_positional(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c
     seq, n_seqs = (None, None) if cu_seqlens is None else (sequence_index(cu_seqlens, x.shape[1]), len(cu_seqlens) - 1)
     return rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K=K, WC=WC, G=G, fast=fast, seq=seq,
                      n_seqs=n_seqs)
-
-
-def _rows(x, cu_seqlens) -> int:
-    """Rows of the states: the batch, or the packed sequences."""
-    return x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
 
 
 @torch.library.custom_op("samu::rglru_fwd", mutates_args=())
@@ -48,7 +44,8 @@ def rglru_fwd_op(x: Tensor, w_a: Tensor, b_a: Tensor, w_x: Tensor, b_x: Tensor, 
 def _(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, G_dx, WC_dx, fast):
     B, L, D = x.shape
     f32 = dict(dtype=torch.float32)
-    return x.new_empty(B, L, D), x.new_empty(_rows(x, cu_seqlens), D, **f32), x.new_empty(B, cdiv(L, K), D, **f32)
+    return (x.new_empty(B, L, D), x.new_empty(state_rows(x, cu_seqlens), D, **f32),
+            x.new_empty(B, cdiv(L, K), D, **f32))
 
 
 def _bwd_positional(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, cu_seqlens, initial_state, c, K,
@@ -77,7 +74,7 @@ def _(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, cu_seqlens, i
     f32 = dict(dtype=torch.float32)
     return (x.new_empty(B, L, D), torch.empty_like(w_a), torch.empty_like(b_a), torch.empty_like(w_x),
             torch.empty_like(b_x), torch.empty_like(a_param),
-            x.new_empty(_rows(x, cu_seqlens), D, **f32) if has_h0 else x.new_empty(0, **f32))
+            x.new_empty(state_rows(x, cu_seqlens), D, **f32) if has_h0 else x.new_empty(0, **f32))
 
 
 def _save(ctx, x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, config, states):

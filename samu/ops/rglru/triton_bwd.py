@@ -251,10 +251,10 @@ def _rglru_bwd_dw_kernel(
     w3,                  # [2, 3, H, NPW, NPW] bf16 weight parts
     b_a, b_x, a_param,   # [D] fp32
     states,              # [B, NC, D] fp32: the state entering every chunk (from the forward)
-    dh_last,             # [B, D] fp32 cotangent of the final state (when HAS_DH)
+    dh_last,             # [B, D] fp32 cotangent of the final state (when HAS_DH; packed, [N, D])
     cums, gsums,         # reverse maps per chunk and per group (from _rglru_bwd_summary_kernel)
     estates,             # [B, NC, D] fp32: eps entering every chunk from the right (written)
-    dh0,                 # [B, D] fp32 (written when HAS_H0)
+    dh0,                 # [B, D] fp32 (written when HAS_H0; packed, [N, D])
     part,                # [B * NG, M] fp32 parameter-gradient partials of each program
     seq, h0,             # packed (VARLEN): [L] int32 sequence of every token, [N, D] initial states
     L, NC, G, NG, c, one,

@@ -574,22 +574,21 @@ def _steps(i_g, G, NC, WC: tl.constexpr):
     return s_lo, tl.minimum(s_lo + G, tl.cdiv(NC, WC))
 
 
-@triton.jit(do_not_specialize=["L", "NC", "G", "NG", "one", "SF"])
+@triton.jit(do_not_specialize=["L", "NC", "G", "NG", "one"])
 def _rglru_chunk_kernel(
     x,                   # [B, L, D] bf16 / fp16 / fp32
     w3,                  # [2, 3, H, NPW, NPW] bf16 weight parts (see _rglru_split_weights_kernel)
     b_a, b_x, a_param,   # [D] fp32
-    h0,                  # [B, D] fp32 initial state (replay, when HAS_H0)
+    h0,                  # [B, D] fp32 initial state (when HAS_H0: the replay's; packed, [N, D], both passes')
     cums,                # [2, B, NC, D] fp32: per chunk, the map (A, B) from its group's start to it
     gsums,               # [2, B, NG, D] fp32: per group, the map through the whole group
     states,              # [B, NC, D] fp32: the state entering every chunk (replay writes it)
     y,                   # [B, L, D] x.dtype (replay)
     h_last,              # [B, D] fp32 final state (replay); packed, [N, D]
     seq,                 # [L] int32: the sequence of every token (VARLEN)
-    fin,                 # [2, N, D] fp32: per sequence, the map from its last chunk's start to its end (VARLEN)
+    fin_a, fin_b,        # [N, D] fp32 each: per sequence, the map from its last chunk's start to its end (VARLEN)
     L, NC, G, NG, c,
     one,                 # 1, as a runtime value (see below)
-    SF,                  # N * D: the stride of fin's two planes (VARLEN)
     D: tl.constexpr, n: tl.constexpr, H: tl.constexpr,
     K: tl.constexpr, WC: tl.constexpr, NPA: tl.constexpr, NPB: tl.constexpr, NPW: tl.constexpr,
     BJ: tl.constexpr, NGP: tl.constexpr,
@@ -657,7 +656,10 @@ def _rglru_chunk_kernel(
                                   2 if SUMMARY else Y_ORDER, NPB, WC, K, BJ, MATH)
         if VARLEN:
             i_n, opens, closes = _boundaries(seq, t0, m_t, L, WC, K)
-            b_at, b_bt = _restart(b_at, b_bt, opens, _rows_of(h0, i_n, o_d, m_j, opens, D), HAS_H0)
+            b_h0 = b_bt   # read only with an initial state
+            if HAS_H0:
+                b_h0 = _rows_of(h0, i_n, o_d, m_j, opens, D)
+            b_at, b_bt = _restart(b_at, b_bt, opens, b_h0, HAS_H0)
         i_c = i_s * WC + o_c                                                            # [WC] chunk index
         o_s = (i_b64 * NC + i_c)[None, :] * D + o_d[:, None]                           # [BJ, WC]
         if SUMMARY:
@@ -665,10 +667,10 @@ def _rglru_chunk_kernel(
             b_A, b_B = _scan_affine(b_at, b_bt, K, MATH)
             if VARLEN:
                 # the map from the chunk's start to each token that closes a sequence
-                p_f = fin + i_n[None, :, :].to(tl.int64) * D + o_d[:, None, None]
+                o_f = i_n[None, :, :].to(tl.int64) * D + o_d[:, None, None]
                 m_f = m_j[:, None, None] & closes[None, :, :]
-                tl.store(p_f, b_A, mask=m_f)
-                tl.store(p_f + SF, b_B, mask=m_f)
+                tl.store(fin_a + o_f, b_A, mask=m_f)
+                tl.store(fin_b + o_f, b_B, mask=m_f)
             b_A, b_B = _compose_chunks(_token(b_A, K - 1, K), _token(b_B, K - 1, K), b_rA, b_rB, BJ, WC, False,
                                        MATH)
             # the map entering chunk c + 1 runs through chunk c: stored one chunk over
@@ -684,10 +686,11 @@ def _rglru_chunk_kernel(
                                                                                      other=0.0)
             tl.store(states + o_s, b_h, mask=m_s)
             if VARLEN:
-                p_f = fin + i_n[None, :, :].to(tl.int64) * D + o_d[:, None, None]
+                o_f = i_n[None, :, :].to(tl.int64) * D + o_d[:, None, None]
                 m_f = m_j[:, None, None] & closes[None, :, :]
-                b_end = tl.load(p_f, mask=m_f, other=0.0) * b_h[:, :, None] + tl.load(p_f + SF, mask=m_f, other=0.0)
-                tl.store(h_last + i_n[None, :, :].to(tl.int64) * D + o_d[:, None, None], b_end, mask=m_f)
+                b_end = tl.load(fin_a + o_f, mask=m_f, other=0.0) * b_h[:, :, None] + tl.load(fin_b + o_f, mask=m_f,
+                                                                                             other=0.0)
+                tl.store(h_last + o_f, b_end, mask=m_f)
             b_bt = tl.where(o_k[None, None, :] == 0, b_bt + b_at * b_h[:, :, None], b_bt)
             _, b_H = _scan_affine(b_at, b_bt, K, MATH)
             tl.store(p_y + o_ch, _to_store(b_H, y.dtype.element_ty, MATH), mask=m_x)
@@ -793,9 +796,9 @@ def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, 
     states = new_buffer((B, NC, D), torch.float32, dev)
     y = new_buffer((B, L, D), x.dtype, dev)
     h_last = new_buffer((n_seqs if varlen else B, D), torch.float32, dev)
-    fin = new_buffer((2, n_seqs, D), torch.float32, dev) if varlen else h_last
+    fin = new_buffer((2, n_seqs, D), torch.float32, dev) if varlen else h_last[None].expand(2, -1, -1)
     args = (x, w3, b_a, b_x, a_param, h0 if h0 is not None else h_last, cums, gsums, states, y, h_last,
-            seq if varlen else h_last, fin, L, NC, G, NG, float(c), 1, n_seqs * D if varlen else 0)
+            seq if varlen else h_last, fin[0], fin[1], L, NC, G, NG, float(c), 1)
     meta.update(NGP=group_width(NG), HAS_H0=h0 is not None, Y_ORDER=out_order(x.dtype), VARLEN=varlen)
     launch_staged(_rglru_chunk_kernel, grid, *args, SUMMARY=True, **meta)
     launch_staged(_rglru_chunk_kernel, grid, *args, SUMMARY=False, **meta)

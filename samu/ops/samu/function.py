@@ -2,7 +2,8 @@
 
 The forward and backward are registered as ``samu::samu_fwd`` / ``samu::samu_bwd`` with fake
 implementations, so torch.compile traces a model through the mixer without a graph break and
-CUDA graphs can capture it (no host synchronisation inside).
+CUDA graphs can capture it (no host synchronisation inside; packed calls, whose offsets the public op
+reads on the host, are refused under capture).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Optional
 import torch
 
 from samu.ops import dispatch
-from samu.ops.packing import sequence_index
+from samu.ops.packing import sequence_index, state_rows
 from samu.ops.samu.triton_bwd import bwd, slot_count
 from samu.ops.samu.triton_fwd import CTL, fwd
 from samu.ops.triton_utils import cdiv, next_power_of_2
@@ -60,11 +61,6 @@ def _bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnor
                seq=seq, h0=initial_state)
 
 
-def _rows(x, cu_seqlens) -> int:
-    """Rows of the states: the batch, or the packed sequences."""
-    return x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
-
-
 @torch.library.custom_op("samu::samu_fwd", mutates_args=())
 def samu_fwd(x: torch.Tensor, nu: torch.Tensor, theta_log: torch.Tensor, directions: torch.Tensor,
              amplitudes: torch.Tensor, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
@@ -77,8 +73,8 @@ def samu_fwd(x: torch.Tensor, nu: torch.Tensor, theta_log: torch.Tensor, directi
 def _(x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config):
     B, L, D = x.shape
     f32 = dict(device=x.device, dtype=torch.float32)
-    return (x.new_empty(B, L, D), x.new_empty(_rows(x, cu_seqlens), D, **f32), x.new_empty(B, CTL.value, L, **f32),
-            x.new_empty(2, **f32), x.new_empty(B, cdiv(L, config[0]), D, **f32))
+    return (x.new_empty(B, L, D), x.new_empty(state_rows(x, cu_seqlens), D, **f32),
+            x.new_empty(B, CTL.value, L, **f32), x.new_empty(2, **f32), x.new_empty(B, cdiv(L, config[0]), D, **f32))
 
 
 @torch.library.custom_op("samu::samu_bwd", mutates_args=())
@@ -101,7 +97,7 @@ def _(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, 
     f32 = dict(device=x.device, dtype=torch.float32)
     return (x.new_empty(B, L, D), x.new_empty(D // 2, **f32), x.new_empty(D // 2, **f32),
             x.new_empty(2, D, **f32), x.new_empty(2, 2, **f32),
-            x.new_empty(_rows(x, cu_seqlens), D, **f32) if has_h0 else x.new_empty(0, **f32))
+            x.new_empty(state_rows(x, cu_seqlens), D, **f32) if has_h0 else x.new_empty(0, **f32))
 
 
 def _save(ctx, x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config, ctl, rnorm,

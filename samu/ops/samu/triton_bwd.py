@@ -334,8 +334,9 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     n_slots = _slots(x.device, n_items, slots_per_sm)
     slots = torch.empty(n_slots, K, 2 * BN, **f32)
     launch(_main_kernel, (n_slots,), x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part, rows,
-           dh0 if has_h0 else rows, seq_arg, df_arg, h0 if has_h0 else rows, L, D, N, n_chunks, n_groups, n_tiles,
-           n_items, K=K, BN=BN, U=unroll, G=G, HAS_H0=has_h0, VARLEN=varlen, HAS_DF=has_df, num_warps=num_warps)
+           dh0 if has_h0 else rows, seq_arg, df_arg, h0 if varlen and has_h0 else rows, L, D, N, n_chunks, n_groups,
+           n_tiles, n_items, K=K, BN=BN, U=unroll, G=G, HAS_H0=has_h0, VARLEN=varlen, HAS_DF=has_df,
+           num_warps=num_warps)
     BT = 128
     n_tb = cdiv(L, BT)
     dp = empty(B, 2, L, **f32)
