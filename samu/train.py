@@ -524,8 +524,8 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
                               f"files it did not write: choose another output folder")
     data = data if data is not None else load_data(config.data, config.data_format)
     data.check(config.seq_len)
-    if config.pack and not data.has_documents():
-        data.packed("train", [], config.seq_len)   # its error: these data have no document boundaries
+    if config.pack:
+        data.require_documents()
     if data.vocab_size > config.model.vocab_size:
         raise ValueError(f"the data has tokens up to {data.vocab_size - 1} but the model's vocab_size is "
                          f"{config.model.vocab_size}")

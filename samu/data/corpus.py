@@ -59,18 +59,19 @@ class TokenData:
         rows = torch.from_numpy(rows)
         return rows[:, :-1], rows[:, 1:]
 
-    def has_documents(self) -> bool:
-        return self.train_docs is not None and self.val_docs is not None
+    def require_documents(self) -> None:
+        """What packing needs: document boundaries in both splits (else a ValueError naming pack)."""
+        if self.train_docs is None or self.val_docs is None:
+            raise ValueError(f"pack: the data {self.name} have no document boundaries (a single file or token "
+                             f"ids); packing needs the embedded corpus or a folder of text files, one document "
+                             f"a file")
 
     def packed(self, split: str, starts, seq_len: int) -> torch.Tensor:
         """cu_seqlens (int32 [N + 1], samu.ops.packing) of the windows ``starts`` laid end to end along one
         row of len(starts) * seq_len tokens: every window begins a sequence, and so does every document that
         begins inside one, so that no state crosses from one document into the next."""
+        self.require_documents()
         docs = self.train_docs if split == "train" else self.val_docs
-        if docs is None:
-            raise ValueError(f"pack: the data {self.name} have no document boundaries (a single file or token "
-                             f"ids); packing needs the embedded corpus or a folder of text files, one document "
-                             f"a file")
         offsets = [0]
         for i, s in enumerate(np.asarray(starts, dtype=np.int64)):
             # documents d with s < d < s + seq_len begin inside the window, at position d - s

@@ -11,8 +11,8 @@ other backends run one call per document, each through the op's own dispatch.
 
 Eagerly, the offsets are read and checked on the host (a synchronisation for a CUDA tensor); a model
 reads them once per forward and hands its layers ints (``device_offsets`` makes the kernels' copy once).
-Inside torch.compile an int32 device tensor passes unread (checked before, as samu train does), and the
-call must run in one kernel call; CUDA-graph capture refuses packed calls.
+Inside torch.compile an int32 device tensor passes unread by the host (its values asserted on the device),
+and the call must run in one kernel call; CUDA-graph capture refuses packed calls.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ def _tracing() -> bool:
 def sequence_offsets(cu_seqlens, x: torch.Tensor, name: str = "cu_seqlens"):
     """The offsets of ``cu_seqlens`` as ints, checked against x [1, L, ...]: a ValueError/TypeError naming it.
 
-    Inside torch.compile, where values cannot be read, an int32 tensor on x's device is checked by its
-    dtype, shape and device only and returned as it is (check the values before, as samu train does);
-    a packed call there must run in one call of a packing kernel (or the PyTorch glue), never one call
-    per sequence. A CUDA-graph capture refuses packed calls."""
+    Inside torch.compile, where the host cannot read values, an int32 tensor on x's device is checked by
+    its dtype, shape and device, its values asserted on the device (a bad one fails the next
+    synchronisation), and returned as it is; a packed call there must run in one call of a packing kernel
+    (or the PyTorch glue), never one call per sequence. A CUDA-graph capture refuses packed calls."""
     if torch.compiler.is_compiling() and isinstance(cu_seqlens, torch.Tensor):
         if (cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2
                 or cu_seqlens.device != x.device):
@@ -86,10 +86,11 @@ def sequence_index(cu_seqlens: torch.Tensor, L: int) -> torch.Tensor:
 _on_device: dict = {}   # (offsets, device) -> int32 tensor: a model's layers share one copy
 
 
-def device_offsets(offsets: list[int], device: torch.device) -> torch.Tensor:
-    """Checked ``offsets`` as an int32 tensor on ``device``, copied once for all the calls that share them
-    (to CUDA through pinned memory, without waiting for the device)."""
-    if isinstance(offsets, torch.Tensor):   # inside a trace: already the device tensor (sequence_offsets)
+def device_offsets(offsets, device: torch.device) -> torch.Tensor:
+    """Checked ``offsets`` (sequence_offsets': ints, or inside a trace the device tensor, returned as it is)
+    as an int32 tensor on ``device``, copied once for all the calls that share them (to CUDA through pinned
+    memory, without waiting for the device)."""
+    if isinstance(offsets, torch.Tensor):
         return offsets
     key = (tuple(offsets), torch.device(device))
     found = _on_device.get(key)
