@@ -18,6 +18,13 @@ class CausalLM(nn.Module):
     """What samu's trainer needs of a language model: forward(tokens [B, L]) -> (logits, state or None), a
     ``config``, an ``activation_checkpointing`` switch, and the two parameter helpers below."""
 
+    @staticmethod
+    @torch.no_grad()
+    def init_embedding_(embed: nn.Embedding) -> None:
+        """Embedding rows of norm ~0.5: through the tied head an untrained model's logits spread by ~0.5 at any
+        width, close to a uniform guess (each layer's RMSNorm gives its block unit-RMS input)."""
+        nn.init.normal_(embed.weight, std=0.5 * embed.embedding_dim ** -0.5)
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
@@ -61,9 +68,7 @@ class LanguageModel(CausalLM):
 
     @torch.no_grad()
     def _init_weights(self):
-        # Embedding rows of norm ~0.5: through the tied head an untrained model's logits spread by ~0.5
-        # at any width, close to a uniform guess (each layer's RMSNorm gives its block unit-RMS input).
-        nn.init.normal_(self.embed.weight, std=0.5 * self.config.width ** -0.5)
+        self.init_embedding_(self.embed)
         # Each of the 2 * num_layers residual branches adds variance 1 / (2 * num_layers) at init.
         scale = (2 * self.config.num_layers) ** -0.5
         for layer in self.layers:

@@ -58,7 +58,7 @@ class TransformerLM(CausalLM):
         self.config = config
         kw = dict(device=device, dtype=dtype)
         self.embed = nn.Embedding(config.vocab_size, config.width, **kw)
-        nn.init.normal_(self.embed.weight, std=0.5 * config.width ** -0.5)
+        self.init_embedding_(self.embed)
         heads = config.width // config.head_dim
         self.layers = nn.ModuleList(_AttentionLayer(config.width, heads, **kw) for _ in range(config.num_layers))
         self.final_norm = RMSNorm(config.width, **kw)
