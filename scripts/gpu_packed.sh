@@ -2,6 +2,7 @@
 # Issue 15 on one H200 through the device tool, in stages:
 #
 #   bash scripts/gpu_packed.sh [STAGE ...]    stages: tests gates bench (the default: ~8.5 minutes at most),
+#                                             profile (~1 minute),
 #                                             train (a call of its own: ~4 minutes at most)
 #
 #   tests   every packing test on the GPU: the gpu-marked packed gates of each variant at (1, 5000, 1024),
@@ -11,6 +12,7 @@
 #           `auto` dispatches by; its status, rebuilt from results/ and this record, serves the later stages
 #   bench   `samu bench --scopes packed --shapes packed`: each mixer unpacked and packed into 16 and 256
 #           sequences side by side (issue 15's target: packed within 5% of unpacked)
+#   profile scripts/gpu_packed_profile.py: each mixer's kernels unpacked and packed (16, 256), per kernel
 #   train   `samu train --pack` beside plain `samu train`, both through torch.compile (Inductor), the small
 #           preset at 8 x 2048, 30 steps each (run after gates, whose status it needs: SAMU_GATE_STATUS)
 #
@@ -40,6 +42,8 @@ save
 if [ -f "$W/status.json" ]; then export SAMU_GATE_STATUS="$W/status.json" SAMU_AUTO_GATE=0; fi
 stage bench 120 $PY -m samu.cli bench --scopes packed --shapes packed --impls auto --peers none \
   --out "$W/bench-packed.json" --quiet
+save
+stage profile 120 $PY scripts/gpu_packed_profile.py --out "$W"
 save
 case " $STAGES " in *" train "*)
   echo "=== train"

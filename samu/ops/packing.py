@@ -5,9 +5,10 @@ layers, so that a device tensor is read once, not once per layer).
 
 A packed call is the concatenation of one call per document, each from its own initial state (row n
 of an [N, ...] state, zeros when it is None), and its final states are stacked [N, ...]; no state and
-no Conv1D window crosses a boundary. The Triton variants that pack (dispatch's ``packs``) and the
-block's glue run it in one call, restarting where a sequence opens (``sequence_index``); the mixers'
-other backends run one call per document, each through the op's own dispatch.
+no Conv1D window crosses a boundary. The Triton variants that pack (dispatch's ``packs``; their
+per-chunk boundary words come from ``packing_triton.chunk_boundaries``) and the block's glue run it in
+one call, restarting where a sequence opens; the mixers' other backends run one call per document, each
+through the op's own dispatch.
 
 Eagerly, the offsets are read and checked on the host (a synchronisation for a CUDA tensor); a model
 reads them once per forward and hands its layers ints (``device_offsets`` makes the kernels' copy once).

@@ -16,10 +16,17 @@ pytestmark = pytest.mark.skipif(not dispatch.triton_available(), reason="triton 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _interpret_on_cpu(monkeypatch):
+    """The Triton interpreter on CPU; on a GPU the kernels compile (the interpreter cannot run CUDA tensors
+    through every kernel)."""
+    if DEVICE == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
 @pytest.mark.parametrize("mixer,backend", [("samu", "triton_serial"), ("samu", "triton_grouped"),
                                            ("rglru", "triton_chunked")])
 def test_residual_layer_compiles_in_one_graph(mixer, backend, monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    _interpret_on_cpu(monkeypatch)
     torch.manual_seed(0)
     layer = samu.ResidualLayer(16, mixer=mixer, lru_width=16, num_heads=2, backend=backend).to(DEVICE)
     x = randn((2, 11, 16), 5, device=DEVICE).requires_grad_()
@@ -46,7 +53,7 @@ def test_a_packed_model_compiles_in_one_graph(mixer, backend, monkeypatch):
     packed model, for two sets of offsets."""
     from samu.models import LanguageModel, LMConfig
 
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    _interpret_on_cpu(monkeypatch)
     torch.manual_seed(0)
     model = LanguageModel(LMConfig(vocab_size=11, width=16, num_layers=2, mixer=mixer, num_heads=2),
                           backend=backend).to(DEVICE)

@@ -171,3 +171,30 @@ def test_gpu_packed_variants_pass_the_gate_per_sequence(op, dtype):
         for state in (True, False):
             assert_gate(gate_check(op, mixer, dtype, 1, 5000, 1024, H=16, seed=3, device="cuda", cu_seqlens=offsets,
                                    with_state=state, final_grad=state))
+
+
+@pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
+@pytest.mark.parametrize("K", [4, 16, 32])
+def test_chunk_boundaries_give_each_chunks_openings_and_sequences(K, monkeypatch):
+    """The kernels' per-chunk words (bits of the opening tokens, the sequence of the first and the last
+    token) against the per-token sequence index, with lengths 1, chunk-sized runs, a last chunk cut short,
+    a sequence opening at bit 31 and one sequence alone."""
+    from samu.ops.packing import sequence_index
+    from samu.ops.packing_triton import chunk_boundaries
+
+    if DEVICE == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cases = [[0, 1, 2, 3, 35, 36, 68, 100, 101, 131], [0, 131], [0, 31, 32, 63, 64, 95, 96], [0, 1, 64]]
+    for offsets in cases:
+        L = offsets[-1]
+        cu = torch.tensor(offsets, dtype=torch.int32, device=DEVICE)
+        got = chunk_boundaries(cu, L, K).cpu()
+        seq = sequence_index(cu, L).cpu()
+        NC = -(-L // K)
+        opens = torch.zeros(NC * K, dtype=torch.bool)
+        opens[torch.tensor(offsets[:-1])] = True
+        want_bits = [sum(1 << k for k in range(K) if opens[c * K + k]) for c in range(NC)]
+        want_bits = [b - (1 << 32) if b >= 1 << 31 else b for b in want_bits]
+        assert got[0].tolist() == want_bits, (offsets, K)
+        assert got[1].tolist() == seq[::K].tolist(), (offsets, K)
+        assert got[2].tolist() == [int(seq[min(c * K + K, L) - 1]) for c in range(NC)], (offsets, K)

@@ -18,7 +18,8 @@ from typing import Optional
 import torch
 
 from samu.ops import dispatch
-from samu.ops.packing import sequence_index, state_rows
+from samu.ops.packing import state_rows
+from samu.ops.packing_triton import chunk_boundaries
 from samu.ops.rglru.triton_bwd import rglru_bwd
 from samu.ops.rglru.triton_fwd import MAX_GROUPS, channel_block, rglru_fwd, weight_width
 from samu.ops.triton_utils import cdiv
@@ -27,8 +28,9 @@ Tensor = torch.Tensor
 
 
 def _fwd_positional(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, fast):
-    seq, n_seqs = (None, None) if cu_seqlens is None else (sequence_index(cu_seqlens, x.shape[1]), len(cu_seqlens) - 1)
-    return rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K=K, WC=WC, G=G, fast=fast, seq=seq,
+    bounds, n_seqs = (None, None) if cu_seqlens is None else (chunk_boundaries(cu_seqlens, x.shape[1], K),
+                                                              len(cu_seqlens) - 1)
+    return rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K=K, WC=WC, G=G, fast=fast, bounds=bounds,
                      n_seqs=n_seqs)
 
 
@@ -50,9 +52,9 @@ def _(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, G_
 
 def _bwd_positional(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, cu_seqlens, initial_state, c, K,
                     WC, G, G_dx, WC_dx, fast):
-    seq = None if cu_seqlens is None else sequence_index(cu_seqlens, x.shape[1])
+    bounds = None if cu_seqlens is None else chunk_boundaries(cu_seqlens, x.shape[1], K)
     return rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, c, K=K, WC=WC, G=G, G_dx=G_dx,
-                     WC_dx=WC_dx, fast=fast, seq=seq, h0=initial_state)
+                     WC_dx=WC_dx, fast=fast, bounds=bounds, h0=initial_state)
 
 
 @torch.library.custom_op("samu::rglru_bwd", mutates_args=())

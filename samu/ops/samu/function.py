@@ -14,7 +14,8 @@ from typing import Optional
 import torch
 
 from samu.ops import dispatch
-from samu.ops.packing import sequence_index, state_rows
+from samu.ops.packing import state_rows
+from samu.ops.packing_triton import chunk_boundaries
 from samu.ops.samu.triton_bwd import bwd, slot_count
 from samu.ops.samu.triton_fwd import CTL, fwd
 from samu.ops.triton_utils import cdiv, next_power_of_2
@@ -47,18 +48,19 @@ class Config:
 
 def _fwd(x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config):
     K, BN, G, num_warps, _, unroll = config
-    seq, n_seqs = (None, None) if cu_seqlens is None else (sequence_index(cu_seqlens, x.shape[1]), len(cu_seqlens) - 1)
+    bounds, n_seqs = (None, None) if cu_seqlens is None else (chunk_boundaries(cu_seqlens, x.shape[1], K),
+                                                              len(cu_seqlens) - 1)
     return fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, K=K, BN=BN, G=G,
-               num_warps=num_warps, unroll=unroll, empty=_empty, seq=seq, n_seqs=n_seqs)
+               num_warps=num_warps, unroll=unroll, empty=_empty, bounds=bounds, n_seqs=n_seqs)
 
 
 def _bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, cu_seqlens, initial_state,
          radial_bound, config):
     K, BN, G, num_warps, slots_per_sm, unroll = config
-    seq = None if cu_seqlens is None else sequence_index(cu_seqlens, x.shape[1])
+    bounds = None if cu_seqlens is None else chunk_boundaries(cu_seqlens, x.shape[1], K)
     return bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound,
                K=K, BN=BN, G=G, num_warps=num_warps, slots_per_sm=slots_per_sm, unroll=unroll, empty=_empty,
-               seq=seq, h0=initial_state)
+               bounds=bounds, h0=initial_state)
 
 
 @torch.library.custom_op("samu::samu_fwd", mutates_args=())
