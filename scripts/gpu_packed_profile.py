@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from gpu_profile import graph_time, host_time, kernel_table  # noqa: E402
+from gpu_profile import graph_time, host_time, kernel_table, registers  # noqa: E402
 
 import samu  # noqa: E402
 from samu.bench.records import environment  # noqa: E402
@@ -69,6 +69,13 @@ def main():
             print(f"== {op} documents={n}: graph {row['graph_ms']:.3f} ms, eager {row['eager_ms']:.3f} ms")
             for name, count, us in kernels:
                 print(f"   {us:9.1f} us  x{count:<3d} {name}")
+    # every compiled form of each kernel (packed and not): registers, spills, warps, shared memory
+    record["registers"] = registers([f"samu.ops.{op}.triton_{part}" for op in ("samu", "rglru")
+                                     for part in ("fwd", "bwd")])
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+    for name, regs, spills, warps, shared in record["registers"]:
+        print(f"   regs {regs} spills {spills} warps {warps} shared {shared}  {name}")
 
 
 if __name__ == "__main__":

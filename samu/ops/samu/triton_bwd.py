@@ -90,7 +90,7 @@ def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, bounds, dfinal, 
     b_fi = tl.zeros([BN], dtype=tl.float32)
     w, w_next, n = 0, 0, 0
     if VARLEN:
-        w, w_next, _, n = _chunk_words(bounds, i_c, n_chunks)
+        w, w_next, n_first, n = _chunk_words(bounds, i_c, n_chunks)
     for j in tl.range(K, loop_unroll_factor=U):
         k = K - 1 - j
         b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_m, p_m, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl, True,
@@ -260,7 +260,7 @@ def _dx_kernel(x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, d
     p_dx = dx + row
     w, w_next, n = 0, 0, 0
     if VARLEN:
-        w, w_next, _, n = _chunk_words(bounds, i_c, n_chunks)
+        w, w_next, n_first, n = _chunk_words(bounds, i_c, n_chunks)
     for j in tl.range(K, loop_unroll_factor=U):
         k = K - 1 - j
         valid = t < L

@@ -228,7 +228,7 @@ def _summary_kernel(x, ctl, trig, nu, theta_log, csum, bounds, h0, L, D, N, n_ch
     b_er = tl.zeros([BN], dtype=tl.float32)
     b_ei = tl.zeros([BN], dtype=tl.float32)
     if VARLEN:
-        w, w_next, n, _ = _chunk_words(bounds, i_c, n_chunks)
+        w, w_next, n, n_last = _chunk_words(bounds, i_c, n_chunks)
     for k in tl.range(K, loop_unroll_factor=U):
         if VARLEN:
             # n: the sequence of token t (it moves on at every opening token after the chunk's first)
@@ -345,7 +345,7 @@ def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, boun
     p_x = x + row
     p_y = y + row
     if VARLEN:
-        w, w_next, n, _ = _chunk_words(bounds, i_c, n_chunks)
+        w, w_next, n, n_last = _chunk_words(bounds, i_c, n_chunks)
     for k in tl.range(K, loop_unroll_factor=U):
         valid = t < L
         if VARLEN:
