@@ -198,3 +198,37 @@ def test_chunk_boundaries_give_each_chunks_openings_and_sequences(K, monkeypatch
         assert got[0].tolist() == want_bits, (offsets, K)
         assert got[1].tolist() == seq[::K].tolist(), (offsets, K)
         assert got[2].tolist() == [int(seq[min(c * K + K, L) - 1]) for c in range(NC)], (offsets, K)
+
+
+@pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
+@pytest.mark.parametrize("op", ["samu", "rglru"])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_dropped_final_state_gets_no_cotangent(op, compiled, monkeypatch):
+    """Training drops the mixers' final states: the Triton backward is handed None for them, eagerly and
+    through torch.compile (zeros would make the packed kernels gather a cotangent at every token)."""
+    import samu.ops.rglru.function as rglru_function
+    import samu.ops.samu.function as samu_function
+
+    if DEVICE == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    module, name = (samu_function, "bwd") if op == "samu" else (rglru_function, "rglru_bwd")
+    seen = []
+    inner = getattr(module, name)
+
+    def spy(dy, dh, *args, **kwargs):
+        seen.append(dh)
+        return inner(dy, dh, *args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+    fn, params_of = _mixer(op)
+    x = randn((1, 23, 16), 1, device=DEVICE).requires_grad_(True)
+    params = params_of(16, 2, device=DEVICE)
+    variant = "triton_grouped" if op == "samu" else "triton_chunked"
+    cu = torch.tensor([0, 5, 23], dtype=torch.int32, device=DEVICE)
+
+    def loss(x):
+        return (fn(x, *params, backend=variant, cu_seqlens=cu)[0] ** 2).sum()
+
+    torch._dynamo.reset()
+    (torch.compile(loss, fullgraph=True, backend="aot_eager") if compiled else loss)(x).backward()
+    assert len(seen) == 1 and seen[0] is None

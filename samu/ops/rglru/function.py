@@ -82,6 +82,9 @@ def _(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, cu_seqlens, i
 def _save(ctx, x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, config, states):
     # packed, the backward restarts each sequence from its initial state, so it is kept (else it is in states)
     kept = () if cu_seqlens is None else (cu_seqlens,) + (() if initial_state is None else (initial_state,))
+    # an output the caller drops (training drops the final state) gets None, not zeros: the backward
+    # then skips its cotangent (packed, a gather per token the kernels would do for nothing)
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, w_a, b_a, w_x, b_x, a_param, states, *kept)
     ctx.has_h0 = initial_state is not None
     ctx.config = config

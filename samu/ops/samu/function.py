@@ -106,6 +106,9 @@ def _save(ctx, x, nu, theta_log, directions, amplitudes, initial_state, cu_seqle
           bound):
     # packed, the backward restarts each sequence from its initial state, so it is kept (else it is in bound)
     kept = () if cu_seqlens is None else (cu_seqlens,) + (() if initial_state is None else (initial_state,))
+    # an output the caller drops (training drops the final state) gets None, not zeros: the backward
+    # then skips its cotangent (packed, a gather per token the kernels would do for nothing)
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, nu, theta_log, directions, amplitudes, ctl, rnorm, bound, *kept)
     ctx.radial_bound, ctx.config = radial_bound, config
     ctx.has_h0 = initial_state is not None
