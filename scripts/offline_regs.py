@@ -6,8 +6,8 @@ hold garbage, which no host code reads). The counts are what the GPU's driver re
 compile: spills = the stack frame and local bytes per thread / 4, as Triton's ``n_spills``. So register pressure can be
 tuned here, and a device call spent on timing. Needs no CUDA device, no driver, no TRITON_INTERPRET.
 
-Usage: python scripts/offline_regs.py [--ops samu,rglru] [--variants NAMES] [--shape 1,4096,2048]
-                                      [--documents 0,16] [--dtype bfloat16] [--json FILE]
+Usage: python scripts/offline_regs.py [--ops samu,rglru] [--variants NAMES] [--rglru-config K,WC]
+                                      [--shape 1,4096,2048] [--documents 0,16] [--dtype bfloat16] [--json FILE]
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def patch(compiler):
         setattr(module, name, compiler)
 
 
-def run_case(op, variant, shape, dtype, documents):
+def run_case(op, variant, shape, dtype, documents, rglru_config=None):
     B, L, D = shape
     x = randn(shape, 0, dtype=dtype).requires_grad_(True)
     if op == "samu":
@@ -91,7 +91,12 @@ def run_case(op, variant, shape, dtype, documents):
     if documents:
         cu = torch.tensor(document_offsets(L, documents, 1), dtype=torch.int32)
     extra = (None, 8.0) if op == "rglru" else (None, 4.0)
-    y, _ = dispatch.variants(op)[variant].run(x, *params, *extra, cu_seqlens=cu)
+    if op == "rglru" and rglru_config:
+        from samu.ops.rglru.function import Config, run
+
+        y, _ = run(x, *params, *extra, Config(*rglru_config), cu_seqlens=cu)
+    else:
+        y, _ = dispatch.variants(op)[variant].run(x, *params, *extra, cu_seqlens=cu)
     y.backward(torch.zeros_like(y))
 
 
@@ -102,19 +107,26 @@ def main():
     ap.add_argument("--documents", default="0,16")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--variants", default=None, help="comma-separated variant names (default: every one)")
+    ap.add_argument("--rglru-config", default=None, help="K,WC: RG-LRU launch settings to try in place of the "
+                    "variants' (one run, named by them)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     shape = tuple(int(s) for s in args.shape.split(","))
     dtype = getattr(torch, args.dtype)
+    rglru_config = tuple(int(s) for s in args.rglru_config.split(",")) if args.rglru_config else None
     rows = []
     for op in args.ops.split(","):
         for variant in sorted(dispatch.variants(op)):
             if args.variants and variant not in args.variants.split(","):
                 continue
+            if op == "rglru" and rglru_config:
+                if variant != "triton_chunked":
+                    continue
+                variant = "K={},WC={}".format(*rglru_config)
             for n in (int(s) for s in args.documents.split(",")):
                 compiler = Compiler()
                 patch(compiler)
-                run_case(op, variant, shape, dtype, n)
+                run_case(op, variant, shape, dtype, n, rglru_config if op == "rglru" else None)
                 for row in compiler.rows.values():
                     rows.append(dict(row, op=op, variant=variant, documents=n))
                     flags = ",".join(f"{k}={v}" for k, v in row["flags"].items())
