@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import platform
+import re
 import subprocess
 from pathlib import Path
 
@@ -42,9 +43,13 @@ def _run(args, cwd=None) -> "str | None":
 
 @functools.lru_cache(maxsize=None)
 def git_state() -> tuple:
-    """(commit, dirty) of the checkout holding this package; ``SAMU_GIT_COMMIT`` overrides both."""
-    if os.environ.get("SAMU_GIT_COMMIT"):
-        return os.environ["SAMU_GIT_COMMIT"], None
+    """(commit, dirty) of the checkout holding this package; ``SAMU_GIT_COMMIT`` (a commit's hex digits,
+    for a copy of the tree without .git) overrides both."""
+    given = os.environ.get("SAMU_GIT_COMMIT")
+    if given:
+        if not re.fullmatch(r"[0-9a-f]{7,40}", given):
+            raise ValueError(f"SAMU_GIT_COMMIT must be a commit's hex digits (7 to 40), got {given!r}")
+        return given, None
     root = Path(__file__).resolve().parents[2]
     commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
     if commit is None:

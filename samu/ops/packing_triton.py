@@ -1,17 +1,17 @@
 """Where packed sequences open, chunk by chunk, for the mixers' Triton kernels (one launch, no synchronisation).
 
 A mixer kernel walks chunks of K tokens. For each chunk it needs which of its tokens open a sequence and
-which sequence its tokens belong to; reading a per-token sequence index costs a load per token (and, in
-the RG-LRU kernels, a [WC, K] load whose layout the compiler lays out across lanes). ``chunk_boundaries``
-gives instead three int32 words per chunk c, from the offsets alone:
+which sequence its tokens belong to; a per-token sequence index costs loads per token (two per token in
+SAMU's walks: +7.6% of its kernels' time, `results/dev/issue15/packed_profile_1.json`).
+``chunk_boundaries`` gives instead three int32 words per chunk c, from the offsets alone:
 
   bits[c]   bit k set where token c K + k opens a sequence (K <= 32; bit 31 makes the word negative)
   first[c]  the sequence of token c K
   last[c]   the sequence of the chunk's last token before L
 
-so a kernel loads three scalars a chunk and finds the rest by shifts: token k opens where bit k is set,
-closes where bit k + 1 (bit 0 of the next chunk at k = K - 1) is set or it is token L - 1, and belongs to
-first[c] plus the bits set in (0, k].
+so a kernel loads a few words a chunk and finds the rest by shifts (the jit helpers below, which both
+mixers' kernels use): token k opens where bit k is set, closes where bit k + 1 (bit 0 of the next chunk at
+k = K - 1) is set or it is token L - 1, and belongs to first[c] plus the bits set in (0, k].
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from samu.ops.triton_utils import cdiv, launch
 
 
 @triton.jit(do_not_specialize=["N", "NC", "steps"])
-def _chunk_boundaries_kernel(cu, out, N, NC, steps, K: tl.constexpr, BC: tl.constexpr):
-    """Rows bits, first and last of ``out`` [3, NC] for BC chunks (module docstring); cu [N + 1] int32."""
-    o_c = tl.program_id(0) * BC + tl.arange(0, BC)
+def _chunk_boundaries_kernel(cu, words, N, NC, steps, K: tl.constexpr, BC: tl.constexpr):
+    """Rows bits, first and last of ``words`` [3, NC] for BC chunks (module docstring); cu [N + 1] int32."""
+    o_c = tl.program_id(0) * BC + tl.arange(0, BC)                                   # [BC] chunks
     m_c = o_c < NC
-    t0 = o_c * K
+    t0 = o_c * K                                                                     # [BC] first tokens
     # first: the largest n < N with cu[n] <= t0 (cu[0] = 0 <= t0 < L = cu[N]), by bisection of [lo, hi)
     lo = tl.zeros([BC], dtype=tl.int32)
     hi = tl.zeros([BC], dtype=tl.int32) + N
@@ -37,18 +37,58 @@ def _chunk_boundaries_kernel(cu, out, N, NC, steps, K: tl.constexpr, BC: tl.cons
         below = tl.load(cu + mid, mask=m_c, other=0) <= t0
         lo = tl.where(below, mid, lo)
         hi = tl.where(below, hi, mid)
-    bits = tl.where(tl.load(cu + lo, mask=m_c, other=-1) == t0, 1, 0)
-    count = tl.zeros([BC], dtype=tl.int32)
+    b_bits = tl.where(tl.load(cu + lo, mask=m_c, other=-1) == t0, 1, 0)
+    b_count = tl.zeros([BC], dtype=tl.int32)
     # the chunk's other opening tokens are the starts of sequences first + 1, first + 2, ... (offsets rise)
     for i in range(1, K):
         idx = lo + i
-        s = tl.load(cu + idx, mask=m_c & (idx < N), other=0)
-        inside = (idx < N) & (s > t0) & (s < t0 + K)
-        bits = bits | tl.where(inside, 1 << (s - t0), 0)
-        count += tl.where(inside, 1, 0)
-    tl.store(out + o_c, bits, mask=m_c)
-    tl.store(out + NC + o_c, lo, mask=m_c)
-    tl.store(out + 2 * NC + o_c, lo + count, mask=m_c)
+        b_s = tl.load(cu + idx, mask=m_c & (idx < N), other=0)
+        inside = (idx < N) & (b_s > t0) & (b_s < t0 + K)
+        b_bits = b_bits | tl.where(inside, 1 << tl.where(inside, b_s - t0, 0), 0)
+        b_count += tl.where(inside, 1, 0)
+    tl.store(words + o_c, b_bits, mask=m_c)
+    tl.store(words + NC + o_c, lo, mask=m_c)
+    tl.store(words + 2 * NC + o_c, lo + b_count, mask=m_c)
+
+
+@triton.jit
+def chunk_bits(words, i_c, NC):
+    """Opening bits of chunk i_c (a scalar or a tensor of chunks, clamped into [0, NC)) and of the chunk
+    after it (0 past the last), from ``words`` [3, NC] (chunk_boundaries)."""
+    return (tl.load(words + tl.minimum(i_c, NC - 1)),
+            tl.where(i_c + 1 < NC, tl.load(words + tl.minimum(i_c + 1, NC - 1)), 0))
+
+
+@triton.jit
+def first_sequence(words, i_c, NC):
+    """The sequence of chunk i_c's first token."""
+    return tl.load(words + NC + tl.minimum(i_c, NC - 1))
+
+
+@triton.jit
+def last_sequence(words, i_c, NC):
+    """The sequence of chunk i_c's last token before L."""
+    return tl.load(words + 2 * NC + tl.minimum(i_c, NC - 1))
+
+
+@triton.jit
+def opens_at(w, w_next, k, K: tl.constexpr):
+    """Whether token k of a chunk opens a sequence (k = K: the next chunk's first token), from the chunk's
+    bits w and w_next (chunk_bits); k a scalar or a tensor broadcast against them."""
+    return ((tl.where(k < K, w, w_next) >> (k % K)) & 1) != 0
+
+
+@triton.jit
+def sequence_after(n, opens, k):
+    """Walking a chunk left to right: the sequence of token k from that of token k - 1 (at k = 0, the
+    chunk's first_sequence already)."""
+    return n + (opens & (k > 0)).to(tl.int32)
+
+
+@triton.jit
+def sequence_before(n, opens, k):
+    """Walking a chunk right to left: the sequence of token k - 1 from that of token k (``opens``: token k's)."""
+    return n - (opens & (k > 0)).to(tl.int32)
 
 
 def chunk_boundaries(cu_seqlens: torch.Tensor, L: int, K: int) -> torch.Tensor:
@@ -58,8 +98,8 @@ def chunk_boundaries(cu_seqlens: torch.Tensor, L: int, K: int) -> torch.Tensor:
     assert 1 <= K <= 32, "one int32 word of opening bits a chunk"
     N = cu_seqlens.shape[0] - 1
     NC = cdiv(L, K)
-    out = torch.empty(3, NC, dtype=torch.int32, device=cu_seqlens.device)
+    words = torch.empty(3, NC, dtype=torch.int32, device=cu_seqlens.device)
     BC = 128
-    launch(_chunk_boundaries_kernel, (cdiv(NC, BC),), cu_seqlens, out, N, NC, max(1, N.bit_length()), K=K, BC=BC,
+    launch(_chunk_boundaries_kernel, (cdiv(NC, BC),), cu_seqlens, words, N, NC, max(1, N.bit_length()), K=K, BC=BC,
            num_warps=4)
-    return out
+    return words

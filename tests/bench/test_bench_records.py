@@ -73,3 +73,19 @@ def test_load_refuses_a_malformed_samu_record(tmp_path):
     (tmp_path / "g.json").write_text(json.dumps(record))
     with pytest.raises(ValueError, match="g.json"):
         load_records(tmp_path)
+
+
+def test_a_mistyped_commit_override_is_refused(monkeypatch):
+    """SAMU_GIT_COMMIT names the commit of a tree copied without .git: anything but hex digits is refused,
+    so no record carries a commit nobody can find."""
+    from samu.bench.records import git_state
+
+    monkeypatch.setenv("SAMU_GIT_COMMIT", "c")
+    git_state.cache_clear()
+    with pytest.raises(ValueError, match="SAMU_GIT_COMMIT"):
+        git_state()
+    monkeypatch.setenv("SAMU_GIT_COMMIT", "3d53f32")
+    git_state.cache_clear()
+    assert git_state() == ("3d53f32", None)
+    monkeypatch.delenv("SAMU_GIT_COMMIT")
+    git_state.cache_clear()

@@ -16,17 +16,9 @@ pytestmark = pytest.mark.skipif(not dispatch.triton_available(), reason="triton 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _interpret_on_cpu(monkeypatch):
-    """The Triton interpreter on CPU; on a GPU the kernels compile (the interpreter cannot run CUDA tensors
-    through every kernel)."""
-    if DEVICE == "cpu":
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
 @pytest.mark.parametrize("mixer,backend", [("samu", "triton_serial"), ("samu", "triton_grouped"),
                                            ("rglru", "triton_chunked")])
-def test_residual_layer_compiles_in_one_graph(mixer, backend, monkeypatch):
-    _interpret_on_cpu(monkeypatch)
+def test_residual_layer_compiles_in_one_graph(mixer, backend):
     torch.manual_seed(0)
     layer = samu.ResidualLayer(16, mixer=mixer, lru_width=16, num_heads=2, backend=backend).to(DEVICE)
     x = randn((2, 11, 16), 5, device=DEVICE).requires_grad_()
@@ -47,13 +39,12 @@ def test_residual_layer_compiles_in_one_graph(mixer, backend, monkeypatch):
 
 
 @pytest.mark.parametrize("mixer,backend", [("samu", "triton_grouped"), ("rglru", "triton_chunked")])
-def test_a_packed_model_compiles_in_one_graph(mixer, backend, monkeypatch):
+def test_a_packed_model_compiles_in_one_graph(mixer, backend):
     """A packed forward (cu_seqlens an int32 tensor) traces whole: the mixers as their packing custom ops,
     the glue's masked PyTorch taps, the sequence index by searchsorted; the same gradients as the eager
     packed model, for two sets of offsets."""
     from samu.models import LanguageModel, LMConfig
 
-    _interpret_on_cpu(monkeypatch)
     torch.manual_seed(0)
     model = LanguageModel(LMConfig(vocab_size=11, width=16, num_layers=2, mixer=mixer, num_heads=2),
                           backend=backend).to(DEVICE)

@@ -79,3 +79,14 @@ def test_fused_kernels_compile_for_sm90():
     run = subprocess.run([sys.executable, "-c", "from tests.ops.test_offline_compile import compile_all; compile_all()"],
                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-3000:]
+
+
+def test_mixer_kernels_compile_for_sm90():
+    """Every kernel one SAMU and one RG-LRU variant launch, unpacked and packed, with and without states
+    (tests/sm90.py): the interpreter does not check what the compiler does (a loop-carried name whose type
+    changes broke a packed kernel on the GPU alone)."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, "-c", "from tests.sm90 import compile_mixers; compile_mixers()"],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-3000:]

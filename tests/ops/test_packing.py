@@ -16,8 +16,11 @@ from samu.ops import dispatch
 from tests.helpers import randn, rel_err, rglru_params, samu_params
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# lengths 1, one chunk exactly (32; RG-LRU's chunk is 16), a chunk and a bit, a few tokens, and random ones
-LENGTHS = (5, 1, 37, 32, 2) + tuple(torch.randint(1, 40, (3,), generator=torch.Generator().manual_seed(15)).tolist())
+# a sequence opening at a chunk's last token and one token long there (token 31: bit 31 of SAMU's 32-token
+# chunk, the last of RG-LRU's 16), lengths 1, one chunk exactly (32), a chunk and a bit, a few tokens, and
+# random ones
+LENGTHS = (31, 1, 5, 1, 37, 32, 2) + tuple(
+    torch.randint(1, 40, (3,), generator=torch.Generator().manual_seed(15)).tolist())
 
 
 def _backends(op):
@@ -60,15 +63,18 @@ def test_a_packed_mixer_call_equals_one_call_per_sequence(op):
                 assert rel_err(p, s) < 1e-5, (backend, i, rel_err(p, s))
             else:
                 assert torch.equal(p, s), (backend, i)
-        # no state crosses a boundary: changing the third sequence's input leaves every other output alone
+        # no state crosses a boundary: changing the 37-token sequence's input leaves every other output alone
+        k = LENGTHS.index(37)
+        a, b = offsets[k].item(), offsets[k + 1].item()
         x2 = x.detach().clone()
-        x2[:, 6:43] += 1.0
+        x2[:, a:b] += 1.0
         y2, h2 = fn(x2, *params, initial_state=h0, output_final_state=True, backend=backend,
                     cu_seqlens=offsets.tolist())
         outside = torch.ones(x.shape[1], dtype=torch.bool)
-        outside[6:43] = False
-        assert torch.equal(y2[:, outside], y[:, outside]) and not torch.equal(y2[:, 6:43], y[:, 6:43])
-        assert torch.equal(h2[[0, 1, 3, 4, 5, 6, 7]], h[[0, 1, 3, 4, 5, 6, 7]])
+        outside[a:b] = False
+        others = [n for n in range(len(LENGTHS)) if n != k]
+        assert torch.equal(y2[:, outside], y[:, outside]) and not torch.equal(y2[:, a:b], y[:, a:b])
+        assert torch.equal(h2[others], h[others])
 
 
 def test_bad_offsets_name_the_argument():
@@ -175,15 +181,13 @@ def test_gpu_packed_variants_pass_the_gate_per_sequence(op, dtype):
 
 @pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
 @pytest.mark.parametrize("K", [4, 16, 32])
-def test_chunk_boundaries_give_each_chunks_openings_and_sequences(K, monkeypatch):
+def test_chunk_boundaries_give_each_chunks_openings_and_sequences(K):
     """The kernels' per-chunk words (bits of the opening tokens, the sequence of the first and the last
     token) against the per-token sequence index, with lengths 1, chunk-sized runs, a last chunk cut short,
     a sequence opening at bit 31 and one sequence alone."""
     from samu.ops.packing import sequence_index
     from samu.ops.packing_triton import chunk_boundaries
 
-    if DEVICE == "cpu":
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
     cases = [[0, 1, 2, 3, 35, 36, 68, 100, 101, 131], [0, 131], [0, 31, 32, 63, 64, 95, 96], [0, 1, 64]]
     for offsets in cases:
         L = offsets[-1]
@@ -209,8 +213,6 @@ def test_a_dropped_final_state_gets_no_cotangent(op, compiled, monkeypatch):
     import samu.ops.rglru.function as rglru_function
     import samu.ops.samu.function as samu_function
 
-    if DEVICE == "cpu":
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
     module, name = (samu_function, "bwd") if op == "samu" else (rglru_function, "rglru_bwd")
     seen = []
     inner = getattr(module, name)

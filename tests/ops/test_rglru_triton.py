@@ -190,12 +190,13 @@ def _packed_config(config):
 
 
 # packed sequences: lengths 1, a chunk exactly, a chunk and one, ragged; boundaries at chunk and step edges
-PACKED = [0, 1, 9, 17, 18, 40, 41, 44, 70]
+# and a one-token sequence at a chunk's last token (23 for chunks of 8 and 4 tokens)
+PACKED = [0, 1, 9, 17, 18, 23, 24, 40, 41, 44, 70]
 
 
 # (config, initial states, a final-state cotangent): the second is what training runs (neither)
 @pytest.mark.parametrize("cfg,with_state,final_grad", [(dict(K=8, WC=2), True, True),
-                                                       (dict(target=8, K=4, WC=4, WC_dx=4), False, False)])
+                                                       (dict(target=8, K=8, WC=2, WC_dx=4), False, False)])
 def test_packed_kernels_pass_the_gate_per_sequence(cfg, with_state, final_grad):
     """One packed call restarts at every boundary: each sequence against the reference run alone."""
     assert_gate(gate_check("rglru", _packed_config(_config(**cfg)), torch.float32, 1, PACKED[-1], 32, H=2, seed=7,

@@ -151,7 +151,8 @@ def _packed_config(config):
 
 
 # packed sequences: lengths 1, a chunk exactly, a chunk and one, ragged; boundaries at chunk edges and inside
-PACKED = [0, 1, 9, 17, 18, 40, 41, 44, 70]
+# and a one-token sequence at a chunk's last token (23 for chunks of 8 and 4 tokens)
+PACKED = [0, 1, 9, 17, 18, 23, 24, 40, 41, 44, 70]
 
 
 # (K, BN, G, initial states, a final-state cotangent): the last is what training runs (neither)

@@ -28,9 +28,9 @@ Tensor = torch.Tensor
 
 
 def _fwd_positional(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, fast):
-    bounds, n_seqs = (None, None) if cu_seqlens is None else (chunk_boundaries(cu_seqlens, x.shape[1], K),
-                                                              len(cu_seqlens) - 1)
-    return rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K=K, WC=WC, G=G, fast=fast, bounds=bounds,
+    words, n_seqs = (None, None) if cu_seqlens is None else (chunk_boundaries(cu_seqlens, x.shape[1], K),
+                                                             len(cu_seqlens) - 1)
+    return rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K=K, WC=WC, G=G, fast=fast, words=words,
                      n_seqs=n_seqs)
 
 
@@ -52,9 +52,9 @@ def _(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, G_
 
 def _bwd_positional(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, cu_seqlens, initial_state, c, K,
                     WC, G, G_dx, WC_dx, fast):
-    bounds = None if cu_seqlens is None else chunk_boundaries(cu_seqlens, x.shape[1], K)
+    words = None if cu_seqlens is None else chunk_boundaries(cu_seqlens, x.shape[1], K)
     return rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, c, K=K, WC=WC, G=G, G_dx=G_dx,
-                     WC_dx=WC_dx, fast=fast, bounds=bounds, h0=initial_state)
+                     WC_dx=WC_dx, fast=fast, words=words, h0=initial_state)
 
 
 @torch.library.custom_op("samu::rglru_bwd", mutates_args=())
@@ -146,6 +146,14 @@ class Config:
     WC_dx: int = 0
     target_programs: int = 528
     fast: bool = True
+
+    def __post_init__(self):
+        # the gate products are tensor-core dots over a step's tokens, at least 16 deep on the GPU (the
+        # interpreter would take fewer)
+        for name, chunks in (("WC", self.WC), ("WC_dx", self.WC_dx or self.WC)):
+            if self.K * chunks < 16:
+                raise ValueError(f"{name}: K * {name} must be at least 16 (a step's tokens), got K = {self.K}, "
+                                 f"{name} = {chunks}")
 
     def steps_per_program(self, B: int, L: int, tiles: int, grouped: bool = True, WC: int = 0) -> int:
         """Steps of WC chunks (default self.WC) per program when ``tiles`` programs share each batch

@@ -160,11 +160,11 @@ def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
 
 
 @triton.jit
-def _with_final(b_dy, dh_last, bounds, i_s, t0, m_t, m_j, o_d, L, NC, D: tl.constexpr, WC: tl.constexpr,
+def _with_final(b_dy, dh_last, words, i_s, m_t, m_j, o_d, L, NC, D: tl.constexpr, WC: tl.constexpr,
                 K: tl.constexpr, HAS_DH: tl.constexpr):
     """Packed: dy with each sequence's final-state cotangent added where it closes; the step's
     (sequence, opens) per token."""
-    i_n, opens, closes = _boundaries(bounds, i_s, t0, m_t, L, NC, WC, K)
+    i_n, opens, closes = _boundaries(words, i_s, m_t, L, NC, WC, K)
     if HAS_DH:
         b_dy = b_dy + _rows_of(dh_last, i_n, o_d, m_j, closes, D)
     return b_dy, i_n, opens
@@ -177,7 +177,7 @@ def _rglru_bwd_summary_kernel(
     b_a, a_param,        # [D] fp32
     cums,                # [2, B, NC, D] fp32: per chunk, the map (P, E) of eps from its group's end to it
     gsums,               # [2, B, NG, D] fp32: per group, the map through the whole group
-    bounds, dh_last,     # packed (VARLEN): [3, NC] int32 chunk words (packing_triton), [N, D] final-state cotangents
+    words, dh_last,      # packed (VARLEN): [3, NC] int32 chunk words (packing_triton), [N, D] final-state cotangents
     L, NC, G, NG, c, one,
     D: tl.constexpr, n: tl.constexpr, H: tl.constexpr,
     K: tl.constexpr, WC: tl.constexpr, NPA: tl.constexpr, NPB: tl.constexpr, NPW: tl.constexpr,
@@ -224,7 +224,7 @@ def _rglru_bwd_summary_kernel(
         b_za = _gate_dot(xa, xb, wa[0], wb[0], X_PARTS, 2, NPB, WC, K, BJ, MATH) + b_ba[:, None, None]
         b_at, _ = _decay(b_csp[:, None, None] * _sigmoid(b_za, MATH), MATH)
         if VARLEN:
-            b_dy, _, opens = _with_final(b_dy, dh_last, bounds, i_s, t0, m_t, m_j, o_d, L, NC, D, WC, K, HAS_DH)
+            b_dy, _, opens = _with_final(b_dy, dh_last, words, i_s, m_t, m_j, o_d, L, NC, D, WC, K, HAS_DH)
             b_at = tl.where(opens[None, :, :], 0.0, b_at)
         # tokens past L are identities; they come first once flipped
         b_at = _flip_tokens(tl.where(m_t[None, :, :], b_at, 1.0), K, MATH)
@@ -256,7 +256,7 @@ def _rglru_bwd_dw_kernel(
     estates,             # [B, NC, D] fp32: eps entering every chunk from the right (written)
     dh0,                 # [B, D] fp32 (written when HAS_H0; packed, [N, D])
     part,                # [B * NG, M] fp32 parameter-gradient partials of each program
-    bounds, h0,          # packed (VARLEN): [3, NC] int32 chunk words (packing_triton), [N, D] initial states
+    words, h0,           # packed (VARLEN): [3, NC] int32 chunk words (packing_triton), [N, D] initial states
     L, NC, G, NG, c, one,
     D: tl.constexpr, n: tl.constexpr, H: tl.constexpr, M: tl.constexpr,
     K: tl.constexpr, WC: tl.constexpr, NPA: tl.constexpr, NPB: tl.constexpr, NPW: tl.constexpr,
@@ -328,7 +328,7 @@ def _rglru_bwd_dw_kernel(
         b_dy = tl.load(p_dy + o_ch, mask=m_x, other=0.0).to(tl.float32)
         opens, b_h0 = m_t, b_dy
         if VARLEN:
-            b_dy, i_n, opens = _with_final(b_dy, dh_last, bounds, i_s, t0, m_t, m_j, o_d, L, NC, D, WC, K, HAS_DH)
+            b_dy, i_n, opens = _with_final(b_dy, dh_last, words, i_s, m_t, m_j, o_d, L, NC, D, WC, K, HAS_DH)
             if HAS_H0:
                 b_h0 = _rows_of(h0, i_n, o_d, m_j, opens, D)
         o_s = (i_b64 * NC + i_s * WC + o_c)[None, :] * D + o_d[:, None]                # [BJ, WC]
@@ -412,7 +412,7 @@ def _rglru_bwd_dx_kernel(
     states,              # [B, NC, D] fp32: the state entering every chunk (from the forward)
     estates,             # [B, NC, D] fp32: eps entering every chunk from the right
     dx,                  # [B, L, D] x.dtype
-    bounds, dh_last, h0, # packed (VARLEN): [3, NC] int32 chunk words, final-state cotangents [N, D], initial states
+    words, dh_last, h0,  # packed (VARLEN): [3, NC] int32 chunk words, final-state cotangents [N, D], initial states
     L, NC, G, c, one,
     D: tl.constexpr, n: tl.constexpr, H: tl.constexpr,
     K: tl.constexpr, WC: tl.constexpr, NPA: tl.constexpr, NPB: tl.constexpr, NPW: tl.constexpr,
@@ -460,7 +460,7 @@ def _rglru_bwd_dx_kernel(
             b_dy = tl.load(p_dy + o_ch, mask=m_x, other=0.0).to(tl.float32)
             opens, b_h0 = m_t, b_dy
             if VARLEN:
-                b_dy, i_n, opens = _with_final(b_dy, dh_last, bounds, i_s, t0, m_t, m_j, o_d, L, NC, D, WC, K, HAS_DH)
+                b_dy, i_n, opens = _with_final(b_dy, dh_last, words, i_s, m_t, m_j, o_d, L, NC, D, WC, K, HAS_DH)
                 if HAS_H0:
                     b_h0 = _rows_of(h0, i_n, o_d, m_j, opens, D)
             o_s = (i_b64 * NC + i_s * WC + o_c)[None, :] * D + o_d[:, None]            # [BJ, WC]
@@ -521,7 +521,7 @@ def _rglru_reduce_kernel(
 
 
 def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states, c: float, *, K: int, WC: int,
-              G: int, G_dx: int, WC_dx: int = 0, fast: bool = False, bounds=None, h0=None):
+              G: int, G_dx: int, WC_dx: int = 0, fast: bool = False, words=None, h0=None):
     """Chunked RG-LRU backward.
 
     dy: [B, L, D] (any float dtype); dh_last: [B, D] fp32 or None; x and the parameters as in the
@@ -530,11 +530,11 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
     warp); G: steps per group of the reverse maps and the weight-gradient kernel; G_dx: steps per
     program of the dx kernel, whose steps take WC_dx chunks (0: WC; it needs no groups).
     Returns dx [B, L, D] x.dtype, dw_a [H, n, n], db_a [D], dw_x [H, n, n], db_x [D], da [D]
-    (all fp32) and dh0 [B, D] fp32 (None without an initial state). Packed (``bounds`` as the forward's, B = 1):
+    (all fp32) and dh0 [B, D] fp32 (None without an initial state). Packed (``words`` as the forward's, B = 1):
     dh_last, h0 (the forward's initial state, needed when has_h0) and dh0 are [N, D].
     """
     B, L, D = x.shape
-    varlen = bounds is not None
+    varlen = words is not None
     H, n = w_a.shape[0], w_a.shape[1]
     NC = cdiv(L, K)
     assert states.shape == (B, NC, D), "states must come from a forward with the same chunk length"
@@ -547,22 +547,22 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
     cums = new_buffer((2, B, NC, D), torch.float32, dev)
     gsums = new_buffer((2, B, NG, D), torch.float32, dev)
     dh = dh_last if dh_last is not None else cums
-    bounds_arg = bounds if varlen else cums
+    words_arg = words if varlen else cums
     h0_arg = h0 if varlen and has_h0 else cums
-    launch_staged(_rglru_bwd_summary_kernel, grid, x, dy, w3, b_a, a_param, cums, gsums, bounds_arg, dh, L, NC, G, NG,
+    launch_staged(_rglru_bwd_summary_kernel, grid, x, dy, w3, b_a, a_param, cums, gsums, words_arg, dh, L, NC, G, NG,
                   float(c), 1, VARLEN=varlen, HAS_DH=dh_last is not None, **meta)
     estates = new_buffer((B, NC, D), torch.float32, dev)
     dh0 = new_buffer((h0.shape[0] if varlen else B, D), torch.float32, dev) if has_h0 else None
     M = 2 * H * n * n + 3 * D
     part = new_buffer((B * NG, M), torch.float32, dev)
     launch_staged(_rglru_bwd_dw_kernel, grid, x, dy, w3, b_a, b_x, a_param, states, dh, cums, gsums, estates,
-                  dh0 if has_h0 else part, part, bounds_arg, h0_arg, L, NC, G, NG, float(c), 1,
+                  dh0 if has_h0 else part, part, words_arg, h0_arg, L, NC, G, NG, float(c), 1,
                   M=M, NGP=group_width(NG), HAS_DH=dh_last is not None, HAS_H0=has_h0, VARLEN=varlen, **meta)
     dx = new_buffer((B, L, D), x.dtype, dev)
     grid_dx, meta_dx = chunk_launch(x, H, K, WC_dx or WC, G_dx, grouped=False, MATH=MATH,
                                     DX_ORDER=out_order(x.dtype))
     launch_staged(_rglru_bwd_dx_kernel, (grid_dx[0], H, B), x, dy, w3, b_a, b_x, a_param, states, estates, dx,
-                  bounds_arg, dh, h0_arg, L, NC, G_dx, float(c), 1, VARLEN=varlen, HAS_DH=dh_last is not None,
+                  words_arg, dh, h0_arg, L, NC, G_dx, float(c), 1, VARLEN=varlen, HAS_DH=dh_last is not None,
                   HAS_H0=has_h0, **meta_dx)
     dw_a = new_buffer((H, n, n), torch.float32, dev)
     dw_x = new_buffer((H, n, n), torch.float32, dev)

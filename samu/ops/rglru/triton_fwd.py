@@ -17,7 +17,7 @@ rows of those WC * K tokens, everything else is per channel, in [BJ, WC, K] tile
 channel per lane, one chunk per warp and a chunk's K tokens inside the thread, so token scans
 (and flips) never leave a thread.
 
-Packed calls (VARLEN, B = 1, ``bounds``: packing_triton.chunk_boundaries' words) restart the recurrence
+Packed calls (VARLEN, B = 1, ``words``: packing_triton.chunk_boundaries') restart the recurrence
 where a sequence opens: that token's transition becomes 0 and its input gains a_t times the
 sequence's initial state, so the scans need no other change. Each sequence's final state is the
 summary pass's map from its last chunk's start to the token that closes it (``fin``, fp32-accurate
@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from samu.ops.packing_triton import chunk_bits, first_sequence, opens_at
 from samu.ops.triton_utils import cdiv, next_power_of_2
 from samu.ops.triton_utils import launch as triton_launch
 from samu.ops.triton_utils import expm1 as _expm1_interp
@@ -543,19 +544,15 @@ def _channel_consts(b_a, a_param, w3, c, i_h, o_ia, o_ib, o_j, o_d, m_j, NPB: tl
 
 
 @triton.jit
-def _boundaries(bounds, i_s, t0, m_t, L, NC, WC: tl.constexpr, K: tl.constexpr):
+def _boundaries(words, i_s, m_t, L, NC, WC: tl.constexpr, K: tl.constexpr):
     """Per token of step i_s [WC, K]: its packed sequence, whether it opens it and whether it closes it, from
-    the step's words of packing_triton.chunk_boundaries (``bounds`` [3, NC]: opening bits, first sequence)."""
+    the step's chunk words (packing_triton: bits by shifts, the sequence by an in-thread prefix count)."""
     o_k = tl.arange(0, K)[None, :]
-    i_c = i_s * WC + tl.arange(0, WC)
-    w = tl.load(bounds + i_c, mask=i_c < NC, other=0)[:, None]
-    w_next = tl.load(bounds + i_c + 1, mask=i_c + 1 < NC, other=0)[:, None]
-    first = tl.load(bounds + NC + i_c, mask=i_c < NC, other=0)[:, None]
-    opens = ((w >> o_k) & 1) != 0
-    # token k closes where token k + 1 opens (bit 0 of the next chunk for the last) or it is token L - 1
-    nxt = tl.where(o_k == K - 1, w_next, w >> ((o_k + 1) % K))
-    closes = ((nxt & 1) != 0) | (t0 + tl.arange(0, WC)[:, None] * K + o_k == L - 1)
-    n = first + tl.cumsum(tl.where(opens & (o_k > 0), 1, 0), axis=1)
+    i_c = i_s * WC + tl.arange(0, WC)                                                # [WC] chunks
+    w, w_next = chunk_bits(words, i_c, NC)
+    opens = opens_at(w[:, None], w_next[:, None], o_k, K)
+    closes = opens_at(w[:, None], w_next[:, None], o_k + 1, K) | (i_c[:, None] * K + o_k == L - 1)
+    n = first_sequence(words, i_c, NC)[:, None] + tl.cumsum(tl.where(opens & (o_k > 0), 1, 0), axis=1)
     return n, m_t & opens, m_t & closes
 
 
@@ -592,7 +589,7 @@ def _rglru_chunk_kernel(
     states,              # [B, NC, D] fp32: the state entering every chunk (replay writes it)
     y,                   # [B, L, D] x.dtype (replay)
     h_last,              # [B, D] fp32 final state (replay); packed, [N, D]
-    bounds,              # [3, NC] int32: packing_triton.chunk_boundaries (VARLEN)
+    words,               # [3, NC] int32: packing_triton.chunk_boundaries (VARLEN)
     fin_a, fin_b,        # [N, D] fp32 each: per sequence, the map from its last chunk's start to its end (VARLEN)
     L, NC, G, NG, c,
     one,                 # 1, as a runtime value (see below)
@@ -662,7 +659,7 @@ def _rglru_chunk_kernel(
         b_at, b_bt = _chunk_gates(xa, xb, b_xj, wa, wb, b_ba, b_bx, b_csp, m_t, X_PARTS,
                                   2 if SUMMARY else Y_ORDER, NPB, WC, K, BJ, MATH)
         if VARLEN:
-            i_n, opens, closes = _boundaries(bounds, i_s, t0, m_t, L, NC, WC, K)
+            i_n, opens, closes = _boundaries(words, i_s, m_t, L, NC, WC, K)
             b_h0 = b_bt   # read only with an initial state
             if HAS_H0:
                 b_h0 = _rows_of(h0, i_n, o_d, m_j, opens, D)
@@ -780,19 +777,19 @@ def group_width(NG: int) -> int:
 
 
 def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, G: int, fast: bool = False,
-              bounds=None, n_seqs=None):
+              words=None, n_seqs=None):
     """Chunked RG-LRU forward.
 
     x: [B, L, D] bf16/fp16/fp32 contiguous; w_a, w_x: [H, n, n] fp32; b_a, b_x, a_param: [D] fp32;
     h0: [B, D] fp32 or None. K: chunk length (a power of two; WC * K >= 16); WC: chunks per
     program step, one per warp; G: steps per group (one program each; at most MAX_GROUPS groups).
-    fast: hardware approximations of exp, reciprocal and sqrt (MATH = 2). Packed (``bounds``, the words
+    fast: hardware approximations of exp, reciprocal and sqrt (MATH = 2). Packed (``words``, those
     of packing_triton.chunk_boundaries with this K, and ``n_seqs`` = N, B = 1): h0 and h_last are [N, D].
     Returns y [B, L, D] x.dtype, h_last [B, D] fp32, states [B, ceil(L/K), D] fp32 (the state
     entering every chunk; the backward replays from it).
     """
     B, L, D = x.shape
-    varlen = bounds is not None
+    varlen = words is not None
     NC = cdiv(L, K)
     dev = x.device
     w3 = split_weights(w_a, w_x)
@@ -805,7 +802,7 @@ def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, 
     h_last = new_buffer((n_seqs if varlen else B, D), torch.float32, dev)
     fin = new_buffer((2, n_seqs, D), torch.float32, dev) if varlen else h_last[None].expand(2, -1, -1)
     args = (x, w3, b_a, b_x, a_param, h0 if h0 is not None else h_last, cums, gsums, states, y, h_last,
-            bounds if varlen else h_last, fin[0], fin[1], L, NC, G, NG, float(c), 1)
+            words if varlen else h_last, fin[0], fin[1], L, NC, G, NG, float(c), 1)
     meta.update(NGP=group_width(NG), HAS_H0=h0 is not None, Y_ORDER=out_order(x.dtype), VARLEN=varlen)
     launch_staged(_rglru_chunk_kernel, grid, *args, SUMMARY=True, **meta)
     launch_staged(_rglru_chunk_kernel, grid, *args, SUMMARY=False, **meta)

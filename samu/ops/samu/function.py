@@ -48,19 +48,19 @@ class Config:
 
 def _fwd(x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config):
     K, BN, G, num_warps, _, unroll = config
-    bounds, n_seqs = (None, None) if cu_seqlens is None else (chunk_boundaries(cu_seqlens, x.shape[1], K),
-                                                              len(cu_seqlens) - 1)
+    words, n_seqs = (None, None) if cu_seqlens is None else (chunk_boundaries(cu_seqlens, x.shape[1], K),
+                                                             len(cu_seqlens) - 1)
     return fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, K=K, BN=BN, G=G,
-               num_warps=num_warps, unroll=unroll, empty=_empty, bounds=bounds, n_seqs=n_seqs)
+               num_warps=num_warps, unroll=unroll, empty=_empty, words=words, n_seqs=n_seqs)
 
 
 def _bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, cu_seqlens, initial_state,
          radial_bound, config):
     K, BN, G, num_warps, slots_per_sm, unroll = config
-    bounds = None if cu_seqlens is None else chunk_boundaries(cu_seqlens, x.shape[1], K)
+    words = None if cu_seqlens is None else chunk_boundaries(cu_seqlens, x.shape[1], K)
     return bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound,
                K=K, BN=BN, G=G, num_warps=num_warps, slots_per_sm=slots_per_sm, unroll=unroll, empty=_empty,
-               bounds=bounds, h0=initial_state)
+               words=words, h0=initial_state)
 
 
 @torch.library.custom_op("samu::samu_fwd", mutates_args=())

@@ -26,9 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-from samu.ops.samu.triton_fwd import (CTL, _both, _cfma, _chunk_words, _clamp, _controls, _entering, _gamma,
-                                      _input_step, _load_pair, _mode_row, _opens, _restart, _store_pair, _store_quad,
-                                      _transition, prefix)
+from samu.ops.packing_triton import chunk_bits, first_sequence, last_sequence, opens_at, sequence_after, sequence_before
+from samu.ops.samu.triton_fwd import (CTL, _both, _cfma, _clamp, _controls, _entering, _gamma, _input_step,
+                                      _load_pair, _mode_row, _restart, _store_pair, _store_quad, _transition, prefix)
 from samu.ops.triton_utils import cdiv, launch, tanh
 
 
@@ -46,7 +46,7 @@ def _adjoint_step(p_g, p_m, p_c, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl
     b_ai = tl.where(nxt, -b_li, 0.0)
     b_gr, b_gi = _load_pair(p_g, 0, N, _both(mask_n, t < L))
     if VARLEN:
-        cut = nxt & _opens(w, w_next, k + 1, K)
+        cut = nxt & opens_at(w, w_next, k + 1, K)
         b_ar = tl.where(cut, 0.0, b_ar)
         b_ai = tl.where(cut, 0.0, b_ai)
         if HAS_DF:
@@ -58,13 +58,7 @@ def _adjoint_step(p_g, p_m, p_c, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl
 
 
 @triton.jit
-def _sequence_before(n, w, w_next, k, K: tl.constexpr):
-    """Walking a chunk right to left: the sequence of token k - 1, from that of token k."""
-    return n - (_opens(w, w_next, k, K) & (k > 0)).to(tl.int32)
-
-
-@triton.jit
-def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, bounds, dfinal, L, D, N, n_chunks, K: tl.constexpr,
+def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, words, dfinal, L, D, N, n_chunks, K: tl.constexpr,
                             BN: tl.constexpr, U: tl.constexpr, VARLEN: tl.constexpr, HAS_DF: tl.constexpr):
     """Map (Q, F) from the adjoint entering chunk i_c from its right to the adjoint at its first token.
 
@@ -90,14 +84,15 @@ def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, bounds, dfinal, 
     b_fi = tl.zeros([BN], dtype=tl.float32)
     w, w_next, n = 0, 0, 0
     if VARLEN:
-        w, w_next, n_first, n = _chunk_words(bounds, i_c, n_chunks)
+        w, w_next = chunk_bits(words, i_c, n_chunks)
+        n = last_sequence(words, i_c, n_chunks)
     for j in tl.range(K, loop_unroll_factor=U):
         k = K - 1 - j
         b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_m, p_m, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl, True,
                                                w, w_next, k, n, dfinal, i_n, D, K, VARLEN, HAS_DF)
         if VARLEN:
             if HAS_DF:
-                n = _sequence_before(n, w, w_next, k, K)
+                n = sequence_before(n, opens_at(w, w_next, k, K), k)
         b_fr, b_fi = _cfma(b_ar, b_ai, b_fr, b_fi, b_gr, b_gi)
         b_qr, b_qi = b_ar * b_qr - b_ai * b_qi, b_ar * b_qi + b_ai * b_qr
         t -= 1
@@ -107,7 +102,7 @@ def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, bounds, dfinal, 
 
 
 @triton.jit
-def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part, rows, dh0, bounds, dfinal, h0,
+def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part, rows, dh0, words, dfinal, h0,
                  L, D, N, n_chunks, n_groups, n_tiles, n_items,
                  K: tl.constexpr, BN: tl.constexpr, U: tl.constexpr, G, HAS_H0: tl.constexpr,
                  VARLEN: tl.constexpr, HAS_DF: tl.constexpr):
@@ -128,16 +123,17 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
         t = i_c * K + K - 1
         p_g = dy + (i_b.to(tl.int64) * L + t) * D + i_n
         p_slot = p_slot0 + (K - 1) * 2 * BN
-        w, w_next, n_first, n = 0, 0, 0, 0
+        w, w_next, n = 0, 0, 0
         if VARLEN:
-            w, w_next, n_first, n = _chunk_words(bounds, i_c, n_chunks)
+            w, w_next = chunk_bits(words, i_c, n_chunks)
+            n = last_sequence(words, i_c, n_chunks)
         for j in tl.range(K, loop_unroll_factor=U):
             k = K - 1 - j
             b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_m, p_c, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl,
                                                    False, w, w_next, k, n, dfinal, i_n, D, K, VARLEN, HAS_DF)
             if VARLEN:
                 if HAS_DF:
-                    n = _sequence_before(n, w, w_next, k, K)
+                    n = sequence_before(n, opens_at(w, w_next, k, K), k)
             b_dr, b_di = _cfma(b_ar, b_ai, b_dr, b_di, b_gr, b_gi)
             tl.store(p_slot, b_dr)
             tl.store(p_slot + BN, b_di)
@@ -153,16 +149,17 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
         p_x = x + (i_b.to(tl.int64) * L + t) * D + i_n
         p_part = part + (i_b.to(tl.int64) * 2 * n_tiles + i_j) * L + t
         p_slot = p_slot0
-        n = n_first
+        if VARLEN:
+            n = first_sequence(words, i_c, n_chunks)
         for k in tl.range(K, loop_unroll_factor=U):
             valid = t < L
             ok = _both(mask_n, valid)
             b_dr = tl.load(p_slot)
             b_di = tl.load(p_slot + BN)
             if VARLEN:
-                opens = valid & _opens(w, w_next, k, K)
+                opens = valid & opens_at(w, w_next, k, K)
                 if HAS_H0:
-                    n += (opens & (k > 0)).to(tl.int32)
+                    n = sequence_after(n, opens, k)
                 b_hr, b_hi = _restart(opens, n, h0, b_hr, b_hi, i_n, N, D, mask_n, HAS_H0)
             b_w, b_rho, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, p_c, t, L, N, mask_n, valid,
                                                                   b_rate, b_ch, b_cl, b_sh, b_sl)
@@ -233,7 +230,7 @@ def _controller_kernel(ctl, amplitudes, part, dp, dA_rows, L, n_tiles, kappa, BT
 
 
 @triton.jit
-def _dx_kernel(x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, dp, dx, rows, bounds, dfinal,
+def _dx_kernel(x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, dp, dx, rows, words, dfinal,
                L, D, N, n_chunks, n_groups, K: tl.constexpr, BN: tl.constexpr, U: tl.constexpr, G,
                VARLEN: tl.constexpr, HAS_DF: tl.constexpr):
     """dx = gamma delta + sum_j dp_j u_hat_j, and partials of sum_t dp_j (x_t - p_j u_hat_j)."""
@@ -260,7 +257,8 @@ def _dx_kernel(x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, d
     p_dx = dx + row
     w, w_next, n = 0, 0, 0
     if VARLEN:
-        w, w_next, n_first, n = _chunk_words(bounds, i_c, n_chunks)
+        w, w_next = chunk_bits(words, i_c, n_chunks)
+        n = last_sequence(words, i_c, n_chunks)
     for j in tl.range(K, loop_unroll_factor=U):
         k = K - 1 - j
         valid = t < L
@@ -270,7 +268,7 @@ def _dx_kernel(x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, d
                                                b_sl, False, w, w_next, k, n, dfinal, i_n, D, K, VARLEN, HAS_DF)
         if VARLEN:
             if HAS_DF:
-                n = _sequence_before(n, w, w_next, k, K)
+                n = sequence_before(n, opens_at(w, w_next, k, K), k)
         b_dr, b_di = _cfma(b_ar, b_ai, b_dr, b_di, b_gr, b_gi)
         b_g = _gamma(tl.load(p_p + 2 * L + tc) * b_rate)
         dp0 = tl.where(valid, tl.load(p_dp + tc), 0.0)
@@ -337,14 +335,14 @@ def _slots(device, n_items: int, per_sm: int) -> int:
 
 
 def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound, *,
-        K, BN, G, num_warps=1, slots_per_sm=16, unroll=1, empty=torch.empty, bounds=None, h0=None):
+        K, BN, G, num_warps=1, slots_per_sm=16, unroll=1, empty=torch.empty, words=None, h0=None):
     """Backward pass. Returns dx (x.dtype), dnu, dtheta_log, ddirections, damplitudes, dh0 (or None).
-    Packed (``bounds``, as fwd): dfinal and dh0 are [N, D], and ``h0`` is the initial state [N, D] (or None)."""
+    Packed (``words``, as fwd): dfinal and dh0 are [N, D], and ``h0`` is the initial state [N, D] (or None)."""
     B, L, D = x.shape
-    varlen = bounds is not None
+    varlen = words is not None
     # packed, each sequence's final-state cotangent enters where it closes (in the walks)
     has_df = varlen and dfinal is not None
-    bounds_arg = bounds if varlen else ctl
+    words_arg = words if varlen else ctl
     df_arg = dfinal if has_df else ctl
     N = D // 2
     n_chunks = cdiv(L, K)
@@ -352,7 +350,7 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     f32 = dict(device=x.device, dtype=torch.float32)
     rsum = empty(B, n_chunks, 2, D, **f32)
     trig = empty(B, 2, L, **f32)  # cos phi, sin phi, rebuilt by the adjoint summaries
-    launch(_adjoint_summary_kernel, (n_chunks, n_tiles, B), dy, ctl, trig, nu, theta_log, rsum, bounds_arg, df_arg, L, D,
+    launch(_adjoint_summary_kernel, (n_chunks, n_tiles, B), dy, ctl, trig, nu, theta_log, rsum, words_arg, df_arg, L, D,
            N, n_chunks, K=K, BN=BN, U=unroll, VARLEN=varlen, HAS_DF=has_df, num_warps=num_warps)
     # the final-state cotangent is the adjoint entering from the right end (tokens past L are identity)
     rck, right = prefix(rsum, None if varlen else dfinal, G=G, BN=BN, reverse=True, empty=empty)
@@ -365,7 +363,7 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     n_slots = _slots(x.device, n_items, slots_per_sm)
     slots = torch.empty(n_slots, K, 2 * BN, **f32)
     launch(_main_kernel, (n_slots,), x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part, rows,
-           dh0 if has_h0 else rows, bounds_arg, df_arg, h0 if varlen and has_h0 else rows, L, D, N, n_chunks, n_groups,
+           dh0 if has_h0 else rows, words_arg, df_arg, h0 if varlen and has_h0 else rows, L, D, N, n_chunks, n_groups,
            n_tiles, n_items, K=K, BN=BN, U=unroll, G=G, HAS_H0=has_h0, VARLEN=varlen, HAS_DF=has_df,
            num_warps=num_warps)
     BT = 128
@@ -376,7 +374,7 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
            num_warps=4)
     dx = empty(B, L, D, device=x.device, dtype=x.dtype)
     launch(_dx_kernel, (n_chunks, n_tiles, B), x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, dp, dx,
-           rows, bounds_arg, df_arg, L, D, N, n_chunks, n_groups, K=K, BN=BN, U=unroll, G=G, VARLEN=varlen,
+           rows, words_arg, df_arg, L, D, N, n_chunks, n_groups, K=K, BN=BN, U=unroll, G=G, VARLEN=varlen,
            HAS_DF=has_df, num_warps=num_warps)
     out = empty(3 * D, **f32)
     dA = empty(4, **f32)

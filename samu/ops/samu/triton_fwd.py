@@ -14,7 +14,7 @@ Layouts (fp32 unless noted; complex quantities in fused coordinates, real parts 
   groups    [B, nG, 2, D]   per group: the same over the whole group
   start     [B, nG, D]      state entering each group (outer prefix)
   bound     [B, nC, D]      state entering each chunk (saved for backward)
-  bounds    [3, nC] int32   packed calls (B = 1): each chunk's opening bits, first and last sequence
+  words     [3, nC] int32   packed calls (B = 1): each chunk's opening bits, first and last sequence
                             (packing_triton.chunk_boundaries)
 See README.md beside this file for the derivation. A packed call restarts the recurrence where a
 sequence opens: the state carried in becomes that sequence's initial state (or zero) and the carried
@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from samu.ops.packing_triton import chunk_bits, first_sequence, opens_at, sequence_after
 from samu.ops.triton_utils import cast_to, cdiv, launch, next_power_of_2, one_minus_exp_neg, tanh
 
 CTL = tl.constexpr(4)  # planes of ctl: p0, p1, m, phi
@@ -128,22 +129,6 @@ def _store_quad(ptr, off, N, D, b_ar, b_ai, b_br, b_bi, mask):
 
 
 @triton.jit
-def _chunk_words(bounds, i_c, n_chunks):
-    """Chunk i_c's words from packing_triton.chunk_boundaries (``bounds`` [3, n_chunks]): its opening bits,
-    the next chunk's (0 past the last), the sequence of its first token and that of its last."""
-    w_next = tl.load(bounds + tl.minimum(i_c + 1, n_chunks - 1))
-    return (tl.load(bounds + i_c), tl.where(i_c + 1 < n_chunks, w_next, 0), tl.load(bounds + n_chunks + i_c),
-            tl.load(bounds + 2 * n_chunks + i_c))
-
-
-@triton.jit
-def _opens(w, w_next, k, K: tl.constexpr):
-    """Whether token k of a chunk opens a packed sequence (k = K: the next chunk's first token), from the
-    chunk's words (_chunk_words)."""
-    return ((tl.where(k < K, w, w_next) >> (k % K)) & 1) != 0
-
-
-@triton.jit
 def _restart(opens, n, h0, b_hr, b_hi, i_n, N, D, mask_n, HAS_H0: tl.constexpr):
     """The state carried into a token that opens sequence n: its initial state (row n of h0) or zero."""
     if HAS_H0:
@@ -211,7 +196,7 @@ def _controller_kernel(x, directions, amplitudes, ctl, trig, rnorm, L, D, kappa,
 
 
 @triton.jit
-def _summary_kernel(x, ctl, trig, nu, theta_log, csum, bounds, h0, L, D, N, n_chunks, K: tl.constexpr, BN: tl.constexpr,
+def _summary_kernel(x, ctl, trig, nu, theta_log, csum, words, h0, L, D, N, n_chunks, K: tl.constexpr, BN: tl.constexpr,
                     U: tl.constexpr, VARLEN: tl.constexpr, HAS_H0: tl.constexpr):
     """(prod lambda, state reached from zero) of one chunk, for one mode tile. Packed (VARLEN), where a
     sequence opens the product restarts from zero and the state from that sequence's initial state."""
@@ -228,13 +213,14 @@ def _summary_kernel(x, ctl, trig, nu, theta_log, csum, bounds, h0, L, D, N, n_ch
     b_er = tl.zeros([BN], dtype=tl.float32)
     b_ei = tl.zeros([BN], dtype=tl.float32)
     if VARLEN:
-        w, w_next, n, n_last = _chunk_words(bounds, i_c, n_chunks)
+        w, w_next = chunk_bits(words, i_c, n_chunks)
+        n = first_sequence(words, i_c, n_chunks)
     for k in tl.range(K, loop_unroll_factor=U):
         if VARLEN:
-            # n: the sequence of token t (it moves on at every opening token after the chunk's first)
-            opens = (t < L) & _opens(w, w_next, k, K)
+            # n: the sequence of token t
+            opens = (t < L) & opens_at(w, w_next, k, K)
             if HAS_H0:
-                n += (opens & (k > 0)).to(tl.int32)
+                n = sequence_after(n, opens, k)
             b_er, b_ei = _restart(opens, n, h0, b_er, b_ei, i_n, N, D, mask_n, HAS_H0)
             b_pr = tl.where(opens, 0.0, b_pr)
             b_pi = tl.where(opens, 0.0, b_pi)
@@ -325,7 +311,7 @@ def _entering(ck, start, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G):
 
 
 @triton.jit
-def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, bounds, h0, L, D, N, n_chunks, n_groups,
+def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, words, h0, L, D, N, n_chunks, n_groups,
                    K: tl.constexpr, BN: tl.constexpr, U: tl.constexpr, G, HAS_FINAL: tl.constexpr,
                    VARLEN: tl.constexpr, HAS_H0: tl.constexpr):
     """Rerun each chunk from its entering state and write y (and the final state; packed, each
@@ -345,13 +331,14 @@ def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, boun
     p_x = x + row
     p_y = y + row
     if VARLEN:
-        w, w_next, n, n_last = _chunk_words(bounds, i_c, n_chunks)
+        w, w_next = chunk_bits(words, i_c, n_chunks)
+        n = first_sequence(words, i_c, n_chunks)
     for k in tl.range(K, loop_unroll_factor=U):
         valid = t < L
         if VARLEN:
-            opens = valid & _opens(w, w_next, k, K)
+            opens = valid & opens_at(w, w_next, k, K)
             if HAS_H0 or HAS_FINAL:
-                n += (opens & (k > 0)).to(tl.int32)
+                n = sequence_after(n, opens, k)
             b_hr, b_hi = _restart(opens, n, h0, b_hr, b_hi, i_n, N, D, mask_n, HAS_H0)
         _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, p_c, t, L, N, mask_n, valid,
                                                         b_rate, b_ch, b_cl, b_sh, b_sl)
@@ -359,7 +346,7 @@ def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, boun
         _store_pair(p_y, 0, N, b_hr, b_hi, _both(mask_n, valid))
         if VARLEN:
             if HAS_FINAL:
-                closes = valid & ((t == L - 1) | _opens(w, w_next, k + 1, K))
+                closes = valid & ((t == L - 1) | opens_at(w, w_next, k + 1, K))
                 _store_pair(final, n.to(tl.int64) * D + i_n, N, b_hr, b_hi, _both(mask_n, closes))
         t += 1
         p_x += D
@@ -370,16 +357,16 @@ def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, boun
 
 
 def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *, K, BN, G,
-        num_warps=1, unroll=1, want_final=True, empty=torch.empty, bounds=None, n_seqs=None):
+        num_warps=1, unroll=1, want_final=True, empty=torch.empty, words=None, n_seqs=None):
     """Forward pass. Returns y [B, L, D] (x.dtype), final [B, D] fp32 (or None), and the saved
     tensors for backward: ctl [B, 4, L], rnorm [2], bound [B, nC, D] (spec §3.1's list).
 
-    Packed (``bounds``, packing_triton.chunk_boundaries with this K, and ``n_seqs`` = N, with B = 1):
+    Packed (``words``, packing_triton.chunk_boundaries with this K, and ``n_seqs`` = N, with B = 1):
     initial_state and final are [N, D], one row per sequence.
     ``empty`` allocates every output (tests pass one that fills NaN, so unwritten elements show).
     """
     B, L, D = x.shape
-    varlen = bounds is not None
+    varlen = words is not None
     N = D // 2
     n_chunks = cdiv(L, K)
     n_tiles = cdiv(N, BN)
@@ -394,8 +381,8 @@ def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *
     # packed, each sequence's initial state enters where it opens (in the walks), not at the left end
     has_h0 = varlen and initial_state is not None
     h0 = initial_state if has_h0 else csum
-    bounds_arg = bounds if varlen else csum
-    launch(_summary_kernel, (n_chunks, n_tiles, B), x, ctl, trig, nu, theta_log, csum, bounds_arg, h0, L, D, N, n_chunks,
+    words_arg = words if varlen else csum
+    launch(_summary_kernel, (n_chunks, n_tiles, B), x, ctl, trig, nu, theta_log, csum, words_arg, h0, L, D, N, n_chunks,
            K=K, BN=BN, U=unroll, VARLEN=varlen, HAS_H0=has_h0, num_warps=num_warps)
     ck, start = prefix(csum, None if varlen else initial_state, G=G, BN=BN, empty=empty)
     n_groups = start.shape[1]
@@ -403,6 +390,6 @@ def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *
     bound = empty(B, n_chunks, D, **f32)
     final = empty(n_seqs if varlen else B, D, **f32) if want_final else None
     launch(_replay_kernel, (n_chunks, n_tiles, B), x, ctl, trig, nu, theta_log, ck if G > 1 else start, start, y, bound,
-           final if want_final else bound, bounds_arg, h0, L, D, N, n_chunks, n_groups,
+           final if want_final else bound, words_arg, h0, L, D, N, n_chunks, n_groups,
            K=K, BN=BN, U=unroll, G=G, HAS_FINAL=want_final, VARLEN=varlen, HAS_H0=has_h0, num_warps=num_warps)
     return y, final, ctl, rnorm, bound
