@@ -59,9 +59,10 @@ def main():
                           f"spills {row['spills']:4d} shared {row['shared']:6d} warps {row['warps']}  {flags}",
                           flush=True)
     if args.json:
+        record = {"env": environment("cpu"), "target": "sm_90", "shape": shape, "dtype": args.dtype,
+                  "rglru_config": rglru_config, "rows": rows}
         with open(args.json, "w") as f:
-            json.dump({"env": environment("cpu"), "target": "sm_90", "shape": shape, "dtype": args.dtype,
-                       "rglru_config": rglru_config, "rows": rows}, f, indent=1)
+            json.dump(record, f, indent=1)
 
 
 if __name__ == "__main__":
