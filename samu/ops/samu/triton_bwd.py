@@ -58,6 +58,17 @@ def _adjoint_step(p_g, p_m, p_c, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl
 
 
 @triton.jit
+def _walk_words(words, i_c, n_chunks, VARLEN: tl.constexpr):
+    """For a right-to-left walk of chunk i_c, packed: its opening bits, the next chunk's and the sequence of
+    its last token (packing_triton); zeros unpacked."""
+    w, w_next, n = 0, 0, 0
+    if VARLEN:
+        w, w_next = chunk_bits(words, i_c, n_chunks)
+        n = last_sequence(words, i_c, n_chunks)
+    return w, w_next, n
+
+
+@triton.jit
 def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, words, dfinal, L, D, N, n_chunks, K: tl.constexpr,
                             BN: tl.constexpr, U: tl.constexpr, VARLEN: tl.constexpr, HAS_DF: tl.constexpr):
     """Map (Q, F) from the adjoint entering chunk i_c from its right to the adjoint at its first token.
@@ -82,10 +93,7 @@ def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, words, dfinal, L
     b_qi = tl.zeros([BN], dtype=tl.float32)
     b_fr = tl.zeros([BN], dtype=tl.float32)
     b_fi = tl.zeros([BN], dtype=tl.float32)
-    w, w_next, n = 0, 0, 0
-    if VARLEN:
-        w, w_next = chunk_bits(words, i_c, n_chunks)
-        n = last_sequence(words, i_c, n_chunks)
+    w, w_next, n = _walk_words(words, i_c, n_chunks, VARLEN)
     for j in tl.range(K, loop_unroll_factor=U):
         k = K - 1 - j
         b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_m, p_m, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl, True,
@@ -123,10 +131,7 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
         t = i_c * K + K - 1
         p_g = dy + (i_b.to(tl.int64) * L + t) * D + i_n
         p_slot = p_slot0 + (K - 1) * 2 * BN
-        w, w_next, n = 0, 0, 0
-        if VARLEN:
-            w, w_next = chunk_bits(words, i_c, n_chunks)
-            n = last_sequence(words, i_c, n_chunks)
+        w, w_next, n = _walk_words(words, i_c, n_chunks, VARLEN)
         for j in tl.range(K, loop_unroll_factor=U):
             k = K - 1 - j
             b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_m, p_c, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl,
@@ -255,10 +260,7 @@ def _dx_kernel(x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, d
     p_g = dy + row
     p_x = x + row
     p_dx = dx + row
-    w, w_next, n = 0, 0, 0
-    if VARLEN:
-        w, w_next = chunk_bits(words, i_c, n_chunks)
-        n = last_sequence(words, i_c, n_chunks)
+    w, w_next, n = _walk_words(words, i_c, n_chunks, VARLEN)
     for j in tl.range(K, loop_unroll_factor=U):
         k = K - 1 - j
         valid = t < L
