@@ -12,34 +12,23 @@ import json
 import os
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from gpu_profile import graph_time, host_time, kernel_table, registers  # noqa: E402
+from gpu_profile import graph_time, host_time, kernel_table, make, registers  # noqa: E402
 
-import samu  # noqa: E402
 from samu.bench.records import environment  # noqa: E402
 from samu.gates.inputs import document_offsets  # noqa: E402
-from tests.helpers import randn, rglru_params, samu_params  # noqa: E402
 
 BACKENDS = {"samu": "triton_grouped", "rglru": "triton_chunked"}
 
 
 def case(op, shape, documents):
-    B, L, D = shape
-    x = randn(shape, 0, device="cuda", dtype=torch.bfloat16).requires_grad_(True)
-    params = samu_params(D, 1, device="cuda") if op == "samu" else rglru_params(D, 16, 1, device="cuda")
-    params = [p.requires_grad_(True) for p in params]
-    dy = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-    fn = samu.samu_mixer if op == "samu" else samu.rglru_mixer
-    offsets = document_offsets(L, documents, 1) if documents else None  # ints: as `samu train` passes them
-
-    def step():
-        fn(x, *params, backend=BACKENDS[op], cu_seqlens=offsets)[0].backward(dy)
-
-    return step, [x, *params]
+    """(forward + backward, leaves) of the op's variant, packed into ``documents`` sequences (0: unpacked);
+    the offsets as ints, as `samu train` passes them."""
+    offsets = document_offsets(shape[1], documents, 1) if documents else None
+    _, step, leaves = make(op, shape, BACKENDS[op], cu_seqlens=offsets)
+    return step, leaves
 
 
 def main():

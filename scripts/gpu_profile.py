@@ -20,7 +20,8 @@ import samu  # noqa: E402
 from tests.helpers import randn, rglru_params, samu_params  # noqa: E402
 
 
-def make(op, shape, backend, dtype=torch.bfloat16):
+def make(op, shape, backend, dtype=torch.bfloat16, cu_seqlens=None):
+    """(forward, forward + backward, leaves) of one mixer call on fresh inputs; ``cu_seqlens``: packed."""
     B, L, D = shape
     x = randn(shape, 0, device="cuda", dtype=dtype)
     params = samu_params(D, 1, device="cuda") if op == "samu" else rglru_params(D, 16, 1, device="cuda")
@@ -28,7 +29,7 @@ def make(op, shape, backend, dtype=torch.bfloat16):
     fn = samu.samu_mixer if op == "samu" else samu.rglru_mixer
 
     def fwd():
-        return fn(x, *params, backend=backend)[0]
+        return fn(x, *params, backend=backend, cu_seqlens=cu_seqlens)[0]
 
     def fb():
         y = fwd()
