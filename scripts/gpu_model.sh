@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 10's measurements on one H200 through the device tool, in stages that each fit one call:
 #
-#   bash scripts/gpu_model.sh STAGE ...    stages: glue block model2k train model32k
+#   bash scripts/gpu_model.sh STAGE ...    stages: glue block model2k train model32k profile
 #
 #   glue      the fused glue's and the block's tests on the GPU (pytest, the CUDA path of the CPU tests)
 #   block     scripts/gpu_block.py (CUDA graph and eager, fused and PyTorch-op glue, GEMMs alone) and
@@ -10,6 +10,8 @@
 #             and the model peers (SDPA transformer, fla HGRN and GLA when installed), eager and compiled
 #   train     `samu train --preset 400m` at 4 x 2048: SAMU eager (30 steps), SAMU and RG-LRU compiled (60)
 #   model32k  the model bench at 1 x 32768
+#   profile   scripts/gpu_model_profile.py: where a training step's time goes (kernels by kind), the SAMU LM
+#             compiled and eager and the SDPA transformer compiled at 4 x 2048, both compiled at 1 x 32768
 #
 # Writes $OUT/model.log and $OUT/results.tar.gz (every record of the stages run) and prints a digest.
 # Peers: wheels in .whl/ (carry it) are installed to /tmp/peers. Stage limits sum to under 9.5 minutes
@@ -56,6 +58,12 @@ case " $STAGES " in *" train "*)
 esac
 stage model32k 560 $PY -m samu.cli bench --scopes model --impls auto,compiled --shapes 1x32768x1664 \
   --out "$W/bench-model-32k.json" --quiet
+
+for run in "samu compiled 4x2048x1664" "samu auto 4x2048x1664" "sdpa-transformer compiled 4x2048x1664" \
+           "samu compiled 1x32768x1664" "sdpa-transformer compiled 1x32768x1664"; do
+  set -- $run
+  stage profile 110 $PY scripts/gpu_model_profile.py --model "$1" --impl "$2" --shape "$3" --out "$W"
+done
 
 tar -czf "$OUT/results.tar.gz" -C "$W" .
 echo "=== digest"

@@ -1,6 +1,9 @@
 """Where the time goes: per-kernel CUDA time, CUDA-graph replay time, host launch time, registers.
 
-Usage: python scripts/gpu_profile.py [--op samu|rglru] [--out DIR]
+Usage: python scripts/gpu_profile.py [--op samu|rglru] [--backend NAME] [--shapes "B,L,D;..."] [--out DIR]
+
+Writes DIR/profile_<op>_<backend>.json (the environment, the command, per shape the times and the kernel
+table, and the registers of every kernel compiled).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import triton
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import samu  # noqa: E402
+from samu.bench.records import environment  # noqa: E402
 from tests.helpers import randn, rglru_params, samu_params  # noqa: E402
 
 
@@ -146,8 +150,9 @@ def main():
     regs = registers([f"samu.ops.{args.op}.triton_fwd", f"samu.ops.{args.op}.triton_bwd"])
     for r in regs:
         print(f"  {r[0]:28s} regs {r[1]} spills {r[2]} warps {r[3]} smem {r[4]}")
-    with open(os.path.join(args.out, f"profile_{args.op}.json"), "w") as f:
-        json.dump({"rows": record, "registers": regs}, f, indent=1, default=str)
+    with open(os.path.join(args.out, f"profile_{args.op}_{args.backend}.json"), "w") as f:
+        json.dump({"env": environment("cuda"), "command": " ".join(sys.argv), "op": args.op, "backend": args.backend,
+                   "rows": record, "registers": regs}, f, indent=1, default=str)
 
 
 if __name__ == "__main__":
