@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One RG-LRU variant judged on one H200 beside a baseline, in one device call (~8.5 minutes at most):
+# One RG-LRU variant judged on one H200 beside a baseline, in one device call (~7.5 minutes at most):
 #
 #   bash scripts/gpu_rglru_variant.sh VARIANT [BASELINE]      (BASELINE: triton_chunked)
 #
@@ -26,18 +26,21 @@ exec > >(tee -a "$OUT/variant.log") 2>&1
 
 . scripts/stage.sh
 save() { tar -czf "$OUT/results.tar.gz" -C "$W" .; }
-gate() { $PY -m samu.cli gate --ops rglru --quiet --no-status "$@"; }
+GATE=($PY -m samu.cli gate --ops rglru --quiet --no-status)
 
+# side by side; waited for by their process ids (a bare `wait` would also wait for the log's tee)
+pids=()
 for dtype in bf16 fp16 fp32; do
-  stage gates 240 gate --shapes gate --dtypes $dtype --backends "$VARIANT" --out "$W/gates-$VARIANT-$dtype.json" &
+  stage gates 200 "${GATE[@]}" --shapes gate --dtypes $dtype --backends "$VARIANT" \
+    --out "$W/gates-$VARIANT-$dtype.json" & pids+=($!)
 done
-stage gates 240 gate --shapes packed --dtypes bf16,fp32 --backends "$VARIANT" --documents 16 \
-  --out "$W/gates-$VARIANT-packed.json" &
-stage gates 240 gate --shapes 1x32768x1024 --dtypes fp32 --backends triton_chunked,triton_chunked_precise \
-  --documents 16 --out "$W/gates-baseline-packed-fp32.json" &
-wait
+stage gates 200 "${GATE[@]}" --shapes packed --dtypes bf16,fp32 --backends "$VARIANT" --documents 16 \
+  --out "$W/gates-$VARIANT-packed.json" & pids+=($!)
+stage gates 200 "${GATE[@]}" --shapes 1x32768x1024 --dtypes fp32 --backends triton_chunked,triton_chunked_precise \
+  --documents 16 --out "$W/gates-baseline-packed-fp32.json" & pids+=($!)
+wait "${pids[@]}"
 save
-stage bench 170 $PY -m samu.cli bench --scopes fb,packed --shapes primary,1x32768x2560 --impls "$BASELINE,$VARIANT" \
+stage bench 150 $PY -m samu.cli bench --scopes fb,packed --shapes primary,1x32768x2560 --impls "$BASELINE,$VARIANT" \
   --peers none --out "$W/bench-$VARIANT.json" --quiet
 save
 for backend in "$BASELINE" "$VARIANT"; do
