@@ -1,9 +1,12 @@
 """The GeGLU gate of the gated MLP: a = GeLU_tanh(gate) * up from z = [gate | up] [..., 2H].
 
 ``geglu`` runs it as one fused Triton kernel forward and one backward on CUDA (``geglu_triton``), or as
-the PyTorch ops below elsewhere and while torch.compile traces (Inductor fuses those itself). The fused
-kernels round where the PyTorch ops round, so the two agree to the last bit up to GeLU's tanh (a few
-fp32 ulps before the rounding to the storage dtype).
+the PyTorch ops below elsewhere. Inside a torch.compile trace the kernels are the custom ops
+``samu::geglu_fwd`` and ``samu::geglu_bwd``: Inductor's own fusion of these ops took 2.3x the kernels'
+time at 4 x 2048 tokens and 3.4x at 1 x 32768, where it folded the bias gradient's sum over tokens into
+the gate's backward (``results/dev/issue10/model_profile_2/``). The fused kernels round where the PyTorch
+ops round, so the two agree to the last bit up to GeLU's tanh (a few fp32 ulps before the rounding to the
+storage dtype).
 """
 
 from __future__ import annotations
@@ -20,7 +23,45 @@ def geglu_torch(z: torch.Tensor) -> torch.Tensor:
     return F.gelu(gate, approximate="tanh") * up
 
 
+@torch.library.custom_op("samu::geglu_fwd", mutates_args=())
+def geglu_fwd_op(z: torch.Tensor) -> torch.Tensor:
+    from samu.ops.geglu_triton import geglu_fwd
+
+    return geglu_fwd(z)
+
+
+@geglu_fwd_op.register_fake
+def _(z):
+    return z.new_empty(*z.shape[:-1], z.shape[-1] // 2)
+
+
+@torch.library.custom_op("samu::geglu_bwd", mutates_args=())
+def geglu_bwd_op(da: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    from samu.ops.geglu_triton import geglu_bwd
+
+    return geglu_bwd(da, z)
+
+
+@geglu_bwd_op.register_fake
+def _(da, z):
+    return torch.empty_like(z)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+
+
+def _backward(ctx, da):
+    (z,) = ctx.saved_tensors
+    return geglu_bwd_op(da.contiguous(), z)
+
+
+geglu_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
 class _GeGLU(torch.autograd.Function):
+    """The eager form of the ops above (an autograd Function dispatches in less host time than a custom op)."""
+
     @staticmethod
     def forward(ctx, z):
         from samu.ops.geglu_triton import geglu_fwd
@@ -37,8 +78,10 @@ class _GeGLU(torch.autograd.Function):
 
 
 def geglu(z: torch.Tensor, backend: str = "auto") -> torch.Tensor:
-    """a [..., H] in z's dtype from z [..., 2H]; backend "auto" (fused kernels on CUDA), "torch" or
-    "triton" (samu.ops.glue.fused_kernels decides)."""
-    if not fused_kernels(z, backend):
+    """a [..., H] in z's dtype from z [..., 2H]; backend "auto" (fused kernels on CUDA, in a torch.compile
+    trace too), "torch" or "triton" (samu.ops.glue.fused_kernels decides)."""
+    if not fused_kernels(z, backend, traced=True):
         return geglu_torch(z)
+    if torch.compiler.is_compiling():
+        return geglu_fwd_op(z.contiguous())
     return _GeGLU.apply(z.contiguous())

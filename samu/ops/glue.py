@@ -42,13 +42,14 @@ def fused_backend(mixer_backend: str) -> str:
     return {"auto": "auto", "torch": "torch", "reference": "torch"}.get(mixer_backend, "triton")
 
 
-def fused_kernels(x: torch.Tensor, backend: str) -> bool:
+def fused_kernels(x: torch.Tensor, backend: str, traced: bool = False) -> bool:
     """Whether the fused glue, RMSNorm and decoding-step kernels run for ``x`` under ``backend`` (GLUE_BACKENDS):
     "auto" on CUDA for bf16, fp16 and fp32; "triton" wherever Triton can run (CUDA, or the interpreter),
-    else a ValueError; never while torch.compile traces (Inductor fuses the PyTorch ops itself)."""
+    else a ValueError. While torch.compile traces, only kernels that are custom ops (``traced``) run there:
+    Inductor fuses the PyTorch ops of the others itself, as fast as the kernels or faster."""
     if backend not in GLUE_BACKENDS:
         raise ValueError(f"glue backend must be one of {', '.join(GLUE_BACKENDS)}, got {backend!r}")
-    if backend == "torch" or torch.compiler.is_compiling():
+    if backend == "torch" or (torch.compiler.is_compiling() and not traced):
         return False
     if backend == "auto":
         return x.is_cuda and x.dtype != torch.float64 and dispatch.triton_available()

@@ -113,3 +113,29 @@ def test_torch_backend_and_bad_backend():
     assert torch.equal(geglu(z), geglu_torch(z))   # auto on CPU: the PyTorch ops
     with pytest.raises(ValueError, match="glue backend must be one of"):
         geglu(z, "fast")
+
+
+def test_a_compiled_gate_runs_the_fused_kernels(monkeypatch):
+    """Inside a torch.compile trace the gate is the custom ops samu::geglu_fwd and samu::geglu_bwd (not the
+    PyTorch ops, which Inductor would fuse on its own): no graph break, each kernel runs, and the compiled
+    call gives the eager call's bits."""
+    from samu.ops import geglu_triton
+
+    calls = []
+    for name in ("geglu_fwd", "geglu_bwd"):
+        kernel = getattr(geglu_triton, name)
+        monkeypatch.setattr(geglu_triton, name, lambda *a, kernel=kernel, name=name: calls.append(name) or kernel(*a))
+    z, da = _inputs((2, 7), 20, torch.float32, 4)
+
+    def gate(t):
+        return geglu(t, "triton")
+
+    explanation = torch._dynamo.explain(gate)(z.to(DEVICE))
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    torch._dynamo.reset()
+    calls.clear()
+    compiled = _run(torch.compile(gate, fullgraph=True, backend="aot_eager"), z, da, DEVICE)
+    assert calls == ["geglu_fwd", "geglu_bwd"]
+    eager = _run(gate, z, da, DEVICE)
+    for c, e in zip(compiled, eager):
+        assert torch.equal(c, e)
