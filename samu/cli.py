@@ -318,7 +318,8 @@ COMPARE_KEYS = ("preset", "seeds", "seq_len", "tokens", "batch_size", "long_seq_
 def cmd_compare(args):
     import shlex
 
-    from samu.bench.records import environment, now
+    from samu.bench.records import now
+    from samu.environment import environment
     from samu.bench.report import compare_markdown, compare_plots
     from samu.compare import Study, run_study, write_record
     from samu.train import resolve_device

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from samu.data import DATA_FORMATS, TokenData, load_data
+from samu.environment import environment
 from samu.errors import RunFolderBusy, TrainingDiverged, TrainingInterrupted
 from samu.models import CausalLM, LMConfig, build_model, load_checkpoint, load_model, save_checkpoint
 from samu.models.config import MODEL_CONFIGS, TransformerConfig, model_config_from_dict
@@ -573,6 +574,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
     start, time_before, train_before = 0, 0.0, 0.0
     log = {"config": config.to_dict(), "params": model.num_params(), "world_size": ctx.world,
            "device": str(device), "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
+           "env": environment(device),
            "data": {"name": data.name, "train_tokens": len(data.train), "val_tokens": len(data.val),
                     "identity": identity},
            "train": [], "val": [], "checkpoints": []}
@@ -589,6 +591,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         start = payload["train"]["step"]
         log = json.loads(payload["train"]["log"])
         log["resumed_at"] = log.get("resumed_at", []) + [start]
+        log["resumed_env"] = log.get("resumed_env", []) + [environment(device)]  # the commit may differ
         log.update(world_size=ctx.world, device=str(device), cpu_threads=torch.get_num_threads())
         time_before = payload["train"].get("time_s", log["train"][-1]["time_s"] if log["train"] else 0.0)
         train_before = payload["train"].get("train_s", time_before)

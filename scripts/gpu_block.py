@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from gpu_profile import graph_time, host_time, kernel_table  # noqa: E402
 
-from samu.bench.records import environment  # noqa: E402
+from samu.environment import environment  # noqa: E402
 from samu.modules import RecurrentBlock, RMSNorm  # noqa: E402
 from samu.ops.checks import set_check_finite  # noqa: E402
 

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 from gpu_profile import graph_time  # noqa: E402
-from samu.bench.records import environment  # noqa: E402
+from samu.environment import environment  # noqa: E402
 from samu.ops import step, step_triton  # noqa: E402
 from tests.helpers import rglru_params, samu_params  # noqa: E402
 

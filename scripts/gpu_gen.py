@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 from gpu_profile import kernel_table  # noqa: E402
-from samu.bench.records import environment  # noqa: E402
+from samu.environment import environment  # noqa: E402
 from samu.models import LanguageModel, LMConfig  # noqa: E402
 from samu.models.generate import decoder  # noqa: E402
 

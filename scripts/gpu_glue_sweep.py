@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from gpu_profile import graph_time  # noqa: E402
 
-from samu.bench.records import environment  # noqa: E402
+from samu.environment import environment  # noqa: E402
 from samu.bench.timing import copy_bandwidth  # noqa: E402
 from samu.ops import glue_triton  # noqa: E402
 

@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import samu  # noqa: E402
-from samu.bench.records import environment  # noqa: E402
+from samu.environment import environment  # noqa: E402
 from samu.bench.scopes import module_candidate  # noqa: E402
 from samu.bench.shapes import parse_shapes  # noqa: E402
 

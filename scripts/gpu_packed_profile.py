@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from gpu_profile import graph_time, host_time, kernel_table, make, registers  # noqa: E402
 
-from samu.bench.records import environment  # noqa: E402
+from samu.environment import environment  # noqa: E402
 from samu.gates.inputs import document_offsets  # noqa: E402
 
 BACKENDS = {"samu": "triton_grouped", "rglru": "triton_chunked"}

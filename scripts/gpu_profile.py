@@ -20,7 +20,7 @@ import triton
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import samu  # noqa: E402
-from samu.bench.records import environment  # noqa: E402
+from samu.environment import environment  # noqa: E402
 from tests.helpers import randn, rglru_params, samu_params  # noqa: E402
 
 

@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from samu.bench.records import environment  # noqa: E402
+from samu.environment import environment  # noqa: E402
 from samu.ops import dispatch  # noqa: E402
 from tests.sm90 import Compiler, patch, run_case  # noqa: E402
 

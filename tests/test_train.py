@@ -84,6 +84,9 @@ def test_resume_continues_exactly(tmp_path, grad_accum):
     assert _untimed(resumed.log["train"]) == _untimed(whole.log["train"])
     assert [v["val_loss"] for v in resumed.log["val"]] == [v["val_loss"] for v in whole.log["val"]]
     assert resumed.log["resumed_at"] == [3]
+    # the log names the code that ran it, and again the code of each resumption
+    assert resumed.log["env"]["git_commit"] and len(resumed.log["resumed_env"]) == 1
+    assert resumed.log["resumed_env"][0]["git_commit"] == resumed.log["env"]["git_commit"]
 
 
 def test_refuses_to_overwrite_or_resume_a_different_run(tmp_path):

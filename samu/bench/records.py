@@ -1,4 +1,5 @@
-"""JSON records of bench and gate runs: environment, writing, loading, schema, quarantine.
+"""JSON records of bench and gate runs: writing, loading, schema, quarantine (their environment stamp is
+samu.environment's).
 
 A record is one JSON file per command run: ``{"schema", "kind", "created", "command", "env",
 "rows", ...}``. Records are written once and never edited; a record found to be wrong is moved
@@ -8,18 +9,16 @@ whole into ``results/quarantine/`` (see the README there) and is never read agai
 from __future__ import annotations
 
 import datetime as _dt
-import functools
 import json
-import os
-import platform
-import re
-import subprocess
 from pathlib import Path
 
 import torch
 
 SCHEMAS = {"bench": "samu.bench/1", "gate": "samu.gate/1"}
 QUARANTINE = "quarantine"
+# development measurements (results/dev): cited by the performance log and issue notes, never read here, so
+# a side-by-side study of a few candidates never displaces a full run's unit in the report or the status
+DEV = "dev"
 RESULTS = Path("results")
 
 _TOP = ("schema", "kind", "created", "command", "env", "rows")
@@ -31,72 +30,6 @@ _ROW = {
     "gate": ("op", "backend", "variant", "shape", "shape_class", "dtype", "seed", "errors", "baselines",
              "thresholds", "passed", "pass"),
 }
-
-
-def _run(args, cwd=None) -> "str | None":
-    try:
-        out = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-@functools.lru_cache(maxsize=None)
-def git_state() -> tuple:
-    """(commit, dirty) of the checkout holding this package; ``SAMU_GIT_COMMIT`` (a commit's hex digits,
-    for a copy of the tree without .git) overrides both."""
-    given = os.environ.get("SAMU_GIT_COMMIT")
-    if given:
-        if not re.fullmatch(r"[0-9a-f]{7,40}", given):
-            raise ValueError(f"SAMU_GIT_COMMIT must be a commit's hex digits (7 to 40), got {given!r}")
-        return given, None
-    root = Path(__file__).resolve().parents[2]
-    commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
-    if commit is None:
-        return "unknown", None
-    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
-    return commit, None if status is None else bool(status)
-
-
-def _driver() -> "str | None":
-    out = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
-    if out:
-        return out.splitlines()[0].strip()
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        version = pynvml.nvmlSystemGetDriverVersion()
-        return version.decode() if isinstance(version, bytes) else version
-    except Exception:  # noqa: BLE001  (any NVML failure just means "driver unknown")
-        return None
-
-
-def environment(device) -> dict:
-    """What a reader needs to place a number: machine, software versions and the code's commit."""
-    device = torch.device(device)
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    commit, dirty = git_state()
-    cuda = device.type == "cuda"
-    return {
-        "torch": torch.__version__,
-        "triton": triton_version,
-        "python": platform.python_version(),
-        "device": device.type,
-        "cuda": torch.version.cuda,
-        "gpu": torch.cuda.get_device_name(device) if cuda else None,
-        "gpu_memory": torch.cuda.get_device_properties(device).total_memory if cuda else None,
-        "driver": _driver() if cuda else None,
-        "cpu": platform.processor() or platform.machine(),
-        "triton_interpret": os.environ.get("TRITON_INTERPRET", "0") == "1",
-        "git_commit": commit,
-        "git_dirty": dirty,
-    }
 
 
 def now() -> str:
@@ -168,12 +101,15 @@ def validate(record) -> list[str]:
     return problems
 
 
-def is_quarantined(path: Path, root: Path) -> bool:
-    return QUARANTINE in Path(path).relative_to(root).parts
+def is_unread(path: Path, root: Path) -> bool:
+    """Whether ``path`` under ``root`` is quarantined (anywhere) or a development measurement (root/dev)."""
+    parts = Path(path).relative_to(root).parts
+    return QUARANTINE in parts or parts[0] == DEV
 
 
 def load_records(root=RESULTS, kind: "str | None" = None) -> list[tuple[str, dict]]:
-    """Every record under ``root`` except quarantined ones: [(path relative to root, record)], sorted.
+    """Every record under ``root`` except quarantined ones and those under dev/: [(path relative to root,
+    record)], sorted.
 
     Files that are not samu records (no known ``schema``) are ignored; a malformed samu record
     raises ValueError naming the file, so a broken record never silently drops out of a report.
@@ -181,7 +117,7 @@ def load_records(root=RESULTS, kind: "str | None" = None) -> list[tuple[str, dic
     root = Path(root)
     found = []
     for path in sorted(root.rglob("*.json"), key=lambda p: p.relative_to(root).as_posix()):
-        if is_quarantined(path, root):
+        if is_unread(path, root):
             continue
         try:
             record = json.loads(path.read_text())

@@ -8,7 +8,8 @@ import torch
 from tqdm import tqdm
 
 from samu.bench import peers
-from samu.bench.records import end_unit, environment, flagged, new_record, write_record
+from samu.bench.records import end_unit, flagged, new_record, write_record
+from samu.environment import environment
 from samu.bench.peer_models import MODEL_PEERS
 from samu.bench.scopes import (MIXER_SCOPES, MODULE_IMPLS, OPS, PEER_IMPLS, SCOPES, memory_floor, mixer_candidates,
                                module_candidate)

@@ -27,7 +27,8 @@ import torch
 from tqdm import tqdm
 
 from samu import reference
-from samu.bench.records import end_unit, environment, load_records, new_record, write_record
+from samu.bench.records import end_unit, load_records, new_record, write_record
+from samu.environment import environment
 from samu.ops import gate_status
 from samu.ops.gate_status import reload, status_path
 from samu.gates.inputs import PARAMS, RGLRU_C, derive_seed, document_offsets, make_inputs, pack_inputs, rglru_heads

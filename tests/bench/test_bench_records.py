@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from samu.bench.peers import PEERS
-from samu.bench.records import environment, load_records, new_record, validate, write_record
+from samu.bench.records import load_records, new_record, validate, write_record
+from samu.environment import environment
 from samu.bench.runner import run_bench
 from samu.ops.checks import check_finite_enabled
 
@@ -56,14 +57,19 @@ def test_validate_names_what_is_missing(cpu_record):
         write_record(broken, "unused.json")
 
 
-def test_write_then_load_skips_quarantine_and_foreign_json(tmp_path, cpu_record):
+def test_write_then_load_skips_quarantine_dev_and_foreign_json(tmp_path, cpu_record):
     path = write_record(cpu_record, tmp_path / "bench")
     assert path.parent == tmp_path / "bench" and path.name.startswith("bench-")
     (tmp_path / "quarantine").mkdir()
     (tmp_path / "quarantine" / "wrong.json").write_text(json.dumps(cpu_record))
+    # a development study (results/dev) is cited, never read; a folder named dev deeper down is read
+    (tmp_path / "dev" / "study").mkdir(parents=True)
+    (tmp_path / "dev" / "study" / "few.json").write_text(json.dumps(cpu_record))
+    (tmp_path / "bench" / "dev").mkdir()
+    (tmp_path / "bench" / "dev" / "kept.json").write_text(json.dumps(cpu_record))
     (tmp_path / "status.json").write_text('{"blocked": []}')
     loaded = load_records(tmp_path)
-    assert [p for p, _ in loaded] == [f"bench/{path.name}"]
+    assert [p for p, _ in loaded] == [f"bench/{path.name}", "bench/dev/kept.json"]
     assert loaded[0][1] == cpu_record
 
 
@@ -78,7 +84,7 @@ def test_load_refuses_a_malformed_samu_record(tmp_path):
 def test_a_mistyped_commit_override_is_refused(monkeypatch):
     """SAMU_GIT_COMMIT names the commit of a tree copied without .git: anything but hex digits is refused,
     so no record carries a commit nobody can find."""
-    from samu.bench.records import git_state
+    from samu.environment import git_state
 
     monkeypatch.setenv("SAMU_GIT_COMMIT", "c")
     git_state.cache_clear()

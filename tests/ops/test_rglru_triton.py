@@ -79,7 +79,7 @@ def test_without_initial_state():
 
 def test_public_backend_names():
     names = set(samu.dispatch.variants("rglru"))
-    assert {"triton_chunked", "triton_chunked_precise", "triton_chunked_k8"} <= names
+    assert {"triton_chunked", "triton_chunked_precise"} <= names
     # every primary width is served (head dims 64, 128 and 160), and any head count dividing D
     chunked_variant = samu.dispatch.variants("rglru")["triton_chunked"]
     for D in (1024, 2048, 2560):
@@ -87,11 +87,10 @@ def test_public_backend_names():
     assert chunked_variant.preference(1, 4096, 24, 8) is not None
     assert chunked_variant.preference(1, 4096, 24, 16) is None
 
-    for name in ("triton_chunked", "triton_chunked_k8"):
-        def chunked(*args, name=name, **kw):
-            return samu.rglru_mixer(*args, backend=name, **kw)
+    def chunked(*args, **kw):
+        return samu.rglru_mixer(*args, backend="triton_chunked", **kw)
 
-        assert_gate(gate_check("rglru", chunked, torch.float32, 1, 20, 32, H=4, seed=3, device=DEVICE))
+    assert_gate(gate_check("rglru", chunked, torch.float32, 1, 20, 32, H=4, seed=3, device=DEVICE))
 
 
 def test_deterministic():
@@ -226,7 +225,7 @@ def test_packed_kernels_without_a_final_state_cotangent():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["triton_chunked", "triton_chunked_precise", "triton_chunked_k8"])
+@pytest.mark.parametrize("name", ["triton_chunked", "triton_chunked_precise"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("B,L,D", [(2, 1000, 1024), (1, 4097, 2048), (3, 777, 1536), (1, 2100, 2560)])
 def test_gpu_gate(name, dtype, B, L, D):

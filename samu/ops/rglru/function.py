@@ -254,13 +254,9 @@ def _numerics(config: Config, B: int, L: int, D: int, H: int, dtype: torch.dtype
 
 CHUNKED = Config()
 CHUNKED_PRECISE = Config(fast=False)
-CHUNKED_K8 = Config(K=8)
 
 _register("triton_chunked", CHUNKED, 1.0,
           "chunks of 16 tokens, 4 per step (one per warp), up to 64 groups of steps: group maps, a fold "
           "over groups, replay; the backward mirrors it and splits weight and input gradients; fast math")
 _register("triton_chunked_precise", CHUNKED_PRECISE, 2.0,
           "as triton_chunked with libdevice exp/expm1 and correctly rounded division and square root")
-_register("triton_chunked_k8", CHUNKED_K8, 1.5,
-          "as triton_chunked with chunks of 8 tokens (steps of 32): half the tokens a thread holds, so far "
-          "fewer spilled registers in the backward at head dims up to 128; twice the chunk states")
