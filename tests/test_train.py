@@ -422,6 +422,13 @@ def test_packed_runs_resume_exactly_and_refuse_the_other_way(tmp_path):
     assert _untimed(resumed.log["train"]) == _untimed(whole.log["train"])
     with pytest.raises(CheckpointError, match=r"pack \(True there, False here\)"):
         train(_config(tmp_path, "whole", steps=6), data=data, resume=True)
+    # the same bytes cut into other documents are other data: packing resets at the boundaries
+    moved = dataclasses.replace(data, train_docs=np.unique(np.append(data.train_docs, data.train_docs[1] + 1)))
+    assert moved.identity()["train"]["blake2b"] == data.identity()["train"]["blake2b"]
+    with pytest.raises(_Interrupted):
+        train(_config(tmp_path, "cut again", pack=True), data=_StopAfter(data, 4))
+    with pytest.raises(CheckpointError, match="train split differs"):
+        train(_config(tmp_path, "cut again", pack=True), data=moved, resume=True)
 
 
 def test_packing_needs_documents(tmp_path):

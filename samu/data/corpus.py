@@ -88,7 +88,8 @@ class TokenData:
         return x, y, (self.packed("train", starts, seq_len) if pack else None)
 
     def identity(self) -> dict:
-        """What a resumed run checks it trains on: the name, and each split's length and content hash."""
+        """What a resumed run checks it trains on: the name, and each split's length and content hash, and
+        where the split has them, its document boundaries' count and hash (packing resets there)."""
         out = {"name": self.name}
         for split in ("train", "val"):
             tokens = getattr(self, split)
@@ -97,6 +98,11 @@ class TokenData:
             for i in range(0, len(tokens), step):
                 digest.update(np.ascontiguousarray(tokens[i:i + step]).tobytes())
             out[split] = {"tokens": len(tokens), "blake2b": digest.hexdigest()}
+            docs = getattr(self, f"{split}_docs")
+            if docs is not None:
+                starts = np.ascontiguousarray(docs, dtype=np.int64).tobytes()
+                out[split].update(documents=len(docs), documents_blake2b=hashlib.blake2b(starts, digest_size=16)
+                                  .hexdigest())
         return out
 
     def val_starts(self, seq_len: int, count: int) -> np.ndarray:
