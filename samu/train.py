@@ -261,6 +261,20 @@ def _optimizer(model: CausalLM, config: TrainConfig, device: torch.device) -> to
     return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, fused=device.type == "cuda")
 
 
+def clip_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
+    """The total gradient norm (a device scalar), the gradients scaled down to at most ``max_norm`` for the
+    next optimizer step: the fused AdamW scales them itself as it reads them (its ``grad_scale``), which
+    saves a read and a write of every gradient (~0.8 ms a step for the 400m preset on an H200); the
+    default one needs them scaled in place first."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+    if optimizer.defaults.get("fused"):
+        optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)
+    else:
+        nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+    return norm
+
+
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host batch on ``device``. To CUDA through pinned memory without waiting: a copy from pageable
     memory synchronises the host with the GPU, so that no step could be queued while the last one runs
@@ -700,11 +714,12 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
                 # the previous update made a parameter non-finite
                 raise diverged(int(bad_step) or step) from None
             loss_sum += loss.detach()
-        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip) if config.grad_clip else None
+        grad_norm = clip_gradients(model, optimizer, config.grad_clip) if config.grad_clip else None
         finite = torch.isfinite(loss_sum) if grad_norm is None else torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
         bad_step = torch.where((bad_step == 0) & ~finite, step + 1, bad_step)
         lr = optimizer.param_groups[0]["lr"]
         optimizer.step()
+        optimizer.grad_scale = None   # clip_gradients' scale was this step's
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         done = step + 1

@@ -10,12 +10,14 @@ import sys
 import numpy as np
 import pytest
 import torch
+import torch.nn as nn
 
 from samu.data import TokenData, text_corpus
 from samu.models import CheckpointError, LanguageModel, LMConfig, load_checkpoint
 from samu.ops import dispatch
 from samu.train import CosineSchedule, TrainConfig, check_out_dir, train
 from tests.helpers import byte_text as _text
+from tests.helpers import rel_err
 
 MODEL = LMConfig(width=16, num_layers=2, lru_width=8)
 
@@ -464,3 +466,29 @@ def test_packed_training_compiles_only_through_a_packing_kernel(tmp_path, monkey
                      data=data)
     assert compiled.log["compiled"] and len(seen) == 1
     assert isinstance(seen[0], torch.Tensor) and seen[0].dtype == torch.int32 and seen[0][-1] == 32
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("scale", [30.0, 1e-3])   # clipped, and below the limit
+def test_clip_gradients_steps_as_clip_grad_norm_does(fused, scale):
+    """The fused AdamW scales the gradients itself (grad_scale) instead of a pass of their own: the same
+    norm and, up to the rounding of one division against one product, the same moments and parameters."""
+    from samu.train import clip_gradients
+
+    torch.manual_seed(0)
+    models = [nn.Linear(20, 30), nn.Linear(20, 30)]
+    models[1].load_state_dict(models[0].state_dict())
+    x = torch.randn(8, 20)
+    opts = []
+    for m in models:
+        (m(x) * scale).sum().backward()
+        opts.append(torch.optim.AdamW(m.parameters(), lr=1e-2, fused=fused))
+    want = nn.utils.clip_grad_norm_(models[0].parameters(), 1.0)
+    got = clip_gradients(models[1], opts[1], 1.0)
+    assert torch.equal(want, got)
+    for o in opts:
+        o.step()
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        assert rel_err(a, b) < 1e-6
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert rel_err(opts[0].state[a][key], opts[1].state[b][key]) < 1e-6, key
