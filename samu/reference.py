@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from samu.ops.checks import check_rglru_inputs, check_samu_inputs
 
 __all__ = ["samu_mixer", "rglru_mixer", "samu_serial", "rglru_serial", "linear_scan", "samu_controls",
-           "samu_transitions", "rglru_gates", "sqrt_bound_derivative"]
+           "samu_transitions", "rglru_gate", "rglru_gates", "sqrt_bound_derivative"]
 
 
 class _SerialScan(torch.autograd.Function):
@@ -128,13 +128,17 @@ def sqrt_bound_derivative(u: torch.Tensor) -> torch.Tensor:
     return _SqrtBoundDerivative.apply(u)
 
 
+def rglru_gate(x, w, b):
+    """One block-diagonal gate of spec §4, sigmoid(x_h @ w[h] + b), [B, L, D]."""
+    B, L, D = x.shape
+    H = w.shape[0]
+    return torch.sigmoid(torch.einsum("blhi,hij->blhj", x.reshape(B, L, H, D // H), w).reshape(B, L, D) + b)
+
+
 def rglru_gates(x, w_a, b_a, w_x, b_x, a_param, c):
     """Gates of spec §4: returns a_t and the scan input multiplier_t * gate_x_t * x_t, [B, L, D]."""
-    B, L, D = x.shape
-    H = w_a.shape[0]
-    xh = x.reshape(B, L, H, D // H)
-    gate_a = torch.sigmoid(torch.einsum("blhi,hij->blhj", xh, w_a).reshape(B, L, D) + b_a)
-    gate_x = torch.sigmoid(torch.einsum("blhi,hij->blhj", xh, w_x).reshape(B, L, D) + b_x)
+    gate_a = rglru_gate(x, w_a, b_a)
+    gate_x = rglru_gate(x, w_x, b_x)
     log_a = -c * gate_a * F.softplus(a_param)
     a = torch.exp(log_a)
     # 1 - a^2 as -expm1(2 log a): the same quantity, without cancellation as a -> 1

@@ -1,0 +1,151 @@
+"""Sequence parallelism for both mixers: one sequence split along L across the ranks of a process group.
+
+Each rank holds one shard x_r [B, L_r, D] of the sequence, in rank order (shards may differ in length).
+Either mixer's state is affine in the state h_in its shard is entered with:
+
+    h_t = h0_t + P_t * h_in,    P_t = prod_{s <= t} lambda_s    (per mode, complex, for SAMU; per channel for RG-LRU)
+
+where h0_t is the state reached from a zero state. So every rank, at once:
+
+1. scans its shard from a zero state (the mixer itself, with any backend): y0 and its end state e_r;
+2. sums its log transitions: for SAMU log lambda_t = -m_t e^nu + i (e^theta_log + phi_t), whose sums over
+   tokens need the controller's two scalars a token (cumulative sums of m and phi); for RG-LRU
+   log a_t = -c softplus(a_param) sigma_a(x_t), whose sum needs the a-gate. The sums run in float64 (a
+   phase summed over 10^5 tokens would lose its digits in fp32), then P_t is formed in fp32;
+3. all-gathers the summaries (A_r = P at its last token, e_r): O(B D) per rank;
+4. folds them in rank order from the initial state: h_in(r) = A_{r-1} h_in(r-1) + e_{r-1}, in float64;
+5. corrects its output, y = y0 + P * h_in(r) (the correction is elementwise: no second scan). The final
+   state, the fold over every rank, is the same on every rank.
+
+Autograd runs through all of it: the gather's backward all-reduces the cotangents of the summaries, so
+each rank's x gets its exact gradient, and each parameter (and ``initial_state``) gets this rank's share of
+its gradient: summed over the group, as data parallelism's all-reduce does, it is the one-process gradient.
+Exact within the gates' fp32 rule, not to the bit: y0 is rounded to the input dtype before its correction
+is added (one more rounding for low-precision inputs), and the fold composes the shards' maps in another
+order than one process's scan.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from samu.ops.checks import check_state
+from samu.ops.functional import rglru_mixer, samu_mixer
+from samu.ops.scan import state_dtype
+from samu.reference import rglru_gate, samu_controls
+
+
+def _samu_step(A, h, e):
+    """A h + e for SAMU's states in fused coordinates (real parts, then imaginary): complex per mode."""
+    n = h.shape[-1] // 2
+    ar, ai, hr, hi = A[..., :n], A[..., n:], h[..., :n], h[..., n:]
+    return torch.cat([ar * hr - ai * hi, ar * hi + ai * hr], -1) + e
+
+
+def _rglru_step(A, h, e):
+    return A * h + e
+
+
+def _fold(rows, h, rank: int, step):
+    """(the state entering shard ``rank``, the state after the last shard) from every rank's (A, e) ``rows``
+    [world, 2, B, D], folded in rank order from ``h``."""
+    entering = h
+    for s in range(len(rows)):
+        if s == rank:
+            entering = h
+        h = step(rows[s, 0], h, rows[s, 1])
+    return entering, h
+
+
+class _Exchange(torch.autograd.Function):
+    """Gathers every rank's shard summary (A, e) [2, B, D] and folds them: (the state entering this rank's
+    shard, the final state). The backward refolds the gathered rows, all-reduces their cotangents (every
+    backend has all-reduce) and returns this rank's: a node of every rank's graph whether or not its
+    output depends on another rank, so every rank's backward takes part in the collective."""
+
+    @staticmethod
+    def forward(ctx, summary, h, group, step):
+        rows = [torch.empty_like(summary) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(rows, summary.contiguous(), group=group)
+        rows = torch.stack(rows)
+        ctx.save_for_backward(rows, h)
+        ctx.group, ctx.step = group, step
+        entering, final = _fold(rows, h, dist.get_rank(group), step)
+        return entering.clone(), final   # rank 0's is h itself: an output must not be an input
+
+    @staticmethod
+    def backward(ctx, d_entering, d_final):
+        rows, h = ctx.saved_tensors
+        rank = dist.get_rank(ctx.group)
+        with torch.enable_grad():
+            rows, h = rows.detach().requires_grad_(), h.detach().requires_grad_()
+            d_rows, d_h = torch.autograd.grad(_fold(rows, h, rank, ctx.step), [rows, h], [d_entering, d_final],
+                                              allow_unused=True)
+        d_rows = torch.zeros_like(rows) if d_rows is None else d_rows.contiguous()
+        dist.all_reduce(d_rows, group=ctx.group)
+        return d_rows[rank], d_h, None, None
+
+
+def _samu_products(x, directions, amplitudes, nu, theta_log, radial_bound):
+    """log |P_t| and arg P_t [B, L, N] in float64 for SAMU's shard x."""
+    _, m, phi = samu_controls(x.float(), directions.float(), amplitudes.float(), radial_bound)
+    steps = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=torch.float64)
+    log_radius = -m.double().cumsum(1).unsqueeze(-1) * torch.exp(nu.double())
+    phase = steps[:, None] * torch.exp(theta_log.double()) + phi.double().cumsum(1).unsqueeze(-1)
+    return log_radius, phase
+
+
+def _rglru_log_products(x, w_a, b_a, a_param, c):
+    """log P_t [B, L, D] in float64 for RG-LRU's shard x."""
+    gate_a = rglru_gate(x.float(), w_a.float(), b_a.float())
+    return -c * F.softplus(a_param.double()) * gate_a.double().cumsum(1)
+
+
+def _group_of(group):
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("group: sequence parallelism needs an initialised torch.distributed process group")
+    return group if group is not None else dist.group.WORLD
+
+
+def samu_mixer_sequence_parallel(x, nu, theta_log, directions, amplitudes, *, group=None, initial_state=None,
+                                 output_final_state=False, radial_bound=2.0, backend="auto"):
+    """``samu_mixer`` on one shard of a sequence split along L across ``group`` (default: the world), in
+    rank order: (y_r [B, L_r, D], the whole sequence's final state [B, D] on every rank, or None).
+    ``initial_state``: the sequence's, the same on every rank. Parameter gradients are this rank's share."""
+    group = _group_of(group)
+    y0, e = samu_mixer(x, nu, theta_log, directions, amplitudes, output_final_state=True,
+                       radial_bound=radial_bound, backend=backend)
+    B, L, D = x.shape
+    check_state(initial_state, B, D, x.device, "initial_state")
+    n, sdt = D // 2, state_dtype(x.dtype)
+    log_radius, phase = _samu_products(x, directions, amplitudes, nu, theta_log, radial_bound)
+    # the shard's whole map A (float64, in fused coordinates) beside its end state
+    radius = torch.exp(log_radius[:, -1])
+    A = torch.cat([radius * torch.cos(phase[:, -1]), radius * torch.sin(phase[:, -1])], -1)
+    h = x.new_zeros(B, D, dtype=torch.float64) if initial_state is None else initial_state.double()
+    entering, final = _Exchange.apply(torch.stack([A, e.double()]), h, group, _samu_step)
+    # P_t in the state dtype: the phase reduced mod 2 pi in float64 first, so that fp32 keeps its digits
+    p = torch.polar(torch.exp(log_radius).to(sdt), torch.remainder(phase, 2 * math.pi).to(sdt))
+    shift = p * torch.complex(entering[:, :n], entering[:, n:]).to(p.dtype).unsqueeze(1)
+    y = (y0.to(sdt) + torch.cat([shift.real, shift.imag], -1)).to(x.dtype)
+    return y, (final.to(sdt) if output_final_state else None)
+
+
+def rglru_mixer_sequence_parallel(x, w_a, b_a, w_x, b_x, a_param, *, group=None, initial_state=None,
+                                  output_final_state=False, c=8.0, backend="auto"):
+    """``rglru_mixer`` on one shard of a sequence split along L across ``group`` (default: the world), in
+    rank order: (y_r [B, L_r, D], the whole sequence's final state [B, D] on every rank, or None).
+    ``initial_state``: the sequence's, the same on every rank. Parameter gradients are this rank's share."""
+    group = _group_of(group)
+    y0, e = rglru_mixer(x, w_a, b_a, w_x, b_x, a_param, output_final_state=True, c=c, backend=backend)
+    check_state(initial_state, x.shape[0], x.shape[2], x.device, "initial_state")
+    sdt = state_dtype(x.dtype)
+    log_p = _rglru_log_products(x, w_a, b_a, a_param, c)
+    h = e.new_zeros(e.shape, dtype=torch.float64) if initial_state is None else initial_state.double()
+    entering, final = _Exchange.apply(torch.stack([torch.exp(log_p[:, -1]), e.double()]), h, group, _rglru_step)
+    y = (y0.to(sdt) + torch.exp(log_p).to(sdt) * entering.to(sdt).unsqueeze(1)).to(x.dtype)
+    return y, (final.to(sdt) if output_final_state else None)
