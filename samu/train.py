@@ -261,17 +261,22 @@ def _optimizer(model: CausalLM, config: TrainConfig, device: torch.device) -> to
     return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, fused=device.type == "cuda")
 
 
-def clip_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
-    """The total gradient norm (a device scalar), the gradients scaled down to at most ``max_norm`` for the
-    next optimizer step: the fused AdamW scales them itself as it reads them (its ``grad_scale``), which
-    saves a read and a write of every gradient (~0.8 ms a step for the 400m preset on an H200); the
-    default one needs them scaled in place first."""
+def clipped_step(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
+    """One optimizer step on the gradients scaled down to a total norm of at most ``max_norm``; returns
+    their total norm before (a device scalar). The fused AdamW scales them itself as it reads them (its
+    ``grad_scale``, cleared again after the step), which saves a read of every gradient (~0.4 ms a step
+    for the 400m preset on an H200); the default one needs them scaled in place first."""
     params = [p for p in model.parameters() if p.grad is not None]
     norm = nn.utils.get_total_norm([p.grad for p in params], foreach=True)
-    if optimizer.defaults.get("fused"):
-        optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)
-    else:
+    if not optimizer.defaults.get("fused"):
         nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+        optimizer.step()
+        return norm
+    optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)
+    try:
+        optimizer.step()
+    finally:
+        optimizer.grad_scale = None
     return norm
 
 
@@ -388,12 +393,14 @@ def _check_same_data(saved: dict, identity: dict, path: Path) -> None:
     # what the checkpoint recorded (one written before the document boundaries were part of it has no
     # documents' entries, and is checked on its tokens alone)
     for split in ("train", "val"):
-        if any(saved[split][k] != identity[split].get(k) for k in saved[split]):
+        changed = [k for k in saved[split] if saved[split][k] != identity[split].get(k)]
+        if changed:
+            what = "its document boundaries" if all(k.startswith("documents") for k in changed) else "content"
             raise CheckpointError(
                 f"cannot resume {path}: it trained on {saved['name']} ({saved['train']['tokens']} train tokens, "
                 f"{saved['val']['tokens']} validation), but the data given now are {identity['name']} "
                 f"({identity['train']['tokens']} and {identity['val']['tokens']}) and their {split} split differs "
-                f"in content; resume with the same data")
+                f"in {what}; resume with the same data")
 
 
 def check_out_dir(out_dir) -> Path:
@@ -714,12 +721,14 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
                 # the previous update made a parameter non-finite
                 raise diverged(int(bad_step) or step) from None
             loss_sum += loss.detach()
-        grad_norm = clip_gradients(model, optimizer, config.grad_clip) if config.grad_clip else None
+        lr = optimizer.param_groups[0]["lr"]
+        if config.grad_clip:
+            grad_norm = clipped_step(model, optimizer, config.grad_clip)
+        else:
+            grad_norm = None
+            optimizer.step()
         finite = torch.isfinite(loss_sum) if grad_norm is None else torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
         bad_step = torch.where((bad_step == 0) & ~finite, step + 1, bad_step)
-        lr = optimizer.param_groups[0]["lr"]
-        optimizer.step()
-        optimizer.grad_scale = None   # clip_gradients' scale was this step's
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         done = step + 1

@@ -27,7 +27,7 @@ def geglu_torch(z: torch.Tensor) -> torch.Tensor:
 def geglu_fwd_op(z: torch.Tensor) -> torch.Tensor:
     from samu.ops.geglu_triton import geglu_fwd
 
-    return geglu_fwd(z)
+    return geglu_fwd(z.contiguous())   # the kernels index rows densely; free when Inductor's layout already is
 
 
 @geglu_fwd_op.register_fake
@@ -39,7 +39,7 @@ def _(z):
 def geglu_bwd_op(da: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     from samu.ops.geglu_triton import geglu_bwd
 
-    return geglu_bwd(da, z)
+    return geglu_bwd(da.contiguous(), z.contiguous())
 
 
 @geglu_bwd_op.register_fake
@@ -53,7 +53,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, da):
     (z,) = ctx.saved_tensors
-    return geglu_bwd_op(da.contiguous(), z)
+    return geglu_bwd_op(da, z)
 
 
 geglu_fwd_op.register_autograd(_backward, setup_context=_setup_context)

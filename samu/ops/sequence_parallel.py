@@ -8,10 +8,8 @@ Either mixer's state is affine in the state h_in its shard is entered with:
 where h0_t is the state reached from a zero state. So every rank, at once:
 
 1. scans its shard from a zero state (the mixer itself, with any backend): y0 and its end state e_r;
-2. sums its log transitions: for SAMU log lambda_t = -m_t e^nu + i (e^theta_log + phi_t), whose sums over
-   tokens need the controller's two scalars a token (cumulative sums of m and phi); for RG-LRU
-   log a_t = -c softplus(a_param) sigma_a(x_t), whose sum needs the a-gate. The sums run in float64 (a
-   phase summed over 10^5 tokens would lose its digits in fp32), then P_t is formed in fp32;
+2. forms P_t from cumulative sums of its log transitions, in float64 (the derivations: "Sequence
+   parallelism" in samu/ops/samu/README.md and samu/ops/rglru/README.md), then in the state dtype;
 3. all-gathers the summaries (A_r = P at its last token, e_r): O(B D) per rank;
 4. folds them in rank order from the initial state: h_in(r) = A_{r-1} h_in(r-1) + e_{r-1}, in float64;
 5. corrects its output, y = y0 + P * h_in(r) (the correction is elementwise: no second scan). The final
@@ -90,18 +88,28 @@ class _Exchange(torch.autograd.Function):
         return d_rows[rank], d_h, None, None
 
 
-def _samu_products(x, directions, amplitudes, nu, theta_log, radial_bound):
-    """log |P_t| and arg P_t [B, L, N] in float64 for SAMU's shard x."""
-    _, m, phi = samu_controls(x.float(), directions.float(), amplitudes.float(), radial_bound)
+def _samu_products(x, directions, amplitudes, nu, theta_log, radial_bound, sdt):
+    """P_t [B, L, N] (complex, of the state dtype ``sdt``) and the shard's whole map A [B, D] (float64, fused
+    coordinates) for SAMU's shard x. The sums over tokens run in float64 and the phases are reduced mod
+    2 pi there, each of its two terms on its own ([L, N] and [B, L]), before P_t is formed in ``sdt``."""
+    _, m, phi = samu_controls(x.to(sdt), directions.to(sdt), amplitudes.to(sdt), radial_bound)
+    tau = 2 * math.pi
     steps = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=torch.float64)
-    log_radius = -m.double().cumsum(1).unsqueeze(-1) * torch.exp(nu.double())
-    phase = steps[:, None] * torch.exp(theta_log.double()) + phi.double().cumsum(1).unsqueeze(-1)
-    return log_radius, phase
+    turns = torch.remainder(steps[:, None] * torch.exp(theta_log.double()), tau)     # [L, N]
+    drift = torch.remainder(phi.double().cumsum(1), tau)                              # [B, L]
+    mass = m.double().cumsum(1)                                                       # [B, L]
+    rate = torch.exp(nu.double())
+    radius = torch.exp(-mass[..., -1:] * rate)
+    phase = turns[-1] + drift[:, -1:]
+    A = torch.cat([radius * torch.cos(phase), radius * torch.sin(phase)], -1)
+    p = torch.polar(torch.exp(-mass.to(sdt).unsqueeze(-1) * rate.to(sdt)),
+                    turns.to(sdt) + drift.to(sdt).unsqueeze(-1))
+    return p, A
 
 
-def _rglru_log_products(x, w_a, b_a, a_param, c):
-    """log P_t [B, L, D] in float64 for RG-LRU's shard x."""
-    gate_a = rglru_gate(x.float(), w_a.float(), b_a.float())
+def _rglru_log_products(x, w_a, b_a, a_param, c, sdt):
+    """log P_t [B, L, D] (float64) for RG-LRU's shard x."""
+    gate_a = rglru_gate(x.to(sdt), w_a.to(sdt), b_a.to(sdt))
     return -c * F.softplus(a_param.double()) * gate_a.double().cumsum(1)
 
 
@@ -113,39 +121,43 @@ def _group_of(group):
 
 def samu_mixer_sequence_parallel(x, nu, theta_log, directions, amplitudes, *, group=None, initial_state=None,
                                  output_final_state=False, radial_bound=2.0, backend="auto"):
-    """``samu_mixer`` on one shard of a sequence split along L across ``group`` (default: the world), in
-    rank order: (y_r [B, L_r, D], the whole sequence's final state [B, D] on every rank, or None).
-    ``initial_state``: the sequence's, the same on every rank. Parameter gradients are this rank's share."""
+    """``samu_mixer`` on one shard of a sequence split along L across ``group`` (default: the world), shards
+    in rank order: (y_r [B, L_r, D], the whole sequence's final state [B, D], or None).
+
+    Every rank must take part (and backpropagate through its y_r). ``initial_state`` is the sequence's and
+    must be the same on every rank. The final state comes back on every rank: let one rank's loss use it
+    (each use adds its gradient). Gradients of the parameters and of ``initial_state`` are this rank's share;
+    their sum over the group is the one-process gradient. Autocast does not reach the transitions' products
+    (as in the mixers' own paths)."""
     group = _group_of(group)
-    y0, e = samu_mixer(x, nu, theta_log, directions, amplitudes, output_final_state=True,
-                       radial_bound=radial_bound, backend=backend)
     B, L, D = x.shape
     check_state(initial_state, B, D, x.device, "initial_state")
+    y0, e = samu_mixer(x, nu, theta_log, directions, amplitudes, output_final_state=True,
+                       radial_bound=radial_bound, backend=backend)
     n, sdt = D // 2, state_dtype(x.dtype)
-    log_radius, phase = _samu_products(x, directions, amplitudes, nu, theta_log, radial_bound)
-    # the shard's whole map A (float64, in fused coordinates) beside its end state
-    radius = torch.exp(log_radius[:, -1])
-    A = torch.cat([radius * torch.cos(phase[:, -1]), radius * torch.sin(phase[:, -1])], -1)
-    h = x.new_zeros(B, D, dtype=torch.float64) if initial_state is None else initial_state.double()
-    entering, final = _Exchange.apply(torch.stack([A, e.double()]), h, group, _samu_step)
-    # P_t in the state dtype: the phase reduced mod 2 pi in float64 first, so that fp32 keeps its digits
-    p = torch.polar(torch.exp(log_radius).to(sdt), torch.remainder(phase, 2 * math.pi).to(sdt))
-    shift = p * torch.complex(entering[:, :n], entering[:, n:]).to(p.dtype).unsqueeze(1)
-    y = (y0.to(sdt) + torch.cat([shift.real, shift.imag], -1)).to(x.dtype)
+    with torch.autocast(x.device.type, enabled=False):
+        p, A = _samu_products(x, directions, amplitudes, nu, theta_log, radial_bound, sdt)
+        h = x.new_zeros(B, D, dtype=torch.float64) if initial_state is None else initial_state.double()
+        entering, final = _Exchange.apply(torch.stack([A, e.double()]), h, group, _samu_step)
+        shift = p * torch.complex(entering[:, :n], entering[:, n:]).to(p.dtype).unsqueeze(1)
+        y = (y0.to(sdt) + torch.cat([shift.real, shift.imag], -1)).to(x.dtype)
     return y, (final.to(sdt) if output_final_state else None)
 
 
 def rglru_mixer_sequence_parallel(x, w_a, b_a, w_x, b_x, a_param, *, group=None, initial_state=None,
                                   output_final_state=False, c=8.0, backend="auto"):
-    """``rglru_mixer`` on one shard of a sequence split along L across ``group`` (default: the world), in
-    rank order: (y_r [B, L_r, D], the whole sequence's final state [B, D] on every rank, or None).
-    ``initial_state``: the sequence's, the same on every rank. Parameter gradients are this rank's share."""
+    """``rglru_mixer`` on one shard of a sequence split along L across ``group`` (default: the world), shards
+    in rank order: (y_r [B, L_r, D], the whole sequence's final state [B, D], or None). The conventions
+    of ``samu_mixer_sequence_parallel`` (every rank takes part; the same ``initial_state`` everywhere; the
+    final state on every rank, its gradient counted once per use; gradient shares)."""
     group = _group_of(group)
-    y0, e = rglru_mixer(x, w_a, b_a, w_x, b_x, a_param, output_final_state=True, c=c, backend=backend)
     check_state(initial_state, x.shape[0], x.shape[2], x.device, "initial_state")
+    y0, e = rglru_mixer(x, w_a, b_a, w_x, b_x, a_param, output_final_state=True, c=c, backend=backend)
     sdt = state_dtype(x.dtype)
-    log_p = _rglru_log_products(x, w_a, b_a, a_param, c)
-    h = e.new_zeros(e.shape, dtype=torch.float64) if initial_state is None else initial_state.double()
-    entering, final = _Exchange.apply(torch.stack([torch.exp(log_p[:, -1]), e.double()]), h, group, _rglru_step)
-    y = (y0.to(sdt) + torch.exp(log_p).to(sdt) * entering.to(sdt).unsqueeze(1)).to(x.dtype)
+    with torch.autocast(x.device.type, enabled=False):
+        log_p = _rglru_log_products(x, w_a, b_a, a_param, c, sdt)
+        h = e.new_zeros(e.shape, dtype=torch.float64) if initial_state is None else initial_state.double()
+        entering, final = _Exchange.apply(torch.stack([torch.exp(log_p[:, -1]), e.double()]), h, group,
+                                          _rglru_step)
+        y = (y0.to(sdt) + torch.exp(log_p).to(sdt) * entering.to(sdt).unsqueeze(1)).to(x.dtype)
     return y, (final.to(sdt) if output_final_state else None)
