@@ -48,9 +48,14 @@ class LanguageModel(CausalLM):
     The state holds one BlockState per layer (conv window + mixer state), independent of L. ``step`` checks
     its arguments and leaves the given state alone; ``decode`` is the decoding loop's unchecked step over
     buffers allocated once (samu.models.generate).
+
+    ``sequence_parallel``: a process group (or None): tokens are then this rank's shard of each sequence,
+    split along L across the group in rank order (RecurrentBlock; every parameter's gradient is this rank's
+    share: all-reduce them over the group).
     """
 
-    def __init__(self, config: LMConfig, *, backend: str = "auto", device=None, dtype=None):
+    def __init__(self, config: LMConfig, *, backend: str = "auto", device=None, dtype=None,
+                 sequence_parallel=None):
         super().__init__()
         if not isinstance(config, LMConfig):
             raise TypeError(f"config must be an LMConfig, got {type(config).__name__}")
@@ -65,6 +70,9 @@ class LanguageModel(CausalLM):
         # recompute each layer's activations in the backward (torch.utils.checkpoint) while grad is on
         self.activation_checkpointing = False
         self._init_weights()
+        # a process group: every block's shard of the sequence is this rank's (RecurrentBlock)
+        for layer in self.layers:
+            layer.block.sequence_parallel = sequence_parallel
 
     @torch.no_grad()
     def _init_weights(self):

@@ -13,6 +13,7 @@ from samu.modules.mixers import RGLRUMixer, SAMUMixer
 from samu.ops.glue import conv_gelu, fused_backend
 from samu.ops.packing import sequence_offsets
 from samu.ops.scan import state_dtype
+from samu.ops.sequence_parallel import conv_halo
 from samu.validate import positive_int
 
 MIXERS = ("samu", "rglru")
@@ -34,6 +35,9 @@ class RecurrentBlock(nn.Module):
 
     forward(u [B, L, width], state: BlockState | None, return_state, cu_seqlens)
         -> (out [B, L, width], BlockState | None); cu_seqlens packs sequences (samu.ops.packing)
+    ``sequence_parallel``: a process group (or None): u is then this rank's shard of a sequence split along
+    L across it, in rank order (samu.ops.sequence_parallel: the Conv1D's 3-token halo and the mixer's
+    summaries travel between the ranks; each shard at least conv_width - 1 tokens; no state, no packing)
     step(u_t [B, width], state: BlockState | None) -> (out_t [B, width], a new BlockState)
     init_state(batch) -> a zero BlockState; decode(u_t, state) -> out_t, updating the state in place
     """
@@ -64,6 +68,7 @@ class RecurrentBlock(nn.Module):
         for linear in (self.linear_in, self.linear_out):
             lecun_normal_(linear)
         self.register_load_state_dict_pre_hook(_merge_in_projections)
+        self.sequence_parallel = None
 
     def _unpack(self, state, batch: int):
         if state is None:
@@ -85,6 +90,8 @@ class RecurrentBlock(nn.Module):
         """With ``cu_seqlens`` (samu.ops.packing), u [1, L, width] packs N sequences: the Conv1D and the mixer
         restart at each boundary (from row n of a state of N rows), and the state returned has N rows."""
         check_sequence("u", u, self.width)
+        if self.sequence_parallel is not None:
+            return self._sequence_parallel(u, state, return_state, cu_seqlens)
         z = self.linear_in(u)
         # packed: ints from here on, read once (inside torch.compile, the device tensor)
         offsets = None if cu_seqlens is None else sequence_offsets(cu_seqlens, u)
@@ -94,6 +101,16 @@ class RecurrentBlock(nn.Module):
         x, mixer_state = self.mixer(x, mixer_state, return_state, cu_seqlens=offsets)
         out = self.linear_out(x * y)
         return out, (BlockState(conv_state, mixer_state) if return_state else None)
+
+    def _sequence_parallel(self, u, state, return_state, cu_seqlens):
+        if state is not None or return_state or cu_seqlens is not None:
+            raise ValueError("sequence_parallel: a block split across ranks takes no state, returns none and "
+                             "packs no sequences")
+        z = self.linear_in(u)
+        halo = conv_halo(z[..., :self.lru_width], self.conv1d.kernel_size, self.sequence_parallel)
+        x, y, _ = conv_gelu(z, self.conv1d.weight, self.conv1d.bias, halo, False, self.glue_backend, None)
+        x, _ = self.mixer(x, group=self.sequence_parallel)
+        return self.linear_out(x * y), None
 
     def init_state(self, batch: int, device=None, dtype=None) -> BlockState:
         """Zero state for ``batch`` rows: the Conv1D window in ``dtype`` (default: the block's), the mixer

@@ -12,7 +12,13 @@ from samu.ops import dispatch
 from samu.ops.checks import check_rglru_inputs, check_samu_inputs
 from samu.ops.functional import rglru_mixer, samu_mixer
 from samu.ops.glue import fused_backend
+from samu.ops.sequence_parallel import rglru_mixer_sequence_parallel, samu_mixer_sequence_parallel
 from samu.ops.step import rglru_block_step, rglru_step, samu_block_step, samu_step
+
+
+def _no_packing(cu_seqlens):
+    if cu_seqlens is not None:
+        raise ValueError("cu_seqlens: packed sequences are not split across ranks (group is given)")
 
 
 class _FP32Parameters(nn.Module):
@@ -91,7 +97,14 @@ class SAMUMixer(_FP32Parameters):
     def _params(self):
         return self.nu, self.theta_log, self.directions, self.amplitudes
 
-    def forward(self, x, initial_state=None, output_final_state=False, cu_seqlens=None):
+    def forward(self, x, initial_state=None, output_final_state=False, cu_seqlens=None, group=None):
+        """``group``: x is this rank's shard of a sequence split along L across that process group
+        (samu.ops.sequence_parallel; not with cu_seqlens)."""
+        if group is not None:
+            _no_packing(cu_seqlens)
+            return samu_mixer_sequence_parallel(x, *self._params(), group=group, initial_state=initial_state,
+                                                output_final_state=output_final_state,
+                                                radial_bound=self.radial_bound, backend=self.backend)
         return samu_mixer(x, *self._params(), initial_state=initial_state,
                           output_final_state=output_final_state, radial_bound=self.radial_bound,
                           backend=self.backend, cu_seqlens=cu_seqlens)
@@ -156,7 +169,13 @@ class RGLRUMixer(_FP32Parameters):
     def _params(self):
         return self.w_a, self.b_a, self.w_x, self.b_x, self.a_param
 
-    def forward(self, x, initial_state=None, output_final_state=False, cu_seqlens=None):
+    def forward(self, x, initial_state=None, output_final_state=False, cu_seqlens=None, group=None):
+        """``group``: as SAMUMixer.forward's."""
+        if group is not None:
+            _no_packing(cu_seqlens)
+            return rglru_mixer_sequence_parallel(x, *self._params(), group=group, initial_state=initial_state,
+                                                 output_final_state=output_final_state, c=self.c,
+                                                 backend=self.backend)
         return rglru_mixer(x, *self._params(), initial_state=initial_state,
                            output_final_state=output_final_state, c=self.c, backend=self.backend,
                            cu_seqlens=cu_seqlens)

@@ -161,3 +161,37 @@ def rglru_mixer_sequence_parallel(x, w_a, b_a, w_x, b_x, a_param, *, group=None,
                                           _rglru_step)
         y = (y0.to(sdt) + torch.exp(log_p).to(sdt) * entering.to(sdt).unsqueeze(1)).to(x.dtype)
     return y, (final.to(sdt) if output_final_state else None)
+
+
+class _Halo(torch.autograd.Function):
+    """The last K - 1 inputs of the previous rank's shard (zeros on the first rank): the Conv1D state a
+    shard starts from. The backward sends each rank's cotangent to the rank it came from (an all-reduce)."""
+
+    @staticmethod
+    def forward(ctx, tail, group):
+        rows = [torch.empty_like(tail) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(rows, tail.contiguous(), group=group)
+        rank = dist.get_rank(group)
+        ctx.group = group
+        return torch.zeros_like(tail) if rank == 0 else rows[rank - 1]
+
+    @staticmethod
+    def backward(ctx, grad):
+        rank, world = dist.get_rank(ctx.group), dist.get_world_size(ctx.group)
+        rows = grad.new_zeros(world, *grad.shape)
+        if rank > 0:
+            rows[rank - 1] = grad
+        dist.all_reduce(rows, group=ctx.group)
+        return rows[rank], None
+
+
+def conv_halo(x: torch.Tensor, width: int, group=None) -> torch.Tensor:
+    """The causal Conv1D's state for this rank's shard x [B, L_r, E] of a sequence split along L across
+    ``group`` (default: the world): the previous shard's last ``width`` - 1 inputs, differentiable (zeros on
+    the first rank). Every shard must hold at least ``width`` - 1 tokens."""
+    group = _group_of(group)
+    if x.shape[1] < width - 1:
+        raise ValueError(f"x: a sequence-parallel shard needs at least {width - 1} tokens (the Conv1D's reach), "
+                         f"got {x.shape[1]}")
+    return _Halo.apply(x[:, x.shape[1] - (width - 1):], group)
+

@@ -5,7 +5,9 @@
 
 Every rank draws the whole sequence's inputs from the same seeds, takes its shard (lengths in rank order),
 runs both mixers' sequence-parallel forward and backward (the final state's cotangent on the last rank
-only: it is one output, replicated) and saves its outputs and gradients to DIR/<op>-<rank>.pt.
+only: it is one output, replicated) and saves its outputs and gradients to DIR/<op>-<rank>.pt; where every
+shard holds at least 3 tokens (the Conv1D's reach), also a 2-layer language model of each mixer split the
+same way (DIR/lm-<mixer>-<rank>.pt: its logits and every parameter's gradient).
 """
 
 from __future__ import annotations
@@ -31,6 +33,17 @@ def inputs(op: str, L: int, dtype):
     return x, [p.detach().requires_grad_() for p in params], h0, dy, dh
 
 
+def lm_inputs(mixer: str, L: int, group=None):
+    """A 2-layer LM (the same weights wherever it is built), tokens [B, L] and the logits' cotangent."""
+    from samu.models import LanguageModel, LMConfig
+
+    torch.manual_seed(7)
+    model = LanguageModel(LMConfig(vocab_size=11, width=16, num_layers=2, mixer=mixer, num_heads=2),
+                          backend="torch", sequence_parallel=group)
+    g = torch.Generator().manual_seed(8)
+    return model, torch.randint(0, 11, (B, L), generator=g), torch.randn(B, L, 11, generator=g)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -52,6 +65,13 @@ def main():
         grads = torch.autograd.grad(loss, [shard, h0, *params])
         torch.save({"y": y.detach(), "h": h.detach(), "grads": [g.detach() for g in grads]},
                    f"{args.out}/{op}-{rank}.pt")
+    if min(lengths) >= 3:
+        for mixer in ("samu", "rglru"):
+            model, tokens, cot = lm_inputs(mixer, sum(lengths), dist.group.WORLD)
+            logits, _ = model(tokens[:, start:stop])
+            grads = torch.autograd.grad((logits * cot[:, start:stop]).sum(), list(model.parameters()))
+            torch.save({"logits": logits.detach(), "grads": [g.detach() for g in grads]},
+                       f"{args.out}/lm-{mixer}-{rank}.pt")
     dist.destroy_process_group()
 
 

@@ -1,6 +1,8 @@
 """Sequence parallelism (samu.ops.sequence_parallel): a sequence split along L across 2 and 3 gloo processes
 on the CPU equals the one-process computation: outputs, the final state (on every rank), x's gradient (each
-rank its shard's) and the parameters' and initial state's gradients (summed over the ranks).
+rank its shard's) and the parameters' and initial state's gradients (summed over the ranks); and so does a
+2-layer language model of each mixer split across 2 processes (logits and every parameter's gradient, within
+1e-5: fp32 against fp32, the same ops in another order).
 
 Rule, declared before any run: the gates' fp32 rule (samu/gates/gates.toml, spec §7) for every output and
 gradient against the float64 reference, its serial fp32 evaluation giving the baseline; and one rank under
@@ -21,7 +23,7 @@ from samu.gates.rules import load_rules, rel_error
 from samu.ops.functional import rglru_mixer, samu_mixer
 from samu.ops.sequence_parallel import rglru_mixer_sequence_parallel, samu_mixer_sequence_parallel
 from tests.helpers import rel_err
-from tests.ops.sequence_parallel_worker import inputs
+from tests.ops.sequence_parallel_worker import inputs, lm_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,6 +63,17 @@ def test_sequence_parallel_equals_one_process(tmp_path, lengths):
         # first holds the whole initial state's gradient alone
         assert all(torch.equal(r["h"], ranks[-1]["h"]) for r in ranks), op
         assert all(rel_err(r["grads"][1], exact[3]) > 1e-3 for r in ranks[1:]), op
+    if min(lengths) < 3:
+        return
+    # a whole language model split the same way (RecurrentBlock: the Conv1D's halo and the mixers' summaries)
+    for mixer in ("samu", "rglru"):
+        model, tokens, cot = lm_inputs(mixer, sum(lengths))
+        logits, _ = model(tokens)
+        grads = torch.autograd.grad((logits * cot).sum(), list(model.parameters()))
+        ranks = [torch.load(tmp_path / f"lm-{mixer}-{r}.pt") for r in range(len(lengths))]
+        assert rel_err(torch.cat([r["logits"] for r in ranks], dim=1), logits) < 1e-5, mixer
+        for i, (name, _) in enumerate(model.named_parameters()):
+            assert rel_err(sum(r["grads"][i] for r in ranks), grads[i]) < 1e-5, (mixer, name)
 
 
 @pytest.fixture
