@@ -443,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arms", help="comma list of samu, rglru, transformer (default all three)")
     p.add_argument("--seeds", type=positive_int, help="seeds per arm at --seq-len (default 2)")
     p.add_argument("--seq-len", type=positive_int, help="context length of every arm (default 2048)")
-    p.add_argument("--tokens", type=_count, help="training tokens a run, e.g. 100M (default 100M)")
+    p.add_argument("--tokens", type=_count, help="training tokens a run, e.g. 100M (default 40M)")
     p.add_argument("--batch-size", type=positive_int, help="rows a step at --seq-len (default 16; the long pair "
                                                            "trains on as many tokens a step)")
     p.add_argument("--long-seq-len", type=nonneg_int, help="context length of the SAMU and RG-LRU pair at seed 0 "

@@ -27,6 +27,7 @@ from samu.validate import nonneg_int, positive_int
 
 ARMS = ("samu", "rglru", "transformer")
 SCHEMA = "samu-compare/1"
+POSITIONS = "positions.json"
 # position bins of the loss-by-position table: the first 16 tokens of a window, then bins 4x wider
 POSITION_EDGES = (0, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)
 
@@ -40,10 +41,13 @@ class Study:
     arms: tuple[str, ...] = ARMS
     seeds: int = 2
     seq_len: int = 2048
-    tokens: int = 100_000_000
+    # 40M tokens: about 4 passes over the embedded corpus of a Python 3.12 standard library (10.6M training
+    # bytes), as many as repeated data is worth nearly fresh data for; every run of the default study
+    # (8 runs of the small preset) fits in ~20 minutes of one H200
+    tokens: int = 40_000_000
     batch_size: int = 16
     long_seq_len: int = 8192
-    long_tokens: int = 100_000_000
+    long_tokens: int = 40_000_000
     data: str = "stdlib"
     data_format: str = "text"
     lr: float = 3e-3
@@ -134,29 +138,55 @@ def run_study(study: Study, folder, progress: bool = True, say=print) -> dict:
     for *_, config in plan:
         data.check(config.seq_len)
     _check_definition(folder, study)
+    identity = data.identity()
     runs = []
     for i, (name, arm, seq_len, seed, config) in enumerate(plan, 1):
         out = Path(config.out_dir)
         ckpt = out / CHECKPOINT
-        resume = ckpt.exists()
-        finished = resume and is_finished(load_checkpoint(ckpt), config)
-        positions_path = out / "positions.json"
-        if not resume:
+        positions_path = out / POSITIONS
+        kept = _finished_run(out, config, identity)
+        resume = kept is None and ckpt.exists()
+        finished = kept is not None or (resume and is_finished(load_checkpoint(ckpt), config))
+        if kept is None and not resume:
             positions_path.unlink(missing_ok=True)
         say(f"run {i}/{len(plan)}: {name} ({config.steps} steps of {config.batch_size} x {seq_len} "
             f"tokens){': finished, kept' if finished else ': resuming' if resume else ''}")
-        if not finished:
-            _reset_compiler()
-        result = train(config, data=data, resume=resume)
-        saved = json.loads(positions_path.read_text()) if positions_path.exists() else {}
-        if saved.get("step") == config.steps:
-            positions = saved["loss"]
+        if kept is not None:
+            log, positions = kept
         else:
-            positions = evaluate_positions(result.model.to(resolve_device(config.device)), data, config)
-            record = {"step": config.steps, "loss": positions}
-            atomic_write(positions_path, lambda tmp, r=record: Path(tmp).write_text(json.dumps(r)))
-        runs.append(_run_entry(name, arm, seq_len, seed, config, result.log, positions, data.bytes_per_token))
+            if not finished:
+                _reset_compiler()
+            result = train(config, data=data, resume=resume)
+            log = result.log
+            saved = json.loads(positions_path.read_text()) if positions_path.exists() else {}
+            if saved.get("step") == config.steps:
+                positions = saved["loss"]
+            else:
+                positions = evaluate_positions(result.model.to(resolve_device(config.device)), data, config)
+                record = {"step": config.steps, "loss": positions}
+                atomic_write(positions_path, lambda tmp, r=record: Path(tmp).write_text(json.dumps(r)))
+        runs.append(_run_entry(name, arm, seq_len, seed, config, log, positions, data.bytes_per_token))
     return summarize(study, runs, "bits/byte" if data.bytes_per_token else "bits/token")
+
+
+def _finished_run(out: Path, config, identity: dict):
+    """(log, loss by position) of a run folder whose run finished and whose positions are saved, else None.
+
+    Such a run is kept from its ``log.json`` and ``positions.json`` alone: the record needs neither the
+    model nor its checkpoints, which may be deleted (or left behind on another machine) once a run is done.
+    A finished log of another run (its settings or data differ) is a CheckpointError naming them."""
+    from samu.train import LOG, check_resumable, check_same_data
+
+    try:
+        log = json.loads((out / LOG).read_text())
+        positions = json.loads((out / POSITIONS).read_text())
+    except FileNotFoundError:
+        return None
+    if not log.get("done") or positions.get("step") != config.steps:
+        return None
+    check_resumable(log["config"], config, out / LOG, has_identity=True)
+    check_same_data(log["data"]["identity"], identity, out / LOG)
+    return log, positions["loss"]
 
 
 def _reset_compiler() -> None:

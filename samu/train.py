@@ -369,7 +369,7 @@ def _field(config: TrainConfig, name: str):
     return str(Path(value).resolve()) if name == "data" and value != "stdlib" else value
 
 
-def _check_resumable(saved: dict, config: TrainConfig, path: Path, has_identity: bool) -> None:
+def check_resumable(saved: dict, config: TrainConfig, path: Path, has_identity: bool) -> None:
     saved = TrainConfig.from_dict(saved)
     if saved.model != config.model:
         raise CheckpointError(f"{path} holds a model {saved.model} but the run asks for {config.model}")
@@ -389,7 +389,7 @@ def check_data_out(data: str, out_dir) -> None:
                          f"folder inside the data folder is never read as text)")
 
 
-def _check_same_data(saved: dict, identity: dict, path: Path) -> None:
+def check_same_data(saved: dict, identity: dict, path: Path) -> None:
     # what the checkpoint recorded (one written before the document boundaries were part of it has no
     # documents' entries, and is checked on its tokens alone)
     for split in ("train", "val"):
@@ -535,7 +535,7 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
         payload = load_checkpoint(ckpt_path)
         if "train" not in payload:
             raise CheckpointError(f"{ckpt_path} holds no training state to resume from")
-        _check_resumable(json.loads(payload["train"]["config"]), config, ckpt_path, "data" in payload["train"])
+        check_resumable(json.loads(payload["train"]["config"]), config, ckpt_path, "data" in payload["train"])
         if is_finished(payload, config):
             model = load_model(ckpt_path, device=resolve_device(config.device), backend=config.backend,
                                payload=payload)
@@ -555,7 +555,7 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
                          f"{config.model.vocab_size}")
     identity = data.identity()
     if payload is not None and "data" in payload["train"]:
-        _check_same_data(payload["train"]["data"], identity, ckpt_path)
+        check_same_data(payload["train"]["data"], identity, ckpt_path)
     elif payload is not None:
         # a checkpoint from before data identities: its log still has the token counts
         known = json.loads(payload["train"]["log"]).get("data", {})

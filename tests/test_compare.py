@@ -92,6 +92,23 @@ def test_a_tiny_study_trains_every_arm_alike_and_resumes(tmp_path, capsys, monke
     assert [r["val"] for r in again["runs"]] == [r["val"] for r in record["runs"]]
     assert "finished, kept" in capsys.readouterr().out
 
+    # a finished run is kept from its log and positions alone: its checkpoints may be gone
+    for old in results.glob("*"):
+        old.unlink()
+    for ckpt in (tmp_path / "a").glob("*/checkpoint*.pt"):
+        ckpt.unlink()
+    again, _ = _study(tmp_path, "a")
+    assert [r["val"] for r in again["runs"]] == [r["val"] for r in record["runs"]]
+    assert [r["position_bits"] for r in again["runs"]] == [r["position_bits"] for r in record["runs"]]
+    assert capsys.readouterr().out.count("finished, kept") == len(record["runs"])
+    # ... but not as another run's: a finished log of other settings is refused, naming them
+    log_path = tmp_path / "a" / "samu-L32-s0" / "log.json"
+    log = json.loads(log_path.read_text())
+    log["config"]["lr"] = 0.5
+    log_path.write_text(json.dumps(log))
+    assert main([*ARGS, "--out", str(tmp_path / "a"), "--results", str(results)]) == 1
+    assert "lr (0.5 there, 0.003 here)" in capsys.readouterr().err
+
     # cut short (the fourth run stops after its first batch), then resumed: the same curves as unbroken
     from samu.data import TokenData
 

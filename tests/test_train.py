@@ -432,11 +432,11 @@ def test_packed_runs_resume_exactly_and_refuse_the_other_way(tmp_path):
     with pytest.raises(CheckpointError, match="train split differs in its document boundaries"):
         train(_config(tmp_path, "cut again", pack=True), data=moved, resume=True)
     # a checkpoint written before the boundaries were part of the identity is checked on its tokens alone
-    from samu.train import _check_same_data
+    from samu.train import check_same_data
 
     old = {k: v if k == "name" else {"tokens": v["tokens"], "blake2b": v["blake2b"]}
            for k, v in data.identity().items()}
-    _check_same_data(old, moved.identity(), tmp_path / "old.pt")
+    check_same_data(old, moved.identity(), tmp_path / "old.pt")
 
 
 def test_packing_needs_documents(tmp_path):
