@@ -6,7 +6,7 @@
 # Within SECONDS: gates RG-LRU's Triton kernels at the small preset's training shapes (no committed record
 # covers width 512 with 16 heads; without one, dispatch would gate them on first use or run the torch
 # path), then runs or resumes the default study (`samu compare` with no options but its folders), then,
-# once it is done, one arm again in a folder of its own (SAMU, seed 0, L = 2048: the rerun). Each part
+# once it is done, one arm again in a folder of its own (SAMU at L = 2048, both seeds: the rerun). Each part
 # stops by SIGINT when the time is up (the run in progress saves a checkpoint after its step), and a later
 # call on the same warm machine resumes it.
 #
@@ -52,5 +52,5 @@ if [ "${GATE:-1}" = 1 ] && [ ! -f /tmp/gated-small ]; then
     --backends variants --out "$OUT/gates-small.json" && touch /tmp/gated-small
   echo "=== gate: exit $? after $((SECONDS - start))s"
 fi
-part study && part rerun --arms samu --seeds 1 --long-seq-len 0
+part study && part rerun --arms samu --long-seq-len 0
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader
