@@ -42,8 +42,8 @@ class Study:
     seeds: int = 2
     seq_len: int = 2048
     # 40M tokens: about 4 passes over the embedded corpus of a Python 3.12 standard library (10.6M training
-    # bytes), as many as repeated data is worth nearly fresh data for; every run of the default study
-    # (8 runs of the small preset) fits in ~20 minutes of one H200
+    # bytes), as many as repeated data is worth nearly fresh data for; the default study's 8 runs took
+    # 456 s on one H200, compilation included (results/compare/20261202T041606Z-h200-small-L2048.json)
     tokens: int = 40_000_000
     batch_size: int = 16
     long_seq_len: int = 8192
@@ -269,6 +269,31 @@ def summarize(study: Study, runs: list[dict], unit: str = "bits/byte") -> dict:
                       "reached_rglru": sum(t is not None for t in times), "paired_with_rglru": len(paired),
                       "position_bins": bins})
     return {"schema": SCHEMA, "study": study.to_dict(), "unit": unit, "table": table, "runs": runs}
+
+
+def reruns(record: dict, study: dict) -> bool:
+    """Whether the ``samu compare`` record ``record`` reruns (part of) the earlier record ``study``: the same
+    definition but for fewer arms or seeds, or no long pair, and created after it."""
+    a, b = record["study"], study["study"]
+    same = all(a.get(k) == b.get(k) for k in {*a, *b} - {"arms", "seeds", "long_seq_len", "long_tokens"})
+    return (same and set(a["arms"]) <= set(b["arms"]) and a["seeds"] <= b["seeds"]
+            and (not (a["long_seq_len"] and a["long_tokens"])
+                 or (a["long_seq_len"], a["long_tokens"]) == (b["long_seq_len"], b["long_tokens"]))
+            and record.get("created", "") > study.get("created", ""))
+
+
+def rerun_rows(record: dict, study: dict) -> list[dict]:
+    """Each (arm, length) of the rerun ``record`` beside the same row of ``study``: whether the rerun's mean
+    final bits lie within the study's reported spread (mean ± half the range over its seeds)."""
+    rows = {(t["arm"], t["seq_len"]): t for t in study["table"]}
+    out = []
+    for t in record["table"]:
+        s = rows[(t["arm"], t["seq_len"])]
+        within = None if s["bits_spread"] is None else abs(t["bits"] - s["bits"]) <= s["bits_spread"]
+        out.append({"arm": t["arm"], "seq_len": t["seq_len"], "seeds": t["seeds"], "bits": t["bits"],
+                    "bits_spread": t["bits_spread"], "study_bits": s["bits"], "study_spread": s["bits_spread"],
+                    "within": within})
+    return out
 
 
 def write_record(record: dict, path) -> Path:

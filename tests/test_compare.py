@@ -153,3 +153,43 @@ def test_time_to_a_target_interpolates_between_validations():
     assert _time_to(curve, 4.0) == pytest.approx(10.0)
     assert _time_to(curve, 2.0) == pytest.approx(30.0) and _time_to(curve, 1.9) is None
     assert position_bins(8192) == [(0, 16), (16, 64), (64, 256), (256, 1024), (1024, 4096), (4096, 8192)]
+
+
+def _record(created, arms=("samu", "rglru", "transformer"), seeds=2, long_seq_len=8192, bits=None, **study):
+    """A samu compare record of a made-up study: ``bits`` maps arm to (mean, half-range) at L = 2048."""
+    definition = {**Study(arms=arms, seeds=seeds, long_seq_len=long_seq_len, **study).to_dict()}
+    bits = bits or {arm: (1.3, 0.01) for arm in arms}
+    table = [{"arm": arm, "seq_len": 2048, "seeds": list(range(seeds)), "params": 1e6, "bits": b, "bits_spread": s,
+              "tokens_per_s": 1e5, "tokens_per_s_spread": None, "time_to_rglru_s": None, "time_to_rglru_spread_s": None,
+              "reached_rglru": 0, "paired_with_rglru": 0, "position_bins": []} for arm, (b, s) in bits.items()]
+    return {"schema": "samu-compare/1", "study": definition, "unit": "bits/byte", "table": table, "runs": [],
+            "created": created, "env": {"gpu": "GPU", "git_commit": "abc1234"}, "command": "samu compare"}
+
+
+def test_a_rerun_is_judged_against_the_spread_of_the_study_it_reruns(tmp_path):
+    from samu.bench.report import compare_section
+    from samu.compare import rerun_rows, reruns
+
+    study = _record("2026-01-01T00:00:00Z", bits={"samu": (1.30, 0.01), "rglru": (1.25, 0.002),
+                                                  "transformer": (1.40, None)})
+    one = _record("2026-01-02T00:00:00Z", arms=("samu",), seeds=1, long_seq_len=0, bits={"samu": (1.312, None)})
+    two = _record("2026-01-03T00:00:00Z", arms=("rglru", "transformer"), long_seq_len=0,
+                  bits={"rglru": (1.2519, 0.001), "transformer": (1.41, 0.0)})
+    assert reruns(one, study) and reruns(two, study) and not reruns(study, one) and not reruns(two, one)
+    # another definition (tokens), more seeds or a record made before the study are no reruns
+    assert not reruns(_record("2026-01-02T00:00:00Z", arms=("samu",), tokens=10**6), study)
+    assert not reruns(_record("2026-01-02T00:00:00Z", seeds=3), study)
+    assert not reruns(_record("2025-12-31T00:00:00Z", arms=("samu",)), study)
+    assert [(r["arm"], r["within"]) for r in rerun_rows(one, study)] == [("samu", False)]   # 0.012 > 0.01
+    assert [(r["arm"], r["within"]) for r in rerun_rows(two, study)] == [("rglru", True), ("transformer", None)]
+
+    folder = tmp_path / "compare"
+    folder.mkdir()
+    for name, record in (("a", study), ("b", one), ("c", two)):
+        (folder / f"{name}.json").write_text(json.dumps(record))
+    lines, _ = compare_section(tmp_path, None)
+    text = "\n".join(lines)
+    assert text.count("### small preset") == 1 and "Reruns of this study" in text
+    assert "| [b.json](compare/b.json) | samu | 2048 | 0 | 1.3120 | 1.3000 ± 0.0100 | no |" in text
+    assert "| [c.json](compare/c.json) | rglru | 2048 | 0, 1 | 1.2519 ± 0.0010 | 1.2500 ± 0.0020 | yes |" in text
+    assert "| [c.json](compare/c.json) | transformer | 2048 | 0, 1 | 1.4100 ± 0.0000 | 1.4000 | — |" in text

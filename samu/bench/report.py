@@ -427,9 +427,9 @@ def compare_plots(record: dict, folder, stem: str) -> list[Path]:
 def compare_section(results: Path, figures_dir: "Path | None") -> tuple[list[str], list[str]]:
     """The report's language-model comparison: each ``samu compare`` record under results/compare, its
     tables and (with ``figures_dir``) its figures regenerated there. Returns (lines, figure file names)."""
-    from samu.compare import SCHEMA
+    from samu.compare import SCHEMA, rerun_rows, reruns
 
-    lines, names = [], []
+    records = []
     for path in sorted((results / "compare").glob("*.json")):
         try:
             record = json.loads(path.read_text())
@@ -440,6 +440,11 @@ def compare_section(results: Path, figures_dir: "Path | None") -> tuple[list[str
         missing = [k for k in ("study", "unit", "table", "runs", "env", "command") if k not in record]
         if missing:
             raise ValueError(f"{path}: a samu compare record without {', '.join(missing)}")
+        records.append((path, record))
+    # a rerun of part of an earlier study is shown under that study (the earliest it reruns), not on its own
+    studies = [(p, r) for p, r in records if not any(reruns(r, s) for _, s in records)]
+    lines, names = [], []
+    for path, record in studies:
         study, env = record["study"], record["env"]
         source = _link(path.relative_to(results).as_posix())
         lines += [f"### {study['preset']} preset, L = {study['seq_len']} ({source})", "",
@@ -450,6 +455,18 @@ def compare_section(results: Path, figures_dir: "Path | None") -> tuple[list[str
             for fig in compare_plots(record, figures_dir, path.stem):
                 names.append(fig.name)
                 lines += [f"![{fig.stem}](figures/{fig.name})", ""]
+        rows = [[_link(p.relative_to(results).as_posix()), row["arm"], str(row["seq_len"]),
+                 ", ".join(map(str, row["seeds"])), _spread_text(row["bits"], row["bits_spread"], 4),
+                 _spread_text(row["study_bits"], row["study_spread"], 4),
+                 {True: "yes", False: "no", None: "—"}[row["within"]]]
+                for p, r in records if r is not record and reruns(r, record)
+                and not any(reruns(r, s) and s.get("created", "") < record.get("created", "") for _, s in records)
+                for row in rerun_rows(r, record)]
+        if rows:
+            unit = record["unit"]
+            lines += ["Reruns of this study (the same definition; seeds by number):", ""]
+            lines += _table(["record", "model", "L", "seeds", f"rerun's final {unit}", "study's",
+                             "rerun's mean within the study's ±"], rows)
     if not lines:
         lines = ["No `samu compare` record under `results/compare/` yet.", ""]
     return ["## Language-model comparison (samu compare)", ""] + lines, names
