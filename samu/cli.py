@@ -77,7 +77,7 @@ def _add_train_args(p):
     g.add_argument("--checkpoint-every", type=positive_int, help="steps between checkpoints (default 500)")
     g.add_argument("--keep", type=positive_int,
                    help="checkpoints kept: checkpoint.pt and the keep - 1 before it, as checkpoint-<step>.pt "
-                        "(default 2)")
+                        "(several processes: checkpoint-<step>/ folders, the link checkpoint to the last; default 2)")
     g.add_argument("--seed", type=nonneg_int, help="seed of the weights and the data order (default 0)")
     g.add_argument("--autocast", choices=("auto", "bf16", "none"), help="bf16 autocast (auto: on CUDA only)")
     g.add_argument("--backend", help="mixer backend: auto, torch, reference, triton or a variant")
@@ -88,6 +88,9 @@ def _add_train_args(p):
                    help="train eagerly (the default on CPU)")
     g.add_argument("--activation-checkpointing", action="store_const", const=True, default=None,
                    help="recompute each layer's activations in the backward: less memory, ~1/3 more compute")
+    g.add_argument("--data-parallel", choices=("ddp", "fsdp"),
+                   help="under torchrun: ddp (default) keeps the whole model in each process, fsdp shards every "
+                        "layer's parameters, gradients and optimizer state over them (FSDP2)")
     g.add_argument("--pack", action="store_const", const=True, default=None,
                    help="packed batches: documents (the embedded corpus's files, a text folder's files) keep their "
                         "boundaries, so that no state crosses from one into the next")
@@ -104,7 +107,7 @@ MODEL_KEYS = ("mixer", "width", "num_layers", "lru_width", "num_heads", "vocab_s
 TRAIN_KEYS = ("data", "data_format", "steps", "batch_size", "seq_len", "grad_accum", "lr", "min_lr",
               "warmup_steps", "weight_decay", "grad_clip", "eval_every", "eval_batches", "checkpoint_every",
               "keep", "seed", "autocast", "backend", "device", "threads", "compile", "activation_checkpointing",
-              "pack")
+              "data_parallel", "pack")
 
 
 # Names that messages from below the CLI may use, shown there as the flags that set them.
@@ -142,15 +145,16 @@ def _model_config(args, base=None):
 def cmd_train(args):
     from samu.data import load_data
     from samu.models import load_checkpoint
-    from samu.train import CHECKPOINT, TrainConfig, check_data_out, check_out_dir, is_finished, train
+    from samu.train import TrainConfig, check_data_out, check_out_dir, current_checkpoint, is_finished, train
 
     out = check_out_dir(args.out)
     check_data_out(args.data or "stdlib", out)
     main_rank = int(os.environ.get("RANK", "0")) == 0
     if args.resume:
-        payload = load_checkpoint(out / CHECKPOINT)
+        path = current_checkpoint(out)
+        payload = load_checkpoint(path, weights=False)
         if "train" not in payload:
-            raise ValueError(f"{out / CHECKPOINT} holds no training state to resume from")
+            raise ValueError(f"{path} holds no training state to resume from")
         saved = TrainConfig.from_dict(json.loads(payload["train"]["config"]))
         model = _model_config(args, saved.model)
         config = dataclasses.replace(saved, model=model, out_dir=str(out), progress=not args.no_progress,
@@ -172,7 +176,7 @@ def cmd_train(args):
         return
     if args.resume and is_finished(payload, config):
         print(f"{out} holds a finished run ({config.steps} steps); nothing to do, nothing written")
-    print(f"checkpoint: {out / CHECKPOINT}; log: {out / 'log.json'}")
+    print(f"checkpoint: {current_checkpoint(out)}; log: {out / 'log.json'}")
 
 
 def _decode(tokens, vocab_size) -> str:
@@ -210,15 +214,15 @@ def _prompts(args, vocab_size):
 def cmd_generate(args):
     import torch
 
-    from samu.models import generate, load_model
-    from samu.train import CHECKPOINT, resolve_device
+    from samu.models import generate, is_sharded, load_model
+    from samu.train import current_checkpoint, resolve_device
 
     if args.prompt_ids and args.prompt:
         raise ValueError("give --prompt or --prompt-ids, not both")
     device = resolve_device(args.device or "auto")
     path = Path(args.checkpoint)
-    if path.is_dir():
-        path = path / CHECKPOINT
+    if path.is_dir() and not is_sharded(path):
+        path = current_checkpoint(path)
     model = load_model(path, device=device, backend=args.backend or "auto")
     if args.dtype:
         model.to(getattr(torch, args.dtype))
@@ -244,13 +248,13 @@ def _rate(tokens: int, seconds: float) -> str:
 def _check_demo_may_replace(out: Path) -> None:
     """samu demo replaces a run in ``out`` only if samu demo wrote it."""
     from samu.models import load_checkpoint
-    from samu.train import CHECKPOINT
+    from samu.train import current_checkpoint
 
-    path = out / CHECKPOINT
+    path = current_checkpoint(out)
     if not path.exists():
         return
     try:
-        demo = json.loads(load_checkpoint(path)["train"]["config"]).get("demo", False)
+        demo = json.loads(load_checkpoint(path, weights=False)["train"]["config"]).get("demo", False)
     except (ValueError, KeyError):
         demo = False
     if not demo:

@@ -42,8 +42,8 @@ class Study:
     seeds: int = 2
     seq_len: int = 2048
     # 40M tokens: about 4 passes over the embedded corpus of a Python 3.12 standard library (10.6M training
-    # bytes), as many as repeated data is worth nearly fresh data for; the default study's 8 runs took
-    # 456 s on one H200, compilation included (results/compare/20261202T041606Z-h200-small-L2048.json)
+    # bytes; the small models memorise it more with every pass, which a study of learning should not
+    # measure), in well under 20 minutes of one H200 (docs/performance.md)
     tokens: int = 40_000_000
     batch_size: int = 16
     long_seq_len: int = 8192
@@ -127,7 +127,7 @@ def _check_definition(folder: Path, study: Study) -> None:
 def run_study(study: Study, folder, progress: bool = True, say=print) -> dict:
     """Train every run of ``study`` under ``folder`` (resuming where it stopped) and return its record."""
     from samu.data import load_data
-    from samu.train import CHECKPOINT, evaluate_positions, is_finished, resolve_device, train
+    from samu.train import current_checkpoint, evaluate_positions, is_finished, resolve_device, train
 
     folder = Path(folder)
     # everything a run needs is checked before the folder is claimed for this study
@@ -142,11 +142,11 @@ def run_study(study: Study, folder, progress: bool = True, say=print) -> dict:
     runs = []
     for i, (name, arm, seq_len, seed, config) in enumerate(plan, 1):
         out = Path(config.out_dir)
-        ckpt = out / CHECKPOINT
+        ckpt = current_checkpoint(out)
         positions_path = out / POSITIONS
         kept = _finished_run(out, config, identity)
         resume = kept is None and ckpt.exists()
-        finished = kept is not None or (resume and is_finished(load_checkpoint(ckpt), config))
+        finished = kept is not None or (resume and is_finished(load_checkpoint(ckpt, weights=False), config))
         if kept is None and not resume:
             positions_path.unlink(missing_ok=True)
         say(f"run {i}/{len(plan)}: {name} ({config.steps} steps of {config.batch_size} x {seq_len} "
@@ -182,9 +182,9 @@ def _finished_run(out: Path, config, identity: dict):
         positions = json.loads((out / POSITIONS).read_text())
     except FileNotFoundError:
         return None
-    if not log.get("done") or positions.get("step") != config.steps:
+    if not log.get("done") or positions.get("step") != config.steps or "identity" not in log.get("data", {}):
         return None
-    check_resumable(log["config"], config, out / LOG, has_identity=True)
+    check_resumable(log["config"], config, out / LOG, has_identity=True, saved_world=log.get("world_size", 1))
     check_same_data(log["data"]["identity"], identity, out / LOG)
     return log, positions["loss"]
 
@@ -211,8 +211,11 @@ def _session_rates(log) -> list[float]:
 def _run_entry(name, arm, seq_len, seed, config, log, positions, bytes_per_token) -> dict:
     rates = _session_rates(log)
     return {"name": name, "arm": arm, "seq_len": seq_len, "seed": seed, "params": log["params"],
-            "steps": config.steps, "batch_size": config.batch_size, "device": log.get("device"),
+            "run_id": log.get("run_id"), "steps": config.steps, "batch_size": config.batch_size,
+            "device": log.get("device"), "env": log.get("env"), "data": log.get("data"),
             "compiled": log.get("compiled"), "resumed_at": log.get("resumed_at", []),
+            # the run's time: its steps (compilation included), validations and saves
+            "time_s": log["val"][-1].get("time_s") if log["val"] else None,
             "val": [{"tokens": v.get("tokens"), "time_s": v.get("train_s"),
                      "bits": to_bits(v["val_loss"], bytes_per_token)}
                     for v in log["val"]],
@@ -271,24 +274,43 @@ def summarize(study: Study, runs: list[dict], unit: str = "bits/byte") -> dict:
     return {"schema": SCHEMA, "study": study.to_dict(), "unit": unit, "table": table, "runs": runs}
 
 
-def reruns(record: dict, study: dict) -> bool:
+def _same_runs(a: dict, b: dict) -> bool:
+    """Whether two records share a run (the same training, summarised twice): by the run ids of their logs,
+    or, for runs logged without one, by an identical validation curve."""
+    def keys(record):
+        return {r.get("run_id") or json.dumps([v["bits"] for v in r["val"]]) for r in record["runs"]}
+    return bool(keys(a) & keys(b))
+
+
+def is_rerun_of(record: dict, study: dict) -> bool:
     """Whether the ``samu compare`` record ``record`` reruns (part of) the earlier record ``study``: the same
-    definition but for fewer arms or seeds, or no long pair, and created after it."""
+    definition but for as many or fewer arms and seeds, and the same long pair or none; created after it,
+    and training its runs anew (a record that keeps the study's own runs, such as the one a finished study
+    writes again, is no rerun)."""
     a, b = record["study"], study["study"]
     same = all(a.get(k) == b.get(k) for k in {*a, *b} - {"arms", "seeds", "long_seq_len", "long_tokens"})
     return (same and set(a["arms"]) <= set(b["arms"]) and a["seeds"] <= b["seeds"]
             and (not (a["long_seq_len"] and a["long_tokens"])
                  or (a["long_seq_len"], a["long_tokens"]) == (b["long_seq_len"], b["long_tokens"]))
-            and record.get("created", "") > study.get("created", ""))
+            and record.get("created", "") > study.get("created", "") and not _same_runs(record, study))
+
+
+def study_of(record: dict, records: list[dict]) -> "dict | None":
+    """The earliest of ``records`` that ``record`` reruns, or None (then it is a study of its own)."""
+    studies = [s for s in records if s is not record and is_rerun_of(record, s)]
+    return min(studies, key=lambda s: s.get("created", "")) if studies else None
 
 
 def rerun_rows(record: dict, study: dict) -> list[dict]:
     """Each (arm, length) of the rerun ``record`` beside the same row of ``study``: whether the rerun's mean
-    final bits lie within the study's reported spread (mean ± half the range over its seeds)."""
+    final bits lie within the study's reported spread (mean ± half the range over its seeds; None where the
+    study has one seed)."""
     rows = {(t["arm"], t["seq_len"]): t for t in study["table"]}
     out = []
     for t in record["table"]:
-        s = rows[(t["arm"], t["seq_len"])]
+        s = rows.get((t["arm"], t["seq_len"]))
+        if s is None:
+            continue
         within = None if s["bits_spread"] is None else abs(t["bits"] - s["bits"]) <= s["bits_spread"]
         out.append({"arm": t["arm"], "seq_len": t["seq_len"], "seeds": t["seeds"], "bits": t["bits"],
                     "bits_spread": t["bits_spread"], "study_bits": s["bits"], "study_spread": s["bits_spread"],

@@ -1,9 +1,14 @@
 """Training loop: AdamW, warm-up + cosine schedule, clipping, accumulation, validation, checkpoints,
-exact resume, a JSON log, and data-parallel training under ``torchrun`` (DDP; rank 0 logs and saves).
+exact resume, a JSON log, and data-parallel training under ``torchrun`` (DDP, or FSDP2's fully_shard;
+rank 0 logs).
 
 Batches are drawn by a generator seeded from (seed, step, global micro-batch index), so the data
 order is a function of the step alone: a resumed run sees exactly the batches the uninterrupted run
-would have seen, and 2 processes with ``grad_accum=1`` see the batches of 1 process with ``grad_accum=2``.
+would have seen, 2 processes with ``grad_accum=1`` see the batches of 1 process with ``grad_accum=2``
+(each process its own micro-batches, never another's), and a run resumes on any number of processes
+that keeps processes x grad_accum. One process writes ``checkpoint.pt``; several write sharded
+checkpoints through torch.distributed.checkpoint (``checkpoint-<step>/`` folders, the link
+``checkpoint`` to the current one), which any number of processes reads back.
 """
 
 from __future__ import annotations
@@ -14,10 +19,12 @@ import errno
 import json
 import math
 import os
+import shutil
 import signal
 import tempfile
 import threading
 import time
+import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +34,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
 from samu.data import DATA_FORMATS, TokenData, load_data
@@ -34,7 +44,8 @@ from samu.environment import environment
 from samu.errors import RunFolderBusy, TrainingDiverged, TrainingInterrupted
 from samu.models import CausalLM, LMConfig, build_model, load_checkpoint, load_model, save_checkpoint
 from samu.models.config import MODEL_CONFIGS, TransformerConfig, model_config_from_dict
-from samu.models.checkpoint import CheckpointError, atomic_write, temporaries
+from samu.models.checkpoint import (CheckpointError, atomic_write, is_sharded, load_sharded, point_link,
+                                    save_sharded, temporaries)
 from samu.models.flops import mfu, peak_flops
 from samu.modules import RecurrentBlock
 from samu.ops.checks import NonFiniteParameters, set_check_finite
@@ -43,11 +54,15 @@ from samu.paths import RUN_MARKER, FileLock
 from samu.validate import cpu_or_cuda, finite_number, nonneg_int, positive_int
 
 CHECKPOINT = "checkpoint.pt"
+# a run of several processes: the link to its current sharded checkpoint, checkpoint-<step>/
+SHARDED = "checkpoint"
 LOG = "log.json"
+DATA_PARALLEL = ("ddp", "fsdp")
 AUTOCAST = ("auto", "bf16", "none")
 COMPILE = ("auto", "on", "off")
-# Fields that define the optimisation: a resumed run must agree on all of them.
-RUN_FIELDS = ("model", "data", "data_format", "steps", "batch_size", "seq_len", "grad_accum", "lr",
+# Fields that define the optimisation: a resumed run must agree on all of them (and on processes x
+# grad_accum, the micro-batches of a step).
+RUN_FIELDS = ("model", "data", "data_format", "steps", "batch_size", "seq_len", "lr",
               "min_lr", "warmup_steps", "weight_decay", "betas", "grad_clip", "seed", "pack")
 
 
@@ -86,6 +101,9 @@ class TrainConfig:
     compile: str = "auto"
     # recompute each layer's activations in the backward instead of keeping them (less memory, ~1/3 more compute)
     activation_checkpointing: bool = False
+    # several processes (torchrun): "ddp" replicates the model in each, "fsdp" shards every layer's parameters,
+    # gradients and optimizer state over them (FSDP2's fully_shard); the same training either way
+    data_parallel: str = "ddp"
     # packed batches: a micro-batch's windows laid end to end with every document boundary kept
     # (TokenData.packed), so that no state or convolution crosses from one document into the next
     pack: bool = False
@@ -121,6 +139,8 @@ class TrainConfig:
             raise ValueError(f"autocast must be one of {', '.join(AUTOCAST)}, got {self.autocast!r}")
         if self.compile not in COMPILE:
             raise ValueError(f"compile must be one of {', '.join(COMPILE)}, got {self.compile!r}")
+        if self.data_parallel not in DATA_PARALLEL:
+            raise ValueError(f"data_parallel must be one of {', '.join(DATA_PARALLEL)}, got {self.data_parallel!r}")
         for name in ("activation_checkpointing", "pack"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -201,8 +221,12 @@ def _setup_distributed(config: TrainConfig) -> tuple[_Dist, torch.device]:
         # Processes sharing a host share its cores.
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         torch.set_num_threads(config.threads or max(1, torch.get_num_threads() // local_world))
-    if world == 1:
+    # FSDP shards over a process group, of one process too (torchrun --nproc-per-node 1)
+    if world == 1 and config.data_parallel != "fsdp":
         return _Dist(), device
+    if world == 1 and not dist.is_initialized() and "MASTER_ADDR" not in os.environ:
+        raise ValueError("data_parallel='fsdp' shards over the processes of torchrun: run under torchrun (one "
+                         "process is enough to try it), or train one process with data_parallel='ddp'")
     owns = not dist.is_initialized()
     if owns:
         # Imported before the group exists. DDP's constructor imports torch._dynamo, which imports
@@ -251,14 +275,30 @@ def _autocast(config: TrainConfig, device: torch.device):
     return contextlib.nullcontext()
 
 
-def _optimizer(model: CausalLM, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    # Decay the dense matrices only: mixer parameters, norms and biases keep their scale.
+def _parameter_groups(model: CausalLM) -> list[list[tuple[str, nn.Parameter]]]:
+    """The optimizer's two groups of (name, parameter): the dense matrices, which decay, and the rest
+    (mixer parameters, norms and biases keep their scale)."""
     dense = {id(m.weight) for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding))}
-    decay = [p for p in model.parameters() if id(p) in dense]
-    rest = [p for p in model.parameters() if id(p) not in dense]
+    named = list(model.named_parameters())
+    return [[(n, p) for n, p in named if id(p) in dense], [(n, p) for n, p in named if id(p) not in dense]]
+
+
+def _optimizer(model: CausalLM, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    decay, rest = ([p for _, p in group] for group in _parameter_groups(model))
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
     # the fused CUDA kernel: one launch for every parameter, where the default walks them in a few dozen
     return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, fused=device.type == "cuda")
+
+
+def _named_optimizer_state(model: CausalLM, state: dict) -> dict:
+    """An optimizer state dict of ``_optimizer(model)`` (parameters by position) with parameter names as keys
+    instead, as torch.distributed.checkpoint's set_state_dict takes a whole one to shard it."""
+    names = [[n for n, _ in group] for group in _parameter_groups(model)]
+    by_position = {}
+    for group, group_names in zip(state["param_groups"], names):
+        by_position.update(zip(group["params"], group_names))
+    return {"state": {by_position[i]: v for i, v in state["state"].items()},
+            "param_groups": [{**g, "params": n} for g, n in zip(state["param_groups"], names)]}
 
 
 def clipped_step(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
@@ -271,13 +311,20 @@ def clipped_step(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: f
     if not optimizer.defaults.get("fused"):
         nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
         optimizer.step()
-        return norm
+        return _local(norm)
+    # sharded gradients (FSDP) give a replicated DTensor norm: the same value, held here
+    norm = _local(norm)
     optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)
     try:
         optimizer.step()
     finally:
         optimizer.grad_scale = None
     return norm
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This process's part of a DTensor (a sharded parameter, a replicated norm); any other tensor as it is."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -314,20 +361,27 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def _val_position_sums(model: CausalLM, data: TokenData, config: TrainConfig, device, rank: int, world: int,
-                       autocast) -> tuple[torch.Tensor, int]:
-    """Summed next-token loss (nats, fp32) at each position of this rank's validation windows, and their count."""
-    starts = data.val_starts(config.seq_len, config.eval_batches * config.batch_size)[rank::world]
+                       autocast, lockstep: bool = False) -> tuple[torch.Tensor, int]:
+    """Summed next-token loss (nats, fp32) at each position of this rank's validation windows, and their count.
+    ``lockstep``: every rank runs as many forward calls as rank 0 (a sharded model gathers its parameters
+    in each, with every rank), the ones past a rank's own windows on windows whose loss is not counted."""
+    every = data.val_starts(config.seq_len, config.eval_batches * config.batch_size)
+    starts = every[rank::world]
+    calls = -(-len(every[0::world]) // config.batch_size) if lockstep else -(-len(starts) // config.batch_size)
     was_training = model.training
     model.eval()
     sums = torch.zeros(config.seq_len, dtype=torch.float64)
-    for i in range(0, len(starts), config.batch_size):
+    for i in range(0, calls * config.batch_size, config.batch_size):
         rows = starts[i:i + config.batch_size]
+        counted = len(rows) > 0
+        rows = rows if counted else every[:config.batch_size]
         x, y = data.windows("val", rows, config.seq_len)
         cu_seqlens = data.packed("val", rows, config.seq_len) if config.pack else None
         with autocast or contextlib.nullcontext():
             logits = forward(model, x.to(device), cu_seqlens)
-        per_token = F.cross_entropy(logits.float().transpose(1, 2), y.to(device), reduction="none")
-        sums += per_token.sum(0).double().cpu()
+        if counted:
+            per_token = F.cross_entropy(logits.float().transpose(1, 2), y.to(device), reduction="none")
+            sums += per_token.sum(0).double().cpu()
     model.train(was_training)
     return sums, len(starts)
 
@@ -338,9 +392,9 @@ def to_bits(nats: float, bytes_per_token) -> float:
 
 
 def evaluate(model: CausalLM, data: TokenData, config: TrainConfig, device, *, rank: int = 0,
-             world: int = 1, autocast=None) -> dict:
+             world: int = 1, autocast=None, lockstep: bool = False) -> dict:
     """Validation loss (nats/token) over fixed windows, and bits per byte for byte-level data."""
-    sums, windows = _val_position_sums(model, data, config, device, rank, world, autocast)
+    sums, windows = _val_position_sums(model, data, config, device, rank, world, autocast, lockstep)
     total, count = _Dist(rank, world).all_sum([float(sums.sum()), windows * config.seq_len], device)
     loss = total / count
     bits = {"val_bpb": to_bits(loss, data.bytes_per_token)} if data.bytes_per_token else {}
@@ -369,7 +423,11 @@ def _field(config: TrainConfig, name: str):
     return str(Path(value).resolve()) if name == "data" and value != "stdlib" else value
 
 
-def check_resumable(saved: dict, config: TrainConfig, path: Path, has_identity: bool) -> None:
+def check_resumable(saved: dict, config: TrainConfig, path: Path, has_identity: bool, saved_world: int = 1,
+                    world: int = 1) -> None:
+    """A CheckpointError naming what differs, unless ``config`` in ``world`` processes continues exactly the
+    run ``saved`` (a TrainConfig's dict) of ``saved_world`` processes: the same settings and as many
+    micro-batches a step (processes x grad_accum)."""
     saved = TrainConfig.from_dict(saved)
     if saved.model != config.model:
         raise CheckpointError(f"{path} holds a model {saved.model} but the run asks for {config.model}")
@@ -377,8 +435,30 @@ def check_resumable(saved: dict, config: TrainConfig, path: Path, has_identity: 
     fields = [f for f in RUN_FIELDS if f != "model" and not (f == "data" and has_identity)]
     differ = [f"{name} ({getattr(saved, name)!r} there, {getattr(config, name)!r} here)"
               for name in fields if _field(saved, name) != _field(config, name)]
+    micro = saved.grad_accum * saved_world
+    if config.grad_accum * world != micro:
+        fits = (f"grad_accum {micro // world}" if micro % world == 0
+                else f"a number of processes that divides {micro}")
+        processes = f"{world} process{'es' if world > 1 else ''}"
+        differ.append(f"micro-batches a step ({saved_world} processes x grad_accum {saved.grad_accum} = {micro} "
+                      f"there, {world} x {config.grad_accum} here: with {processes} use {fits})")
     if differ:
         raise CheckpointError(f"cannot resume {path} exactly: " + "; ".join(differ))
+
+
+def current_checkpoint(out) -> Path:
+    """The checkpoint a run folder holds now: ``checkpoint.pt`` (one process wrote it) or the folder the link
+    ``checkpoint`` points to (several processes wrote it); where there are both (a run that changed its
+    number of processes stopped between writing the one and removing the other), the later step's.
+    ``out/checkpoint.pt`` when there is neither."""
+    out = Path(out)
+    single, sharded = out / CHECKPOINT, out / SHARDED
+    if not is_sharded(sharded):
+        return single
+    if not single.is_file():
+        return sharded
+    steps = [load_checkpoint(p, weights=False)["train"]["step"] for p in (single, sharded)]
+    return sharded if steps[1] > steps[0] else single
 
 
 def check_data_out(data: str, out_dir) -> None:
@@ -427,6 +507,14 @@ def check_out_dir(out_dir) -> Path:
     return out
 
 
+def _remove(path: Path) -> None:
+    """Remove a checkpoint file, a sharded checkpoint's folder or the link to one, if there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def is_finished(payload: dict, config: TrainConfig) -> bool:
     """Whether the checkpoint ``payload`` holds a run that has done all of ``config.steps``."""
     return payload["train"]["step"] >= config.steps
@@ -464,8 +552,8 @@ class _RunFolder:
             warnings.warn(f"{marker} cannot be locked here ({os.strerror(e.errno)}): a second run into "
                           f"{self.out} would not be refused", stacklevel=3)
             marker.touch()
-        for tmp in temporaries(self.out, "checkpoint*.pt") + temporaries(self.out, LOG):
-            tmp.unlink(missing_ok=True)
+        for tmp in temporaries(self.out, "checkpoint*") + temporaries(self.out, LOG):
+            _remove(tmp)
         return self
 
     def __exit__(self, kind, *exc):
@@ -529,13 +617,16 @@ def train(config: TrainConfig, *, data: TokenData | None = None, resume: bool = 
 
 
 def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
-    ckpt_path = out / CHECKPOINT
+    ckpt_path = current_checkpoint(out)
     payload = None
     if resume:
-        payload = load_checkpoint(ckpt_path)
+        # a sharded checkpoint's weights and optimizer state are loaded once the model is built (and sharded)
+        payload = load_checkpoint(ckpt_path, weights=False)
         if "train" not in payload:
             raise CheckpointError(f"{ckpt_path} holds no training state to resume from")
-        check_resumable(json.loads(payload["train"]["config"]), config, ckpt_path, "data" in payload["train"])
+        saved_world = json.loads(payload["train"]["log"]).get("world_size", 1)
+        check_resumable(json.loads(payload["train"]["config"]), config, ckpt_path, "data" in payload["train"],
+                        saved_world, int(os.environ.get("WORLD_SIZE", "1")))
         if is_finished(payload, config):
             model = load_model(ckpt_path, device=resolve_device(config.device), backend=config.backend,
                                payload=payload)
@@ -566,8 +657,9 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
                                   f"{counts['train_tokens']} and {counts['val_tokens']}; resume with the same data")
     if overwrite and payload is None and folder.owned:
         # a run being replaced (samu demo) takes its kept checkpoints with it
-        for old_kept in out.glob("checkpoint-*.pt"):
-            old_kept.unlink(missing_ok=True)
+        for old_kept in out.glob("checkpoint-*"):
+            _remove(old_kept)
+        _remove(out / SHARDED)
 
     # train() sets the thread count for its run only.
     threads = torch.get_num_threads()
@@ -591,11 +683,17 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
     # Every rank builds the same initial weights from the seed.
     torch.manual_seed(config.seed)
     model = build_model(config.model, backend=config.backend).to(device)
+    shard = config.data_parallel == "fsdp"
+    if shard:
+        _fully_shard(model)
+    # several processes save sharded checkpoints, through torch.distributed.checkpoint
+    sharded = ctx.world > 1 or shard
     optimizer = _optimizer(model, config, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, CosineSchedule(config.warmup_steps, config.steps, config.min_lr / config.lr))
     start, time_before, train_before = 0, 0.0, 0.0
-    log = {"config": config.to_dict(), "params": model.num_params(), "world_size": ctx.world,
+    # a run's identity: the same in every session of it, another in a run trained again alike
+    log = {"run_id": uuid.uuid4().hex, "config": config.to_dict(), "params": model.num_params(), "world_size": ctx.world,
            "device": str(device), "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
            "env": environment(device),
            "data": {"name": data.name, "train_tokens": len(data.train), "val_tokens": len(data.val),
@@ -603,13 +701,21 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
            "train": [], "val": [], "checkpoints": []}
     is_main = ctx.rank == 0
     if payload is not None:
-        if any(k.endswith("block.linear_x.weight") for k in payload["model"]):
+        if "sharded" in payload:
+            load_sharded(payload["sharded"], model, optimizer)
+        elif any(k.endswith("block.linear_x.weight") for k in payload["model"]):
             raise CheckpointError(f"cannot resume {out / CHECKPOINT}: it was written before the block's W_x and W_y became "
                                   f"one GEMM (linear_in); its weights still load (samu generate, load_model) but its "
                                   f"optimizer state does not fit the new parameters, so training cannot continue "
                                   f"from it")
-        model.load_state_dict(payload["model"])
-        optimizer.load_state_dict(payload["train"]["optimizer"])
+        elif shard:
+            # one process's checkpoint, whole in every process: each keeps its shards of it
+            set_state_dict(model, optimizer, model_state_dict=payload["model"],
+                           optim_state_dict=_named_optimizer_state(model, payload["train"]["optimizer"]),
+                           options=StateDictOptions(full_state_dict=True))
+        else:
+            model.load_state_dict(payload["model"])
+            optimizer.load_state_dict(payload["train"]["optimizer"])
         scheduler.load_state_dict(payload["train"]["scheduler"])
         start = payload["train"]["step"]
         log = json.loads(payload["train"]["log"])
@@ -622,7 +728,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
             tqdm.write(f"resuming {out} at step {start} of {config.steps}")
     model.activation_checkpointing = config.activation_checkpointing
     engine = model
-    if ctx.world > 1:
+    if ctx.world > 1 and not shard:
         device_ids = [device.index] if device.type == "cuda" else None
         engine = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
     compiled = _compiles(config, device)
@@ -639,7 +745,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
     log.update(compiled=compiled, activation_checkpointing=config.activation_checkpointing, packed=config.pack)
     peak, params = peak_flops(device), model.num_params()
     autocast = _autocast(config, device)
-    ckpt_path = out / CHECKPOINT
+    ckpt_path = out / (SHARDED if sharded else CHECKPOINT)
     # the first step (1-based) whose loss or gradient norm was not finite, 0 while none; kept on the
     # device so that checking it costs a synchronisation only where the loop reads values anyway
     bad_step = torch.zeros((), dtype=torch.long, device=device)
@@ -653,9 +759,10 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
                                 f"{hint}")
 
     def check_finite(step):
-        first = int(ctx.all_max([float(bad_step)], device)[0])
+        # each rank checks its own shards; every rank stops if any finds one
         names = model.nonfinite_parameters()
-        if first or names:
+        first, count = (int(v) for v in ctx.all_max([float(bad_step), float(len(names))], device))
+        if first or count:
             error = diverged(first or step)
             if names:
                 shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
@@ -667,7 +774,8 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         # tokens trained on, the run's time so far (with its validations and saves) and its training time
         # alone (the steps, compilation included; without validations and saves)
         result = {"step": step, "tokens": step * tokens_per_step, "time_s": elapsed, "train_s": trained,
-                  **evaluate(model, data, config, device, rank=ctx.rank, world=ctx.world, autocast=autocast)}
+                  **evaluate(model, data, config, device, rank=ctx.rank, world=ctx.world, autocast=autocast,
+                             lockstep=shard)}
         log["val"].append(result)
         if is_main:
             bpb = f", {result['val_bpb']:.3f} bits/byte" if "val_bpb" in result else ""
@@ -676,19 +784,28 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
 
     def save(step, elapsed, trained):
         check_finite(step)
+        previous = log["checkpoints"][-1] if log["checkpoints"] else None
+        log["checkpoints"].append(step)
+        state = {"step": step, "scheduler": scheduler.state_dict(), "config": json.dumps(config.to_dict()),
+                 "log": json.dumps(log), "data": identity, "time_s": elapsed, "train_s": trained}
         if is_main:
-            previous = log["checkpoints"][-1] if log["checkpoints"] else None
-            keep_as = out / f"checkpoint-{previous}.pt" if config.keep > 1 and previous is not None else None
-            log["checkpoints"].append(step)
-            state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                     "config": json.dumps(config.to_dict()), "log": json.dumps(log), "data": identity,
-                     "time_s": elapsed, "train_s": trained}
             folder.wrote = True
-            save_checkpoint(ckpt_path, model, state, keep_as=keep_as)
+        if sharded:
+            _save_sharded(out, step, model, optimizer, state, is_main)
+        elif is_main:
+            keep_as = out / f"checkpoint-{previous}.pt" if config.keep > 1 and previous is not None else None
+            save_checkpoint(out / CHECKPOINT, model, {**state, "optimizer": optimizer.state_dict()}, keep_as=keep_as)
+        if is_main:
             write_log(out, log)
-            # only the files this run kept: never another checkpoint-<n>.pt in the folder
+            # the other kind of checkpoint before this one (a run resumed on another number of processes)
+            other = out / (CHECKPOINT if sharded else SHARDED)
+            if sharded and other.exists() and config.keep > 1 and previous is not None:
+                os.replace(other, out / f"checkpoint-{previous}.pt")
+            _remove(other)
+            # only the checkpoints this run kept: never another checkpoint-<n>(.pt) in the folder
             for step_gone in log["checkpoints"][:-1][::-1][config.keep - 1:]:
-                (out / f"checkpoint-{step_gone}.pt").unlink(missing_ok=True)
+                _remove(out / f"checkpoint-{step_gone}.pt")
+                _remove(out / f"checkpoint-{step_gone}")
         if ctx.world > 1:
             dist.barrier()
 
@@ -710,7 +827,10 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
             x, y, cu_seqlens = data.sample(config.batch_size, config.seq_len, rng, config.pack)
             x, y = to_device(x, device), to_device(y, device)
             last = micro == config.grad_accum - 1
-            sync = contextlib.nullcontext() if last or ctx.world == 1 else engine.no_sync()
+            if shard:
+                # gradients are reduced over the ranks after the last micro-batch only
+                model.set_requires_gradient_sync(last)
+            sync = contextlib.nullcontext() if last or ctx.world == 1 or shard else engine.no_sync()
             try:
                 with sync:
                     with autocast:
@@ -789,6 +909,31 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
                    + (f", MFU {last['mfu']:.0%} over the last {config.log_every} steps" if last.get("mfu") else "")
                    + ")")
     return TrainResult(model, log)
+
+
+def _fully_shard(model: CausalLM) -> None:
+    """Shard the model's parameters over the process group (FSDP2): each residual layer its own unit, whose
+    parameters are gathered for its forward and backward only, then the embedding, final norm and tied head."""
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+
+
+def _save_sharded(out: Path, step: int, model, optimizer, state: dict, is_main: bool) -> None:
+    """Every rank writes its shards of ``checkpoint-<step>/`` (first into a temporary folder), then the main
+    rank points the link ``checkpoint`` at it: a reader finds the previous checkpoint or this one, whole."""
+    name = f"checkpoint-{step}"
+    tmp = out / f".{name}.shards.tmp"
+    if is_main:
+        _remove(tmp)
+        # a folder of this step that the link never reached (a run stopped between the two)
+        _remove(out / name)
+    if dist.is_initialized():
+        dist.barrier()
+    save_sharded(tmp, model, optimizer, state, is_main)
+    if is_main:
+        os.replace(tmp, out / name)
+        point_link(out / SHARDED, name)
 
 
 def write_log(out: Path, log: dict) -> None:

@@ -10,10 +10,10 @@
 # stops by SIGINT when the time is up (the run in progress saves a checkpoint after its step), and a later
 # call on the same warm machine resumes it.
 #
-# Returns $OUT/compare.log, gates-small.json, and study.tar.gz / rerun.tar.gz: every run's log.json and
-# positions.json (a finished run is kept from those two alone), so that on a fresh machine a call resumes
-# from them when they travel as compare-carry/{study,rerun}.tar.gz (carry compare-carry): only an
-# unfinished run starts again. A finished study's record and figures come back in record.tar.gz, the
+# Returns $OUT/compare.log, gates-small.json, and study.tar.gz / rerun.tar.gz: every finished run's log.json
+# and positions.json (such a run is kept from those two alone), so that on a fresh machine a call resumes
+# from them when they travel as compare-carry/{study,rerun}.tar.gz (carry compare-carry): an unfinished
+# run starts again there. A finished study's record and figures come back in record.tar.gz, the
 # rerun's in rerun-record.tar.gz. Set SAMU_GIT_COMMIT when .git does not travel.
 set -u
 cd "$(dirname "$0")/.."
@@ -40,7 +40,9 @@ part() {
     --results "$W/$name-record" ${COMPARE_ARGS:-} "$@"
   local rc=$?
   echo "=== $name: exit $rc after $((SECONDS - start))s"
-  (cd "$folder" && tar -czf "$OUT/$name.tar.gz" study.json */log.json $(ls */positions.json 2>/dev/null))
+  # finished runs only: an unfinished run's log without its checkpoint would not resume
+  (cd "$folder" && tar -czf "$OUT/$name.tar.gz" study.json \
+    $(for d in */; do [ -f "${d%/}/positions.json" ] && echo "${d%/}/log.json ${d%/}/positions.json"; done))
   [ -d "$W/$name-record" ] && tar -czf "$OUT/$name-record.tar.gz" -C "$W/$name-record" .
   return $rc
 }

@@ -108,6 +108,12 @@ def test_a_tiny_study_trains_every_arm_alike_and_resumes(tmp_path, capsys, monke
     log_path.write_text(json.dumps(log))
     assert main([*ARGS, "--out", str(tmp_path / "a"), "--results", str(results)]) == 1
     assert "lr (0.5 there, 0.003 here)" in capsys.readouterr().err
+    # ... or of other data
+    log["config"]["lr"] = 0.003
+    log["data"]["identity"]["train"]["blake2b"] = "0" * 32
+    log_path.write_text(json.dumps(log))
+    assert main([*ARGS, "--out", str(tmp_path / "a"), "--results", str(results)]) == 1
+    assert "train split differs in content" in capsys.readouterr().err
 
     # cut short (the fourth run stops after its first batch), then resumed: the same curves as unbroken
     from samu.data import TokenData
@@ -155,37 +161,57 @@ def test_time_to_a_target_interpolates_between_validations():
     assert position_bins(8192) == [(0, 16), (16, 64), (64, 256), (256, 1024), (1024, 4096), (4096, 8192)]
 
 
-def _record(created, arms=("samu", "rglru", "transformer"), seeds=2, long_seq_len=8192, bits=None, **study):
-    """A samu compare record of a made-up study: ``bits`` maps arm to (mean, half-range) at L = 2048."""
+def _record(created, arms=("samu", "rglru", "transformer"), seeds=2, long_seq_len=8192, bits=None, run="a",
+            **study):
+    """A samu compare record of a made-up study: ``bits`` maps arm to (mean, half-range) at L = 2048; its runs
+    carry the run ids ``<run>-<arm>``."""
     definition = {**Study(arms=arms, seeds=seeds, long_seq_len=long_seq_len, **study).to_dict()}
     bits = bits or {arm: (1.3, 0.01) for arm in arms}
     table = [{"arm": arm, "seq_len": 2048, "seeds": list(range(seeds)), "params": 1e6, "bits": b, "bits_spread": s,
               "tokens_per_s": 1e5, "tokens_per_s_spread": None, "time_to_rglru_s": None, "time_to_rglru_spread_s": None,
               "reached_rglru": 0, "paired_with_rglru": 0, "position_bins": []} for arm, (b, s) in bits.items()]
-    return {"schema": "samu-compare/1", "study": definition, "unit": "bits/byte", "table": table, "runs": [],
+    runs = [{"name": arm, "run_id": f"{run}-{arm}", "val": [{"bits": b}]} for arm, (b, _) in bits.items()]
+    return {"schema": "samu-compare/1", "study": definition, "unit": "bits/byte", "table": table, "runs": runs,
             "created": created, "env": {"gpu": "GPU", "git_commit": "abc1234"}, "command": "samu compare"}
 
 
 def test_a_rerun_is_judged_against_the_spread_of_the_study_it_reruns(tmp_path):
     from samu.bench.report import compare_section
-    from samu.compare import rerun_rows, reruns
+    from samu.compare import is_rerun_of, rerun_rows, study_of
 
     study = _record("2026-01-01T00:00:00Z", bits={"samu": (1.30, 0.01), "rglru": (1.25, 0.002),
                                                   "transformer": (1.40, None)})
-    one = _record("2026-01-02T00:00:00Z", arms=("samu",), seeds=1, long_seq_len=0, bits={"samu": (1.312, None)})
-    two = _record("2026-01-03T00:00:00Z", arms=("rglru", "transformer"), long_seq_len=0,
+    one = _record("2026-01-02T00:00:00Z", arms=("samu",), seeds=1, long_seq_len=0, bits={"samu": (1.312, None)},
+                  run="b")
+    two = _record("2026-01-03T00:00:00Z", arms=("rglru", "transformer"), long_seq_len=0, run="c",
                   bits={"rglru": (1.2519, 0.001), "transformer": (1.41, 0.0)})
-    assert reruns(one, study) and reruns(two, study) and not reruns(study, one) and not reruns(two, one)
-    # another definition (tokens), more seeds or a record made before the study are no reruns
-    assert not reruns(_record("2026-01-02T00:00:00Z", arms=("samu",), tokens=10**6), study)
-    assert not reruns(_record("2026-01-02T00:00:00Z", seeds=3), study)
-    assert not reruns(_record("2025-12-31T00:00:00Z", arms=("samu",)), study)
+    assert is_rerun_of(one, study) and is_rerun_of(two, study) and not is_rerun_of(study, one)
+    assert not is_rerun_of(two, one)   # other arms
+    # another definition (tokens, a long pair of another length), more seeds or a record made before the
+    # study are no reruns; nor is the study written again from its own runs (the same run ids)
+    later = "2026-01-02T00:00:00Z"
+    assert not is_rerun_of(_record(later, arms=("samu",), tokens=10**6, run="d"), study)
+    assert not is_rerun_of(_record(later, arms=("samu",), long_seq_len=4096, run="d"), study)
+    assert is_rerun_of(_record(later, arms=("samu",), run="d"), study)
+    assert not is_rerun_of(_record(later, seeds=3, run="d"), study)
+    assert not is_rerun_of(_record("2025-12-31T00:00:00Z", arms=("samu",), run="d"), study)
+    assert not is_rerun_of({**study, "created": later}, study)
+    # ... also where runs were logged without ids: the same validation curve is the same run
+    no_ids = [{k: v for k, v in r.items() if k != "run_id"} for r in study["runs"]]
+    assert not is_rerun_of({**study, "created": later, "runs": no_ids}, {**study, "runs": no_ids})
+    # judged on the mean against the study's mean ± half-range, the edge included
     assert [(r["arm"], r["within"]) for r in rerun_rows(one, study)] == [("samu", False)]   # 0.012 > 0.01
     assert [(r["arm"], r["within"]) for r in rerun_rows(two, study)] == [("rglru", True), ("transformer", None)]
+    edge = _record(later, arms=("samu",), bits={"samu": (1.75, None)}, run="e")
+    assert rerun_rows(edge, _record("2026-01-01T00:00:00Z", bits={"samu": (1.5, 0.25)}))[0]["within"]
+    # a rerun of a study and of an earlier rerun of it belongs to the study
+    again = _record("2026-01-04T00:00:00Z", arms=("samu",), seeds=1, long_seq_len=0, bits={"samu": (1.305, None)},
+                    run="f")
+    assert is_rerun_of(again, one) and study_of(again, [study, one, two, again]) is study
 
     folder = tmp_path / "compare"
     folder.mkdir()
-    for name, record in (("a", study), ("b", one), ("c", two)):
+    for name, record in (("a", study), ("b", one), ("c", two), ("d", again)):
         (folder / f"{name}.json").write_text(json.dumps(record))
     lines, _ = compare_section(tmp_path, None)
     text = "\n".join(lines)
@@ -193,3 +219,4 @@ def test_a_rerun_is_judged_against_the_spread_of_the_study_it_reruns(tmp_path):
     assert "| [b.json](compare/b.json) | samu | 2048 | 0 | 1.3120 | 1.3000 ± 0.0100 | no |" in text
     assert "| [c.json](compare/c.json) | rglru | 2048 | 0, 1 | 1.2519 ± 0.0010 | 1.2500 ± 0.0020 | yes |" in text
     assert "| [c.json](compare/c.json) | transformer | 2048 | 0, 1 | 1.4100 ± 0.0000 | 1.4000 | — |" in text
+    assert text.count("[d.json](compare/d.json)") == 1

@@ -15,7 +15,7 @@ import torch.nn as nn
 from samu.data import TokenData, text_corpus
 from samu.models import CheckpointError, LanguageModel, LMConfig, load_checkpoint
 from samu.ops import dispatch
-from samu.train import CosineSchedule, TrainConfig, check_out_dir, train
+from samu.train import CosineSchedule, TrainConfig, check_out_dir, current_checkpoint, train
 from tests.helpers import byte_text as _text
 from tests.helpers import rel_err
 
@@ -183,9 +183,24 @@ def test_config_bad_values(kw, match):
 # `python -m samu.cli`, then exit 3 should a gloo thread still run: destroy_process_group() must have
 # joined them. Left running into interpreter shutdown, a worker that releases a finished all_reduce's
 # tensor there takes the GIL and is ended mid-destructor: "terminate called without an active exception",
-# a rare abort (CI saw it once) whose precondition this checks every run.
+# a rare abort (CI saw it once) whose precondition this checks every run. FSDP2 (torch 2.13) keeps the
+# group alive past destroy_process_group() (its device meshes stay referenced from DTensor's internals), so
+# its threads run on whatever samu does: with SAMU_TEST_FSDP=1 the script leaves by os._exit, without the
+# interpreter shutdown where that abort happens. With SAMU_TEST_STOP_AFTER=n, rank 0 sends itself SIGINT as
+# it draws its n-th micro-batch, as Ctrl-C would: the run stops (every rank) after that step, saves a
+# checkpoint and exits with 130.
 _CLI_THEN_NO_GLOO_THREADS = """
-import os, runpy, sys
+import os, runpy, signal, sys
+stop = int(os.environ.get("SAMU_TEST_STOP_AFTER", "0"))
+if stop and os.environ.get("RANK", "0") == "0":
+    from samu.data import TokenData
+    sample, calls = TokenData.sample, [0]
+    def stopping(self, *args):
+        calls[0] += 1
+        if calls[0] == stop:
+            os.kill(os.getpid(), signal.SIGINT)
+        return sample(self, *args)
+    TokenData.sample = stopping
 try:
     runpy.run_module("samu.cli", run_name="__main__", alter_sys=True)
     code = 0
@@ -199,8 +214,12 @@ if os.path.isdir("/proc/self/task"):
         except OSError:
             pass
 gloo = [name for name in names if "gloo" in name]
+if os.environ.get("SAMU_TEST_FSDP") == "1":
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
 if gloo:
-    print(f"rank {os.environ['RANK']}: gloo threads still running after the run: {gloo}", file=sys.stderr)
+    print(f"rank {os.environ.get('RANK', 0)}: gloo threads still running after the run: {gloo}", file=sys.stderr)
 sys.exit(code or (3 if gloo else 0))
 """
 
@@ -222,7 +241,9 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path):
     from samu.cli import main
 
     assert main([*common, "--grad-accum", "2", "--out", str(tmp_path / "single")]) == 0
-    ddp = load_checkpoint(tmp_path / "ddp" / "checkpoint.pt")
+    # two processes write a sharded checkpoint (torch.distributed.checkpoint) that one process reads whole
+    assert (tmp_path / "ddp" / "checkpoint").is_symlink() and not (tmp_path / "ddp" / "checkpoint.pt").exists()
+    ddp = load_checkpoint(current_checkpoint(tmp_path / "ddp"))
     single = load_checkpoint(tmp_path / "single" / "checkpoint.pt")
     for name, a in single["model"].items():
         assert torch.allclose(ddp["model"][name], a, rtol=1e-4, atol=1e-6), name
@@ -233,6 +254,80 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path):
     assert ddp_log["val"][-1]["val_loss"] == pytest.approx(single_log["val"][-1]["val_loss"], rel=1e-4)
     # the logged training loss is the mean over the ranks, as one process's over its micro-steps
     assert [e["loss"] for e in ddp_log["train"]] == pytest.approx([e["loss"] for e in single_log["train"]], rel=1e-4)
+
+
+def _launch(tmp_path, args, processes=None, stop_after=0, fsdp=False):
+    """samu's CLI with ``args`` in ``processes`` gloo processes under torchrun (None: one plain process), through
+    the script above; returns the finished subprocess."""
+    script = tmp_path / "samu_cli_then_no_gloo_threads.py"
+    script.write_text(_CLI_THEN_NO_GLOO_THREADS)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", "SAMU_TEST_STOP_AFTER": str(stop_after),
+           "SAMU_TEST_FSDP": str(int(fsdp))}
+    runner = [] if processes is None else ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                           str(processes)]
+    return subprocess.run([sys.executable, *runner, str(script), *args], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _weights_close(folder, reference):
+    model = load_checkpoint(current_checkpoint(folder))["model"]
+    for name, a in reference.items():
+        assert torch.allclose(model[name], a, rtol=1e-4, atol=1e-6), (folder.name, name)
+
+
+def test_fsdp_equals_one_process_and_resumes_on_another_number_of_processes(tmp_path):
+    corpus = _text(tmp_path)
+    common = ["train", "--data", str(corpus), "--width", "16", "--layers", "2", "--lru-width", "8",
+              "--steps", "4", "--batch-size", "2", "--seq-len", "24", "--eval-batches", "3", "--eval-every", "2",
+              "--checkpoint-every", "2", "--warmup", "1", "--device", "cpu", "--no-progress"]
+    from samu.cli import main
+
+    # the reference: one process, 4 micro-batches a step
+    assert main([*common, "--grad-accum", "4", "--out", str(tmp_path / "one")]) == 0
+    reference = load_checkpoint(tmp_path / "one" / "checkpoint.pt")["model"]
+    one_log = json.loads((tmp_path / "one" / "log.json").read_text())
+
+    # 2 processes sharding the model (x 2 micro-batches), stopped after step 2 (rank 0's 4th micro-batch)
+    fsdp = tmp_path / "fsdp"
+    two = ["--data-parallel", "fsdp", "--grad-accum", "2"]
+    run = _launch(tmp_path, [*common, *two, "--out", str(fsdp)], processes=2, stop_after=4, fsdp=True)
+    assert run.returncode != 0 and "--resume" in run.stdout + run.stderr, run.stderr[:3000]
+    assert os.readlink(fsdp / "checkpoint") == "checkpoint-2"
+    assert sorted(p.name for p in (fsdp / "checkpoint-2").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert load_checkpoint(fsdp / "checkpoint", weights=False)["train"]["step"] == 2
+    # a micro-batch count that does not fit is refused, naming what would
+    with pytest.raises(CheckpointError, match="with 1 process use grad_accum 4"):
+        train(dataclasses.replace(TrainConfig.from_dict(json.loads(
+            load_checkpoint(fsdp / "checkpoint", weights=False)["train"]["config"])), data_parallel="ddp"),
+            resume=True)
+    copy = tmp_path / "fsdp-copy"
+    import shutil
+
+    shutil.copytree(fsdp, copy, symlinks=True)
+    # ... resumed on 4 processes sharding it (x 1 micro-batch: torch.distributed.checkpoint reshards), and a
+    # copy resumed on one process without sharding: both end where the single process did
+    run = _launch(tmp_path, [*common, "--data-parallel", "fsdp", "--grad-accum", "1", "--resume", "--out", str(fsdp)],
+                  processes=4, fsdp=True)
+    assert run.returncode == 0, f"stderr:\n{run.stderr[:3000]}\nstdout:\n{run.stdout[-2000:]}"
+    assert main([*common, "--data-parallel", "ddp", "--grad-accum", "4", "--resume", "--out", str(copy)]) == 0
+    for folder in (fsdp, copy):
+        _weights_close(folder, reference)
+        log = json.loads((folder / "log.json").read_text())
+        assert log["resumed_at"] == [2]
+        assert [e["loss"] for e in log["train"]] == pytest.approx([e["loss"] for e in one_log["train"]], rel=1e-4)
+        assert [v["val_loss"] for v in log["val"]] == pytest.approx([v["val_loss"] for v in one_log["val"]], rel=1e-4)
+    # the 4-process run wrote sharded checkpoints on; the one-process copy a file, keeping the folder before it
+    assert os.readlink(fsdp / "checkpoint") == "checkpoint-4" and (fsdp / "checkpoint-2").is_dir()
+    assert (copy / "checkpoint.pt").is_file() and not (copy / "checkpoint").exists() and (copy / "checkpoint-2").is_dir()
+
+    # one process's checkpoint (a file) resumed by 2 processes sharding it
+    single = tmp_path / "single"
+    run = _launch(tmp_path, [*common, "--grad-accum", "4", "--out", str(single)], stop_after=8)
+    assert run.returncode == 130 and load_checkpoint(single / "checkpoint.pt")["train"]["step"] == 2, run.stderr[:3000]
+    run = _launch(tmp_path, [*common, *two, "--resume", "--out", str(single)], processes=2, fsdp=True)
+    assert run.returncode == 0, f"stderr:\n{run.stderr[:3000]}\nstdout:\n{run.stdout[-2000:]}"
+    _weights_close(single, reference)
+    assert (single / "checkpoint-2.pt").is_file() and not (single / "checkpoint.pt").exists()
 
 
 @pytest.mark.gpu

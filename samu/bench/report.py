@@ -427,7 +427,7 @@ def compare_plots(record: dict, folder, stem: str) -> list[Path]:
 def compare_section(results: Path, figures_dir: "Path | None") -> tuple[list[str], list[str]]:
     """The report's language-model comparison: each ``samu compare`` record under results/compare, its
     tables and (with ``figures_dir``) its figures regenerated there. Returns (lines, figure file names)."""
-    from samu.compare import SCHEMA, rerun_rows, reruns
+    from samu.compare import SCHEMA, rerun_rows, study_of
 
     records = []
     for path in sorted((results / "compare").glob("*.json")):
@@ -442,29 +442,31 @@ def compare_section(results: Path, figures_dir: "Path | None") -> tuple[list[str
             raise ValueError(f"{path}: a samu compare record without {', '.join(missing)}")
         records.append((path, record))
     # a rerun of part of an earlier study is shown under that study (the earliest it reruns), not on its own
-    studies = [(p, r) for p, r in records if not any(reruns(r, s) for _, s in records)]
+    study = {id(r): study_of(r, [s for _, s in records]) for _, r in records}
     lines, names = [], []
-    for path, record in studies:
-        study, env = record["study"], record["env"]
+    for path, record in records:
+        if study[id(record)] is not None:
+            continue
+        definition, env = record["study"], record["env"]
         source = _link(path.relative_to(results).as_posix())
-        lines += [f"### {study['preset']} preset, L = {study['seq_len']} ({source})", "",
+        lines += [f"### {definition['preset']} preset, L = {definition['seq_len']} ({source})", "",
                   f"`{record['command']}` on {env.get('gpu') or env.get('device')}, commit {env.get('git_commit')}. "
                   f"Each arm trains on the same batches in the same order with the same schedule and seeds; ± is "
-                  f"half the range over seeds (none for one seed).", ""] + compare_markdown(record)
+                  f"half the range over seeds (none for one seed); training times include compilation.", ""]
+        lines += compare_markdown(record)
         if figures_dir is not None:
             for fig in compare_plots(record, figures_dir, path.stem):
                 names.append(fig.name)
                 lines += [f"![{fig.stem}](figures/{fig.name})", ""]
+        reruns = [(p, r) for p, r in records if study[id(r)] is record]
         rows = [[_link(p.relative_to(results).as_posix()), row["arm"], str(row["seq_len"]),
                  ", ".join(map(str, row["seeds"])), _spread_text(row["bits"], row["bits_spread"], 4),
                  _spread_text(row["study_bits"], row["study_spread"], 4),
                  {True: "yes", False: "no", None: "—"}[row["within"]]]
-                for p, r in records if r is not record and reruns(r, record)
-                and not any(reruns(r, s) and s.get("created", "") < record.get("created", "") for _, s in records)
-                for row in rerun_rows(r, record)]
+                for p, r in reruns for row in rerun_rows(r, record)]
         if rows:
             unit = record["unit"]
-            lines += ["Reruns of this study (the same definition; seeds by number):", ""]
+            lines += ["Reruns of this study (the same definition, its runs trained again; seeds by number):", ""]
             lines += _table(["record", "model", "L", "seeds", f"rerun's final {unit}", "study's",
                              "rerun's mean within the study's ±"], rows)
     if not lines:

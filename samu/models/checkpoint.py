@@ -1,5 +1,10 @@
 """Checkpoints: one file holding the model state dict, its config as JSON and, for resuming
-training, the optimizer, scheduler and step. Written atomically; loaded with ``weights_only``."""
+training, the optimizer, scheduler and step. Written atomically; loaded with ``weights_only``.
+
+A run of several processes writes a sharded checkpoint instead: a folder that
+torch.distributed.checkpoint (DCP) fills with the model's and the optimizer's state, each process its
+own shards, and ``samu.pt`` (the same file without those two states). Any number of processes reads it
+back (DCP reshards), one process too; ``load_checkpoint`` and ``load_model`` take either kind."""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -17,6 +23,8 @@ from samu.models.config import model_config_from_dict
 from samu.models.model import CausalLM
 
 FORMAT = "samu-lm"
+# the file in a sharded checkpoint's folder that holds what is not model or optimizer state
+SHARDED_META = "samu.pt"
 # 2: embeddings without the sqrt(width) input scale (version-1 weights mean something else)
 VERSION = 2
 
@@ -138,10 +146,115 @@ def save_checkpoint(path, model: nn.Module, train_state: dict | None = None, kee
     atomic_write(path, lambda tmp: torch.save(payload, tmp), keep_as)
 
 
-def load_checkpoint(path, map_location="cpu") -> dict:
-    """The validated contents of a checkpoint: keys format, version, config (LMConfig or TransformerConfig),
-    model, train?"""
+def point_link(link, target: str) -> None:
+    """Make ``link`` a symbolic link to ``target`` (a name in the same folder) in one step: a reader finds
+    the old target or the new one, never no link."""
+    link = Path(link)
+    tmp = link.with_name(f".{link.name}.link.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.symlink(target, tmp)
+        os.replace(tmp, link)
+        _fsync(link.parent)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise _write_failure(link, err) from None
+
+
+def is_sharded(path) -> bool:
+    """Whether ``path`` is a sharded checkpoint's folder (or a link to one)."""
+    return (Path(path) / SHARDED_META).is_file()
+
+
+def _training_state(model: nn.Module, optimizer) -> dict:
+    """The model's and the optimizer's state as DCP saves and loads it (parameter names as keys; each
+    process's own shards of a sharded model)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(unwrap(model), optimizer)
+    return {"model": model_state, "optimizer": optimizer_state}
+
+
+def save_sharded(folder, model: nn.Module, optimizer, train_state: dict, is_main: bool) -> None:
+    """Write a sharded checkpoint into the new folder ``folder``: every process of the group calls this, and
+    the main one also writes ``samu.pt`` (format, version, config and ``train_state``) once every shard is
+    down. A failure is a WriteError naming the folder."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    folder = Path(folder)
+    model = unwrap(model)
+    if not isinstance(model, CausalLM):
+        raise TypeError(f"model must be a LanguageModel or a TransformerLM, got {type(model).__name__}")
+    try:
+        dcp.save(_training_state(model, optimizer), checkpoint_id=folder)
+    except (OSError, RuntimeError) as err:
+        raise _write_failure(folder / ".metadata", err) from None
+    if dist.is_initialized():
+        dist.barrier()
+    if is_main:
+        meta = {"format": FORMAT, "version": VERSION, "config": json.dumps(model.config.to_dict()),
+                "train": train_state}
+        atomic_write(folder / SHARDED_META, lambda tmp: torch.save(meta, tmp))
+        _fsync(folder)
+
+
+def _dcp_load(state: dict, folder: Path) -> None:
+    """DCP's load into ``state``: by every process of the group, or by this one alone where there is none
+    (which DCP then warns about; here that is the intent)."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    single = not dist.is_initialized()
+    with warnings.catch_warnings():
+        if single:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=folder, no_dist=single)
+
+
+def load_sharded(folder, model: nn.Module, optimizer) -> None:
+    """Load a sharded checkpoint's model and optimizer state into ``model`` and ``optimizer`` (built as the
+    checkpoint's run built them, sharded or not, in any number of processes: all of them call this)."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    state = _training_state(model, optimizer)
+    try:
+        _dcp_load(state, Path(folder))
+    except Exception as e:
+        raise CheckpointError(f"{folder}: its model or optimizer state does not load ({type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:200]})") from None
+    set_state_dict(unwrap(model), optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def _load_sharded_payload(path: Path, weights: bool) -> dict:
+    try:
+        payload = torch.load(path / SHARDED_META, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"{path / SHARDED_META} is not readable (corrupt, truncated or not written by samu; "
+                              f"{type(e).__name__})") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a samu language-model checkpoint")
+    payload = _validated(path, payload, need_model=False)
+    payload["sharded"] = path
+    if weights:
+        state = {"model": build_model(payload["config"]).state_dict()}
+        try:
+            _dcp_load(state, path)
+        except Exception as e:
+            raise CheckpointError(f"{path}: its weights do not load ({type(e).__name__}: "
+                                  f"{' '.join(str(e).split())[:200]})") from None
+        payload["model"] = state["model"]
+    return payload
+
+
+def load_checkpoint(path, map_location="cpu", weights: bool = True) -> dict:
+    """The validated contents of a checkpoint (a file, or a sharded checkpoint's folder): keys format,
+    version, config (LMConfig or TransformerConfig), model, train?, and ``sharded`` (its folder) for a
+    sharded one, whose ``train`` holds no optimizer state (``load_sharded`` loads it) and which holds no
+    ``model`` when ``weights`` is False."""
     path = Path(path)
+    if path.is_dir() and is_sharded(path):
+        return _load_sharded_payload(path, weights)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     try:
@@ -151,6 +264,10 @@ def load_checkpoint(path, map_location="cpu") -> dict:
                               f"by samu; {type(e).__name__})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a samu language-model checkpoint")
+    return _validated(path, payload, need_model=True)
+
+
+def _validated(path: Path, payload: dict, need_model: bool) -> dict:
     if payload.get("version") != VERSION:
         raise CheckpointError(f"{path} has checkpoint version {payload.get('version')!r}; "
                               f"this samu reads version {VERSION}")
@@ -158,14 +275,14 @@ def load_checkpoint(path, map_location="cpu") -> dict:
         payload["config"] = model_config_from_dict(json.loads(payload["config"]))
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{path} has an invalid model config: {e}") from None
-    if not isinstance(payload.get("model"), dict):
+    if need_model and not isinstance(payload.get("model"), dict):
         raise CheckpointError(f"{path} has no model state dict")
     return payload
 
 
 def load_model(path, *, device=None, backend: str = "auto", payload: dict | None = None) -> CausalLM:
     """The model of a checkpoint's config (a LanguageModel or a TransformerLM), with its weights."""
-    payload = load_checkpoint(path) if payload is None else payload
+    payload = load_checkpoint(path) if payload is None or "model" not in payload else payload
     model = build_model(payload["config"], backend=backend, device=device)
     try:
         model.load_state_dict(payload["model"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from samu.models.config import LMConfig
@@ -30,8 +31,9 @@ class CausalLM(nn.Module):
 
     @torch.no_grad()
     def nonfinite_parameters(self) -> list[str]:
-        """Names of the parameters holding nan or inf (one host synchronisation when there are none)."""
-        params = list(self.named_parameters())
+        """Names of the parameters holding nan or inf (one host synchronisation when there are none); of a
+        sharded model (FSDP), those whose shards in this process do."""
+        params = [(n, p.to_local() if isinstance(p, DTensor) else p) for n, p in self.named_parameters()]
         if bool(torch.stack([torch.isfinite(p).all() for _, p in params]).all()):
             return []
         return [name for name, p in params if not bool(torch.isfinite(p).all())]
