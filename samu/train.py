@@ -237,7 +237,9 @@ def _setup_distributed(config: TrainConfig) -> tuple[_Dist, torch.device]:
         # mid-destructor ("terminate called without an active exception"). Imported first, those
         # defaults are None, and destroy_process_group() joins the workers.
         import torch._dynamo as _  # noqa: F401  (as _: a plain import would make torch local here)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        # bound to this rank's GPU: NCCL's barriers and collectives need not guess it
+        cuda = device.type == "cuda"
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return _Dist(rank, world, local_rank, owns), device
