@@ -494,8 +494,11 @@ def main(argv=None) -> int:
         return args.func(args) or 0
     except TrainingInterrupted as stop:
         if int(os.environ.get("RANK", "0")) == 0:
-            print(f"samu {args.command}: stopped by {stop}; the checkpoint is saved: resume with "
-                  f"`samu train --out {stop.out} --resume`", file=sys.stderr)
+            resume = f"--out {stop.out} --resume"
+            how = (f"the same torchrun command with `{resume}`" if int(os.environ.get("WORLD_SIZE", "1")) > 1
+                   else f"`samu train {resume}`")
+            print(f"samu {args.command}: stopped by {stop}; the checkpoint is saved: resume with {how}",
+                  file=sys.stderr)
         return 128 + stop.signum
     except TrainingDiverged as e:
         print(f"samu {args.command}: error: {with_flags(str(e))}", file=sys.stderr)

@@ -6,9 +6,10 @@ Batches are drawn by a generator seeded from (seed, step, global micro-batch ind
 order is a function of the step alone: a resumed run sees exactly the batches the uninterrupted run
 would have seen, 2 processes with ``grad_accum=1`` see the batches of 1 process with ``grad_accum=2``
 (each process its own micro-batches, never another's), and a run resumes on any number of processes
-that keeps processes x grad_accum. One process writes ``checkpoint.pt``; several write sharded
-checkpoints through torch.distributed.checkpoint (``checkpoint-<step>/`` folders, the link
-``checkpoint`` to the current one), which any number of processes reads back.
+that keeps processes x grad_accum. One process writes ``checkpoint.pt``; a process group (several
+processes, or one that shards) writes sharded checkpoints through torch.distributed.checkpoint
+(``checkpoint-<step>/`` folders, the link ``checkpoint`` to the current one), which any number of
+processes reads back.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
 from samu.data import DATA_FORMATS, TokenData, load_data
@@ -44,9 +44,10 @@ from samu.environment import environment
 from samu.errors import RunFolderBusy, TrainingDiverged, TrainingInterrupted
 from samu.models import CausalLM, LMConfig, build_model, load_checkpoint, load_model, save_checkpoint
 from samu.models.config import MODEL_CONFIGS, TransformerConfig, model_config_from_dict
-from samu.models.checkpoint import (CheckpointError, atomic_write, is_sharded, load_sharded, point_link,
-                                    save_sharded, temporaries)
+from samu.models.checkpoint import (CheckpointError, WriteError, atomic_write, is_sharded, load_sharded,
+                                    point_link, save_sharded, temporaries)
 from samu.models.flops import mfu, peak_flops
+from samu.models.model import local_part
 from samu.modules import RecurrentBlock
 from samu.ops.checks import NonFiniteParameters, set_check_finite
 from samu.ops.packing import sequence_offsets
@@ -89,7 +90,7 @@ class TrainConfig:
     eval_every: int = 100
     eval_batches: int = 8
     checkpoint_every: int = 500
-    # checkpoint.pt and the keep - 1 before it (checkpoint-<step>.pt)
+    # the current checkpoint and the keep - 1 before it (checkpoint-<step>.pt, or checkpoint-<step>/ folders)
     keep: int = 2
     log_every: int = 10
     seed: int = 0
@@ -177,6 +178,8 @@ class _Dist:
     world: int = 1
     local_rank: int = 0
     owns_group: bool = False
+    # a process group serves this run (of one process too, where it shards)
+    grouped: bool = False
 
     def all_reduce(self, values: list[float], device, op) -> list[float]:
         if self.world == 1:
@@ -213,7 +216,7 @@ def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
     return device
 
 
-def _setup_distributed(config: TrainConfig) -> tuple[_Dist, torch.device]:
+def _setup_distributed(config: TrainConfig, resume: bool) -> tuple[_Dist, torch.device]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = resolve_device(config.device, local_rank)
@@ -225,8 +228,13 @@ def _setup_distributed(config: TrainConfig) -> tuple[_Dist, torch.device]:
     if world == 1 and config.data_parallel != "fsdp":
         return _Dist(), device
     if world == 1 and not dist.is_initialized() and "MASTER_ADDR" not in os.environ:
-        raise ValueError("data_parallel='fsdp' shards over the processes of torchrun: run under torchrun (one "
-                         "process is enough to try it), or train one process with data_parallel='ddp'")
+        if not resume:
+            raise ValueError("data_parallel is fsdp, which shards over the processes of torchrun: run under "
+                             "torchrun (one process is enough to try it), or train one process unsharded (ddp)")
+        # a sharded run resumed by one plain process: the same training, unsharded
+        tqdm.write("resuming unsharded: one process, not under torchrun (data_parallel fsdp shards over "
+                   "torchrun's processes)")
+        return _Dist(), device
     owns = not dist.is_initialized()
     if owns:
         # Imported before the group exists. DDP's constructor imports torch._dynamo, which imports
@@ -242,7 +250,7 @@ def _setup_distributed(config: TrainConfig) -> tuple[_Dist, torch.device]:
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    return _Dist(rank, world, local_rank, owns), device
+    return _Dist(rank, world, local_rank, owns, grouped=True), device
 
 
 def _compiles(config: TrainConfig, device: torch.device) -> bool:
@@ -313,20 +321,15 @@ def clipped_step(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: f
     if not optimizer.defaults.get("fused"):
         nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
         optimizer.step()
-        return _local(norm)
+        return local_part(norm)
     # sharded gradients (FSDP) give a replicated DTensor norm: the same value, held here
-    norm = _local(norm)
+    norm = local_part(norm)
     optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)
     try:
         optimizer.step()
     finally:
         optimizer.grad_scale = None
     return norm
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """This process's part of a DTensor (a sharded parameter, a replicated norm); any other tensor as it is."""
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -439,28 +442,62 @@ def check_resumable(saved: dict, config: TrainConfig, path: Path, has_identity: 
               for name in fields if _field(saved, name) != _field(config, name)]
     micro = saved.grad_accum * saved_world
     if config.grad_accum * world != micro:
-        fits = (f"grad_accum {micro // world}" if micro % world == 0
-                else f"a number of processes that divides {micro}")
-        processes = f"{world} process{'es' if world > 1 else ''}"
-        differ.append(f"micro-batches a step ({saved_world} processes x grad_accum {saved.grad_accum} = {micro} "
-                      f"there, {world} x {config.grad_accum} here: with {processes} use {fits})")
+        if micro % world == 0:
+            fix = f"with {_processes(world)} use grad_accum={micro // world}"
+        else:
+            fix = f"no grad_accum fits {_processes(world)}: use a number of processes that divides {micro}"
+        differ.append(f"micro-batches a step ({_processes(saved_world)} x grad_accum {saved.grad_accum} = {micro} "
+                      f"there, {_processes(world)} x grad_accum {config.grad_accum} here; {fix})")
     if differ:
         raise CheckpointError(f"cannot resume {path} exactly: " + "; ".join(differ))
 
 
+def _kept_steps(out: Path) -> dict[int, Path]:
+    """The numbered checkpoints in a run folder, ``checkpoint-<step>.pt`` files and ``checkpoint-<step>/``
+    folders, by step."""
+    found = {}
+    for path in out.glob("checkpoint-*"):
+        step = path.name.removeprefix("checkpoint-").removesuffix(".pt")
+        if step.isdigit():
+            found[int(step)] = path
+    return found
+
+
+def _processes(n: int) -> str:
+    return f"{n} process{'es' if n != 1 else ''}"
+
+
 def current_checkpoint(out) -> Path:
-    """The checkpoint a run folder holds now: ``checkpoint.pt`` (one process wrote it) or the folder the link
-    ``checkpoint`` points to (several processes wrote it); where there are both (a run that changed its
-    number of processes stopped between writing the one and removing the other), the later step's.
-    ``out/checkpoint.pt`` when there is neither."""
+    """The checkpoint a run folder holds now: ``checkpoint.pt`` (written by one process) or the folder the
+    link ``checkpoint`` points to (by a process group); where there are both (a run that changed its number
+    of processes stopped between writing the one and removing the other), the later step's; with neither
+    file nor link (a copy that dropped the link), the latest ``checkpoint-<step>/`` folder.
+    ``out/checkpoint.pt`` when there is none."""
     out = Path(out)
     single, sharded = out / CHECKPOINT, out / SHARDED
     if not is_sharded(sharded):
-        return single
+        if single.exists():
+            return single
+        folders = {k: p for k, p in _kept_steps(out).items() if is_sharded(p)}
+        return folders[max(folders)] if folders else single
     if not single.is_file():
         return sharded
-    steps = [load_checkpoint(p, weights=False)["train"]["step"] for p in (single, sharded)]
-    return sharded if steps[1] > steps[0] else single
+    return max((single, sharded), key=_step_of)
+
+
+def _step_of(path: Path) -> int:
+    return load_checkpoint(path, weights=False)["train"]["step"]
+
+
+def _of_run(path: Path, log: dict) -> bool:
+    """Whether ``path`` is a sharded checkpoint written by the run of ``log``."""
+    return is_sharded(path) and json.loads(load_checkpoint(path, weights=False)["train"]["log"]).get("run_id") == \
+        log.get("run_id")
+
+
+def _kept_path(path: Path) -> Path:
+    """The name a checkpoint file is kept under once another replaces it: ``checkpoint-<its step>.pt``."""
+    return path.with_name(f"checkpoint-{_step_of(path)}.pt")
 
 
 def check_data_out(data: str, out_dir) -> None:
@@ -596,11 +633,11 @@ class _Signals:
 def train(config: TrainConfig, *, data: TokenData | None = None, resume: bool = False,
           overwrite: bool = False) -> TrainResult:
     """Train the model of ``config.model`` (a LanguageModel, or a TransformerLM) as ``config`` says; writes
-    checkpoint.pt and log.json to config.out_dir.
+    checkpoints (``checkpoint.pt``, or sharded ones under a process group) and log.json to config.out_dir.
 
-    resume: continue from out_dir/checkpoint.pt (same batches, same schedule as an uninterrupted run;
-        so ``steps`` cannot change), on the same data (checked by content). A finished run is
-        returned as it is, and nothing is written.
+    resume: continue from out_dir's current checkpoint (same batches, same schedule as an uninterrupted run;
+        so ``steps`` cannot change, nor processes x grad_accum), on the same data (checked by content). A
+        finished run is returned as it is, and nothing is written.
     overwrite: start afresh even where out_dir already holds a checkpoint (otherwise an error).
 
     The folder is locked for the run. SIGINT or SIGTERM finishes the current step, saves a checkpoint
@@ -634,8 +671,7 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
                                payload=payload)
             return TrainResult(model, json.loads(payload["train"]["log"]))
     elif ckpt_path.exists() and not overwrite:
-        raise FileExistsError(f"{out} already holds a run ({ckpt_path}); resume it or choose another "
-                              f"output folder")
+        raise FileExistsError(f"{out} already holds a run ({ckpt_path}); resume it or choose another output folder")
     elif not ckpt_path.exists() and (out / LOG).exists() and not folder.owned:
         raise FileExistsError(f"{out} holds a {LOG} that no samu run folder owns; samu never overwrites "
                               f"files it did not write: choose another output folder")
@@ -657,9 +693,9 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
             raise CheckpointError(f"cannot resume {ckpt_path}: it trained on {known.get('train_tokens')} train and "
                                   f"{known.get('val_tokens')} validation tokens, the data given now have "
                                   f"{counts['train_tokens']} and {counts['val_tokens']}; resume with the same data")
-    if overwrite and payload is None and folder.owned:
+    if overwrite and payload is None and folder.owned and folder.rank == 0:
         # a run being replaced (samu demo) takes its kept checkpoints with it
-        for old_kept in out.glob("checkpoint-*"):
+        for old_kept in _kept_steps(out).values():
             _remove(old_kept)
         _remove(out / SHARDED)
 
@@ -670,7 +706,7 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
     check = set_check_finite(False)
     ctx = _Dist()
     try:
-        ctx, device = _setup_distributed(config)
+        ctx, device = _setup_distributed(config, payload is not None)
         with _Signals() as signals:
             return _run(config, data, identity, payload, ctx, device, folder, signals)
     finally:
@@ -685,7 +721,11 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
     # Every rank builds the same initial weights from the seed.
     torch.manual_seed(config.seed)
     model = build_model(config.model, backend=config.backend).to(device)
-    shard = config.data_parallel == "fsdp"
+    shard = config.data_parallel == "fsdp" and ctx.grouped
+    if shard and config.pack and not any(isinstance(m, RecurrentBlock) for m in model.modules()):
+        # its ranks would gather the parameters as many times as their micro-batches hold documents
+        raise ValueError("data_parallel is fsdp, which cannot run the transformer's packed batches (one call per "
+                         "document, a different number on each rank): train it with ddp, or unpacked")
     if shard:
         _fully_shard(model)
     # several processes save sharded checkpoints, through torch.distributed.checkpoint
@@ -695,8 +735,9 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         optimizer, CosineSchedule(config.warmup_steps, config.steps, config.min_lr / config.lr))
     start, time_before, train_before = 0, 0.0, 0.0
     # a run's identity: the same in every session of it, another in a run trained again alike
-    log = {"run_id": uuid.uuid4().hex, "config": config.to_dict(), "params": model.num_params(), "world_size": ctx.world,
-           "device": str(device), "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
+    log = {"run_id": uuid.uuid4().hex, "config": config.to_dict(), "params": model.num_params(),
+           "world_size": ctx.world, "device": str(device), "cpu_threads": torch.get_num_threads(),
+           "torch": torch.__version__,
            "env": environment(device),
            "data": {"name": data.name, "train_tokens": len(data.train), "val_tokens": len(data.val),
                     "identity": identity},
@@ -706,18 +747,15 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         if "sharded" in payload:
             load_sharded(payload["sharded"], model, optimizer)
         elif any(k.endswith("block.linear_x.weight") for k in payload["model"]):
-            raise CheckpointError(f"cannot resume {out / CHECKPOINT}: it was written before the block's W_x and W_y became "
-                                  f"one GEMM (linear_in); its weights still load (samu generate, load_model) but its "
-                                  f"optimizer state does not fit the new parameters, so training cannot continue "
-                                  f"from it")
-        elif shard:
-            # one process's checkpoint, whole in every process: each keeps its shards of it
+            raise CheckpointError(f"cannot resume {out / CHECKPOINT}: it was written before the block's W_x and W_y "
+                                  f"became one GEMM (linear_in); its weights still load (samu generate, load_model) "
+                                  f"but its optimizer state does not fit the new parameters, so training cannot "
+                                  f"continue from it")
+        else:
+            # one process's checkpoint, whole in every process (each keeps its shards of it where it shards)
             set_state_dict(model, optimizer, model_state_dict=payload["model"],
                            optim_state_dict=_named_optimizer_state(model, payload["train"]["optimizer"]),
                            options=StateDictOptions(full_state_dict=True))
-        else:
-            model.load_state_dict(payload["model"])
-            optimizer.load_state_dict(payload["train"]["optimizer"])
         scheduler.load_state_dict(payload["train"]["scheduler"])
         start = payload["train"]["step"]
         log = json.loads(payload["train"]["log"])
@@ -784,32 +822,66 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
             tqdm.write(f"step {step}: validation loss {result['val_loss']:.4f} nats/token{bpb}")
         return result
 
+    def agree(failed, what):
+        """Every rank learns whether the main rank's part of saving ``what`` failed (else the others would wait
+        for it at the next collective), and each raises then."""
+        if ctx.all_max([float(failed is not None)], device)[0]:
+            if failed is not None:
+                raise failed
+            raise WriteError(f"cannot write {what}: the main process failed to (its error is in its output)")
+
     def save(step, elapsed, trained):
         check_finite(step)
-        previous = log["checkpoints"][-1] if log["checkpoints"] else None
         log["checkpoints"].append(step)
         state = {"step": step, "scheduler": scheduler.state_dict(), "config": json.dumps(config.to_dict()),
                  "log": json.dumps(log), "data": identity, "time_s": elapsed, "train_s": trained}
         if is_main:
             folder.wrote = True
+        failed = None
         if sharded:
-            _save_sharded(out, step, model, optimizer, state, is_main)
+            name = f"checkpoint-{step}"
+            tmp = out / f".{name}.shards.tmp"
+            if is_main:
+                try:
+                    _remove(tmp)
+                    # a folder of this step that the link never reached (a run stopped between the two)
+                    _remove(out / name)
+                except OSError as e:
+                    failed = e
+            agree(failed, out / name)
+            try:
+                # every rank writes its shards, then the main rank points the link at them: a reader finds
+                # the previous checkpoint or this one, whole
+                save_sharded(tmp, model, optimizer, state, is_main)
+                if is_main:
+                    os.replace(tmp, out / name)
+                    point_link(out / SHARDED, name)
+            except Exception as e:
+                failed = e
         elif is_main:
-            keep_as = out / f"checkpoint-{previous}.pt" if config.keep > 1 and previous is not None else None
-            save_checkpoint(out / CHECKPOINT, model, {**state, "optimizer": optimizer.state_dict()}, keep_as=keep_as)
-        if is_main:
-            write_log(out, log)
-            # the other kind of checkpoint before this one (a run resumed on another number of processes)
-            other = out / (CHECKPOINT if sharded else SHARDED)
-            if sharded and other.exists() and config.keep > 1 and previous is not None:
-                os.replace(other, out / f"checkpoint-{previous}.pt")
-            _remove(other)
-            # only the checkpoints this run kept: never another checkpoint-<n>(.pt) in the folder
-            for step_gone in log["checkpoints"][:-1][::-1][config.keep - 1:]:
-                _remove(out / f"checkpoint-{step_gone}.pt")
-                _remove(out / f"checkpoint-{step_gone}")
-        if ctx.world > 1:
-            dist.barrier()
+            single = out / CHECKPOINT
+            try:
+                keep_as = _kept_path(single) if config.keep > 1 and single.exists() else None
+                save_checkpoint(single, model, {**state, "optimizer": optimizer.state_dict()}, keep_as=keep_as)
+            except Exception as e:
+                failed = e
+        if is_main and failed is None:
+            try:
+                write_log(out, log)
+                # the other kind of checkpoint before this one (a run resumed on another number of processes)
+                other = out / (CHECKPOINT if sharded else SHARDED)
+                if sharded and other.is_file() and config.keep > 1:
+                    os.replace(other, _kept_path(other))
+                _remove(other)
+                # only the checkpoints this run kept: never another checkpoint-<n>(.pt) in the folder; and a
+                # sharded one of this run that the link never reached (a run stopped between the two)
+                kept = set(log["checkpoints"][-config.keep:])
+                for step_gone, path in _kept_steps(out).items():
+                    if step_gone not in kept and (step_gone in log["checkpoints"] or _of_run(path, log)):
+                        _remove(path)
+            except Exception as e:
+                failed = e
+        agree(failed, out / (SHARDED if sharded else CHECKPOINT))
 
     tokens_per_step = config.batch_size * config.seq_len * config.grad_accum * ctx.world
     if start == 0:
@@ -919,23 +991,6 @@ def _fully_shard(model: CausalLM) -> None:
     for layer in model.layers:
         fully_shard(layer)
     fully_shard(model)
-
-
-def _save_sharded(out: Path, step: int, model, optimizer, state: dict, is_main: bool) -> None:
-    """Every rank writes its shards of ``checkpoint-<step>/`` (first into a temporary folder), then the main
-    rank points the link ``checkpoint`` at it: a reader finds the previous checkpoint or this one, whole."""
-    name = f"checkpoint-{step}"
-    tmp = out / f".{name}.shards.tmp"
-    if is_main:
-        _remove(tmp)
-        # a folder of this step that the link never reached (a run stopped between the two)
-        _remove(out / name)
-    if dist.is_initialized():
-        dist.barrier()
-    save_sharded(tmp, model, optimizer, state, is_main)
-    if is_main:
-        os.replace(tmp, out / name)
-        point_link(out / SHARDED, name)
 
 
 def write_log(out: Path, log: dict) -> None:

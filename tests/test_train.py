@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -256,6 +257,36 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path):
     assert [e["loss"] for e in ddp_log["train"]] == pytest.approx([e["loss"] for e in single_log["train"]], rel=1e-4)
 
 
+def test_the_current_checkpoint_is_the_later_kind_or_the_latest_folder(tmp_path):
+    from samu.models.checkpoint import point_link, save_sharded
+
+    data = text_corpus(_text(tmp_path))
+    result = train(_config(tmp_path, keep=1), data=data)
+    out = tmp_path / "run"
+    optimizer = torch.optim.AdamW(result.model.parameters())
+    state = load_checkpoint(out / "checkpoint.pt")["train"]
+
+    def sharded(step):
+        save_sharded(out / f"checkpoint-{step}", result.model, optimizer, {**state, "step": step}, is_main=True)
+
+    # one process wrote checkpoint.pt at step 6; a group wrote (a run that switched kinds and stopped between
+    # writing the one and removing the other) a sharded one before it, then one after it
+    sharded(4)
+    point_link(out / "checkpoint", "checkpoint-4")
+    assert current_checkpoint(out) == out / "checkpoint.pt"
+    sharded(9)
+    point_link(out / "checkpoint", "checkpoint-9")
+    assert current_checkpoint(out) == out / "checkpoint"
+    assert load_checkpoint(current_checkpoint(out), weights=False)["train"]["step"] == 9
+    # a copy that dropped the link and the file: the latest folder
+    (out / "checkpoint").unlink()
+    (out / "checkpoint.pt").unlink()
+    assert current_checkpoint(out) == out / "checkpoint-9"
+    # ... which a fresh run into the folder does not overwrite
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        train(_config(tmp_path, keep=1), data=data)
+
+
 def _launch(tmp_path, args, processes=None, stop_after=0, fsdp=False):
     """samu's CLI with ``args`` in ``processes`` gloo processes under torchrun (None: one plain process), through
     the script above; returns the finished subprocess."""
@@ -275,10 +306,12 @@ def _weights_close(folder, reference):
         assert torch.allclose(model[name], a, rtol=1e-4, atol=1e-6), (folder.name, name)
 
 
-def test_fsdp_equals_one_process_and_resumes_on_another_number_of_processes(tmp_path):
+def test_fsdp_equals_one_process_and_resumes_on_another_number_of_processes(tmp_path, capsys):
     corpus = _text(tmp_path)
+    # 10 validation windows: 4 processes hold 3, 3, 2 and 2, so the last two make one forward call fewer of
+    # their own and one more in lockstep (a sharded model gathers its parameters in every call, on every rank)
     common = ["train", "--data", str(corpus), "--width", "16", "--layers", "2", "--lru-width", "8",
-              "--steps", "4", "--batch-size", "2", "--seq-len", "24", "--eval-batches", "3", "--eval-every", "2",
+              "--steps", "4", "--batch-size", "2", "--seq-len", "24", "--eval-batches", "5", "--eval-every", "2",
               "--checkpoint-every", "2", "--warmup", "1", "--device", "cpu", "--no-progress"]
     from samu.cli import main
 
@@ -293,21 +326,27 @@ def test_fsdp_equals_one_process_and_resumes_on_another_number_of_processes(tmp_
     run = _launch(tmp_path, [*common, *two, "--out", str(fsdp)], processes=2, stop_after=4, fsdp=True)
     assert run.returncode != 0 and "--resume" in run.stdout + run.stderr, run.stderr[:3000]
     assert os.readlink(fsdp / "checkpoint") == "checkpoint-2"
-    assert sorted(p.name for p in (fsdp / "checkpoint-2").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    # sharded: each of the 2 ranks saved half of every parameter's rows (DDP would save each whole, once)
+    from torch.distributed.checkpoint import FileSystemReader
+
+    saved = FileSystemReader(fsdp / "checkpoint-2").read_metadata().state_dict_metadata
+    weight = saved["model.layers.0.block.linear_in.weight"]
+    assert [(c.offsets[0], c.sizes[0]) for c in weight.chunks] == [(0, weight.size[0] // 2),
+                                                                   (weight.size[0] // 2, weight.size[0] // 2)]
     assert load_checkpoint(fsdp / "checkpoint", weights=False)["train"]["step"] == 2
     # a micro-batch count that does not fit is refused, naming what would
-    with pytest.raises(CheckpointError, match="with 1 process use grad_accum 4"):
+    with pytest.raises(CheckpointError, match="with 1 process use grad_accum=4"):
         train(dataclasses.replace(TrainConfig.from_dict(json.loads(
             load_checkpoint(fsdp / "checkpoint", weights=False)["train"]["config"])), data_parallel="ddp"),
             resume=True)
+    assert main([*common, "--grad-accum", "1", "--resume", "--out", str(fsdp)]) == 1
+    assert "with 1 process use --grad-accum=4" in capsys.readouterr().err
     copy = tmp_path / "fsdp-copy"
-    import shutil
-
     shutil.copytree(fsdp, copy, symlinks=True)
     # ... resumed on 4 processes sharding it (x 1 micro-batch: torch.distributed.checkpoint reshards), and a
     # copy resumed on one process without sharding: both end where the single process did
-    run = _launch(tmp_path, [*common, "--data-parallel", "fsdp", "--grad-accum", "1", "--resume", "--out", str(fsdp)],
-                  processes=4, fsdp=True)
+    run = _launch(tmp_path, [*common, "--data-parallel", "fsdp", "--grad-accum", "1", "--resume", "--out",
+                             str(fsdp)], processes=4, fsdp=True)
     assert run.returncode == 0, f"stderr:\n{run.stderr[:3000]}\nstdout:\n{run.stdout[-2000:]}"
     assert main([*common, "--data-parallel", "ddp", "--grad-accum", "4", "--resume", "--out", str(copy)]) == 0
     for folder in (fsdp, copy):
@@ -318,12 +357,14 @@ def test_fsdp_equals_one_process_and_resumes_on_another_number_of_processes(tmp_
         assert [v["val_loss"] for v in log["val"]] == pytest.approx([v["val_loss"] for v in one_log["val"]], rel=1e-4)
     # the 4-process run wrote sharded checkpoints on; the one-process copy a file, keeping the folder before it
     assert os.readlink(fsdp / "checkpoint") == "checkpoint-4" and (fsdp / "checkpoint-2").is_dir()
-    assert (copy / "checkpoint.pt").is_file() and not (copy / "checkpoint").exists() and (copy / "checkpoint-2").is_dir()
+    assert (copy / "checkpoint.pt").is_file() and not (copy / "checkpoint").exists()
+    assert (copy / "checkpoint-2").is_dir()
 
     # one process's checkpoint (a file) resumed by 2 processes sharding it
     single = tmp_path / "single"
     run = _launch(tmp_path, [*common, "--grad-accum", "4", "--out", str(single)], stop_after=8)
-    assert run.returncode == 130 and load_checkpoint(single / "checkpoint.pt")["train"]["step"] == 2, run.stderr[:3000]
+    assert run.returncode == 130, run.stderr[:3000]
+    assert load_checkpoint(single / "checkpoint.pt")["train"]["step"] == 2
     run = _launch(tmp_path, [*common, *two, "--resume", "--out", str(single)], processes=2, fsdp=True)
     assert run.returncode == 0, f"stderr:\n{run.stderr[:3000]}\nstdout:\n{run.stdout[-2000:]}"
     _weights_close(single, reference)

@@ -186,9 +186,14 @@ def save_sharded(folder, model: nn.Module, optimizer, train_state: dict, is_main
     model = unwrap(model)
     if not isinstance(model, CausalLM):
         raise TypeError(f"model must be a LanguageModel or a TransformerLM, got {type(model).__name__}")
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
-        dcp.save(_training_state(model, optimizer), checkpoint_id=folder)
-    except (OSError, RuntimeError) as err:
+        with warnings.catch_warnings():
+            # without a process group this process saves alone, as intended
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save(_training_state(model, optimizer), checkpoint_id=folder)
+    except (OSError, RuntimeError, CheckpointException) as err:
         raise _write_failure(folder / ".metadata", err) from None
     if dist.is_initialized():
         dist.barrier()
@@ -199,17 +204,24 @@ def save_sharded(folder, model: nn.Module, optimizer, train_state: dict, is_main
         _fsync(folder)
 
 
-def _dcp_load(state: dict, folder: Path) -> None:
-    """DCP's load into ``state``: by every process of the group, or by this one alone where there is none
-    (which DCP then warns about; here that is the intent)."""
+def _dcp_load(state: dict, folder: Path, alone: bool, what: str) -> None:
+    """DCP's load of ``folder`` into ``state``: by every process of the group, or by this one ``alone`` (as it
+    is anyway where there is no group; DCP then warns, and here that is the intent). A failure is a
+    CheckpointError saying ``what`` did not load."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
-    single = not dist.is_initialized()
-    with warnings.catch_warnings():
-        if single:
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=folder, no_dist=single)
+    alone = alone or not dist.is_initialized()
+    try:
+        with warnings.catch_warnings():
+            if alone:
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=folder, no_dist=alone)
+    # DCP's CheckpointException is a BaseException, not an Exception
+    except (Exception, CheckpointException) as e:
+        raise CheckpointError(f"{folder}: {what} does not load ({type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:200]})") from None
 
 
 def load_sharded(folder, model: nn.Module, optimizer) -> None:
@@ -218,11 +230,7 @@ def load_sharded(folder, model: nn.Module, optimizer) -> None:
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     state = _training_state(model, optimizer)
-    try:
-        _dcp_load(state, Path(folder))
-    except Exception as e:
-        raise CheckpointError(f"{folder}: its model or optimizer state does not load ({type(e).__name__}: "
-                              f"{' '.join(str(e).split())[:200]})") from None
+    _dcp_load(state, Path(folder), alone=False, what="its model or optimizer state")
     set_state_dict(unwrap(model), optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
@@ -237,12 +245,9 @@ def _load_sharded_payload(path: Path, weights: bool) -> dict:
     payload = _validated(path, payload, need_model=False)
     payload["sharded"] = path
     if weights:
+        # the whole model, read by this process alone (in a process group too: no other rank need take part)
         state = {"model": build_model(payload["config"]).state_dict()}
-        try:
-            _dcp_load(state, path)
-        except Exception as e:
-            raise CheckpointError(f"{path}: its weights do not load ({type(e).__name__}: "
-                                  f"{' '.join(str(e).split())[:200]})") from None
+        _dcp_load(state, path, alone=True, what="its weights")
         payload["model"] = state["model"]
     return payload
 
@@ -251,14 +256,15 @@ def load_checkpoint(path, map_location="cpu", weights: bool = True) -> dict:
     """The validated contents of a checkpoint (a file, or a sharded checkpoint's folder): keys format,
     version, config (LMConfig or TransformerConfig), model, train?, and ``sharded`` (its folder) for a
     sharded one, whose ``train`` holds no optimizer state (``load_sharded`` loads it) and which holds no
-    ``model`` when ``weights`` is False."""
+    ``model`` when ``weights`` is False (a file's tensors are then memory-mapped, not read)."""
     path = Path(path)
     if path.is_dir() and is_sharded(path):
         return _load_sharded_payload(path, weights)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
+        # without the weights, mapped rather than read: only what is touched comes from the disk
+        payload = torch.load(path, map_location=map_location, weights_only=True, mmap=not weights)
     except Exception as e:
         raise CheckpointError(f"{path} is not a readable checkpoint (corrupt, truncated or not written "
                               f"by samu; {type(e).__name__})") from None

@@ -15,6 +15,11 @@ from samu.ops.glue import fused_backend
 from samu.ops.packing import sequence_offsets
 
 
+def local_part(t: torch.Tensor) -> torch.Tensor:
+    """This process's part of a DTensor (a sharded parameter, a replicated norm); any other tensor as it is."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 class CausalLM(nn.Module):
     """What samu's trainer needs of a language model: forward(tokens [B, L]) -> (logits, state or None), a
     ``config``, an ``activation_checkpointing`` switch, and the two parameter helpers below."""
@@ -33,7 +38,7 @@ class CausalLM(nn.Module):
     def nonfinite_parameters(self) -> list[str]:
         """Names of the parameters holding nan or inf (one host synchronisation when there are none); of a
         sharded model (FSDP), those whose shards in this process do."""
-        params = [(n, p.to_local() if isinstance(p, DTensor) else p) for n, p in self.named_parameters()]
+        params = [(n, local_part(p)) for n, p in self.named_parameters()]
         if bool(torch.stack([torch.isfinite(p).all() for _, p in params]).all()):
             return []
         return [name for name, p in params if not bool(torch.isfinite(p).all())]
