@@ -370,6 +370,13 @@ def test_fsdp_equals_one_process_and_resumes_on_another_number_of_processes(tmp_
     _weights_close(single, reference)
     assert (single / "checkpoint-2.pt").is_file() and not (single / "checkpoint.pt").exists()
 
+    # DDP's checkpoint (sharded too: each tensor saved once) stopped at step 2 on 4 processes, resumed by one
+    ddp = tmp_path / "ddp"
+    run = _launch(tmp_path, [*common, "--grad-accum", "1", "--out", str(ddp)], processes=4, stop_after=2)
+    assert run.returncode != 0 and os.readlink(ddp / "checkpoint") == "checkpoint-2", run.stderr[:3000]
+    assert main([*common, "--grad-accum", "4", "--resume", "--out", str(ddp)]) == 0
+    _weights_close(ddp, reference)
+
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
