@@ -407,7 +407,7 @@ def test_ddp_two_gpus_equal_one_gpu_with_accumulation(tmp_path):
     from samu.cli import main
 
     assert main([*common, "--grad-accum", "2", "--out", str(tmp_path / "single")]) == 0
-    ddp = load_checkpoint(tmp_path / "ddp" / "checkpoint.pt")["model"]
+    ddp = load_checkpoint(current_checkpoint(tmp_path / "ddp"))["model"]
     single = load_checkpoint(tmp_path / "single" / "checkpoint.pt")["model"]
     for name, a in single.items():
         assert torch.allclose(ddp[name], a, rtol=1e-3, atol=1e-5), name
