@@ -5,7 +5,7 @@ rank 0 logs).
 Batches are drawn by a generator seeded from (seed, step, global micro-batch index), so the data
 order is a function of the step alone: a resumed run sees exactly the batches the uninterrupted run
 would have seen, 2 processes with ``grad_accum=1`` see the batches of 1 process with ``grad_accum=2``
-(each process its own micro-batches, never another's), and a run resumes on any number of processes
+(each process its own micro-batches: independent draws), and a run resumes on any number of processes
 that keeps processes x grad_accum. One process writes ``checkpoint.pt``; a process group (several
 processes, or one that shards) writes sharded checkpoints through torch.distributed.checkpoint
 (``checkpoint-<step>/`` folders, the link ``checkpoint`` to the current one), which any number of
@@ -35,8 +35,6 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-from torch.distributed.fsdp import fully_shard
 from tqdm.auto import tqdm
 
 from samu.data import DATA_FORMATS, TokenData, load_data
@@ -245,6 +243,9 @@ def _setup_distributed(config: TrainConfig, resume: bool) -> tuple[_Dist, torch.
         # mid-destructor ("terminate called without an active exception"). Imported first, those
         # defaults are None, and destroy_process_group() joins the workers.
         import torch._dynamo as _  # noqa: F401  (as _: a plain import would make torch local here)
+        # the same for what sharding and sharded checkpoints import
+        import torch.distributed.checkpoint.state_dict as _state  # noqa: F401
+        import torch.distributed.fsdp as _fsdp  # noqa: F401
         # bound to this rank's GPU: NCCL's barriers and collectives need not guess it
         cuda = device.type == "cuda"
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
@@ -752,6 +753,8 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
                                   f"but its optimizer state does not fit the new parameters, so training cannot "
                                   f"continue from it")
         else:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
             # one process's checkpoint, whole in every process (each keeps its shards of it where it shards)
             set_state_dict(model, optimizer, model_state_dict=payload["model"],
                            optim_state_dict=_named_optimizer_state(model, payload["train"]["optimizer"]),
@@ -988,6 +991,8 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
 def _fully_shard(model: CausalLM) -> None:
     """Shard the model's parameters over the process group (FSDP2): each residual layer its own unit, whose
     parameters are gathered for its forward and backward only, then the embedding, final norm and tied head."""
+    from torch.distributed.fsdp import fully_shard
+
     for layer in model.layers:
         fully_shard(layer)
     fully_shard(model)

@@ -181,13 +181,12 @@ def save_sharded(folder, model: nn.Module, optimizer, train_state: dict, is_main
     down. A failure is a WriteError naming the folder."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     folder = Path(folder)
     model = unwrap(model)
     if not isinstance(model, CausalLM):
         raise TypeError(f"model must be a LanguageModel or a TransformerLM, got {type(model).__name__}")
-    from torch.distributed.checkpoint.api import CheckpointException
-
     try:
         with warnings.catch_warnings():
             # without a process group this process saves alone, as intended

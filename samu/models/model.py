@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from samu.models.config import LMConfig
@@ -17,7 +16,8 @@ from samu.ops.packing import sequence_offsets
 
 def local_part(t: torch.Tensor) -> torch.Tensor:
     """This process's part of a DTensor (a sharded parameter, a replicated norm); any other tensor as it is."""
-    return t.to_local() if isinstance(t, DTensor) else t
+    # by its method: torch.distributed.tensor need not be importable where nothing is sharded
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 class CausalLM(nn.Module):
