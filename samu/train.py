@@ -729,8 +729,9 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
                          "document, a different number on each rank): train it with ddp, or unpacked")
     if shard:
         _fully_shard(model)
-    # several processes save sharded checkpoints, through torch.distributed.checkpoint
-    sharded = ctx.world > 1 or shard
+    # a run with a process group (several processes, or one that shards) saves sharded checkpoints, through
+    # torch.distributed.checkpoint
+    sharded = ctx.grouped
     optimizer = _optimizer(model, config, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, CosineSchedule(config.warmup_steps, config.steps, config.min_lr / config.lr))
@@ -884,7 +885,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
                         _remove(path)
             except Exception as e:
                 failed = e
-        agree(failed, out / (SHARDED if sharded else CHECKPOINT))
+        agree(failed, ckpt_path)
 
     tokens_per_step = config.batch_size * config.seq_len * config.grad_accum * ctx.world
     if start == 0:

@@ -29,7 +29,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from samu.environment import environment  # noqa: E402
 from samu.modules import RecurrentBlock, RGLRUMixer, SAMUMixer  # noqa: E402
-from samu.ops.sequence_parallel import rglru_mixer_sequence_parallel, samu_mixer_sequence_parallel  # noqa: E402
 
 
 def shard(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
@@ -39,19 +38,11 @@ def shard(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
 
 
 def mixer_call(op: str, width: int, device, world: int):
-    """A function x -> y of the op's mixer, sequence-parallel over the world when it has several ranks."""
+    """A function x -> y of the op's mixer module, sequence-parallel over the world when it has several ranks."""
     torch.manual_seed(0)
-    if op == "samu":
-        m = SAMUMixer(width).to(device)
-        params = (m.nu, m.theta_log, m.directions, m.amplitudes)
-        fn = samu_mixer_sequence_parallel
-    else:
-        m = RGLRUMixer(width).to(device)
-        params = (m.w_a, m.b_a, m.w_x, m.b_x, m.a_param)
-        fn = rglru_mixer_sequence_parallel
-    if world == 1:
-        return lambda x: m(x)[0], m
-    return lambda x: fn(x, *params)[0], m
+    mixer = (SAMUMixer if op == "samu" else RGLRUMixer)(width).to(device)
+    group = dist.group.WORLD if world > 1 else None
+    return lambda x: mixer(x, group=group)[0]
 
 
 def slowest(ms: float, device) -> float:
@@ -132,7 +123,7 @@ def main():
     record = {"env": environment(device), "world": world, "length": args.length, "width": args.width,
               "dtype": args.dtype, "rows": []}
     for op in args.ops.split(","):
-        call, _ = mixer_call(op, args.width, device, world)
+        call = mixer_call(op, args.width, device, world)
         g = torch.Generator(device=device).manual_seed(1)
         x = shard(torch.randn(1, args.length, args.width, device=device, dtype=dtype, generator=g), rank, world)
         dy = shard(torch.randn(1, args.length, args.width, device=device, dtype=dtype, generator=g), rank, world)

@@ -225,18 +225,32 @@ sys.exit(code or (3 if gloo else 0))
 """
 
 
+def _launch(tmp_path, args, processes=None, stop_after=0, fsdp=False):
+    """samu's CLI with ``args`` in ``processes`` gloo processes under torchrun (None: one plain process), through
+    the script above; returns the finished subprocess."""
+    script = tmp_path / "samu_cli_then_no_gloo_threads.py"
+    script.write_text(_CLI_THEN_NO_GLOO_THREADS)
+    # faulthandler: should a rank ever abort, its stderr shows every thread's Python stack
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", "TORCH_SHOW_CPP_STACKTRACES": "1",
+           "SAMU_TEST_STOP_AFTER": str(stop_after), "SAMU_TEST_FSDP": str(int(fsdp))}
+    runner = [] if processes is None else ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                           str(processes)]
+    return subprocess.run([sys.executable, *runner, str(script), *args], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _weights_close(folder, reference):
+    model = load_checkpoint(current_checkpoint(folder))["model"]
+    for name, a in reference.items():
+        assert torch.allclose(model[name], a, rtol=1e-4, atol=1e-6), (folder.name, name)
+
+
 def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path):
     corpus = _text(tmp_path)
     common = ["train", "--data", str(corpus), "--width", "16", "--layers", "2", "--lru-width", "8",
               "--steps", "3", "--batch-size", "2", "--seq-len", "24", "--eval-batches", "2",
               "--warmup", "1", "--device", "cpu", "--no-progress"]
-    script = tmp_path / "samu_cli_then_no_gloo_threads.py"
-    script.write_text(_CLI_THEN_NO_GLOO_THREADS)
-    # faulthandler: should a rank ever abort, its stderr shows every thread's Python stack
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", "TORCH_SHOW_CPP_STACKTRACES": "1"}
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          str(script), *common, "--out", str(tmp_path / "ddp")],
-                         env=env, capture_output=True, text=True, timeout=300)
+    run = _launch(tmp_path, [*common, "--out", str(tmp_path / "ddp")], processes=2)
     # On failure show the start of stderr (where a rank's own error lands) and the end of stdout.
     assert run.returncode == 0, f"stderr:\n{run.stderr[:3000]}\nstdout:\n{run.stdout[-2000:]}"
     from samu.cli import main
@@ -246,8 +260,7 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path):
     assert (tmp_path / "ddp" / "checkpoint").is_symlink() and not (tmp_path / "ddp" / "checkpoint.pt").exists()
     ddp = load_checkpoint(current_checkpoint(tmp_path / "ddp"))
     single = load_checkpoint(tmp_path / "single" / "checkpoint.pt")
-    for name, a in single["model"].items():
-        assert torch.allclose(ddp["model"][name], a, rtol=1e-4, atol=1e-6), name
+    _weights_close(tmp_path / "ddp", single["model"])
     ddp_log = json.loads((tmp_path / "ddp" / "log.json").read_text())
     assert ddp_log["world_size"] == 2
     assert ddp_log["val"][-1]["val_loss"] == pytest.approx(json.loads(ddp["train"]["log"])["val"][-1]["val_loss"])
@@ -285,25 +298,6 @@ def test_the_current_checkpoint_is_the_later_kind_or_the_latest_folder(tmp_path)
     # ... which a fresh run into the folder does not overwrite
     with pytest.raises(FileExistsError, match="already holds a run"):
         train(_config(tmp_path, keep=1), data=data)
-
-
-def _launch(tmp_path, args, processes=None, stop_after=0, fsdp=False):
-    """samu's CLI with ``args`` in ``processes`` gloo processes under torchrun (None: one plain process), through
-    the script above; returns the finished subprocess."""
-    script = tmp_path / "samu_cli_then_no_gloo_threads.py"
-    script.write_text(_CLI_THEN_NO_GLOO_THREADS)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", "SAMU_TEST_STOP_AFTER": str(stop_after),
-           "SAMU_TEST_FSDP": str(int(fsdp))}
-    runner = [] if processes is None else ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                                           str(processes)]
-    return subprocess.run([sys.executable, *runner, str(script), *args], env=env, capture_output=True, text=True,
-                          timeout=300)
-
-
-def _weights_close(folder, reference):
-    model = load_checkpoint(current_checkpoint(folder))["model"]
-    for name, a in reference.items():
-        assert torch.allclose(model[name], a, rtol=1e-4, atol=1e-6), (folder.name, name)
 
 
 def test_fsdp_equals_one_process_and_resumes_on_another_number_of_processes(tmp_path, capsys):

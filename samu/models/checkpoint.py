@@ -233,21 +233,16 @@ def load_sharded(folder, model: nn.Module, optimizer) -> None:
     set_state_dict(unwrap(model), optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
-def _load_sharded_payload(path: Path, weights: bool) -> dict:
+def _read(path: Path, map_location="cpu", mmap: bool = False) -> dict:
+    """A samu checkpoint file's payload as written (checkpoint.pt, or a sharded folder's samu.pt), or a
+    CheckpointError naming the file."""
     try:
-        payload = torch.load(path / SHARDED_META, map_location="cpu", weights_only=True)
+        payload = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:
-        raise CheckpointError(f"{path / SHARDED_META} is not readable (corrupt, truncated or not written by samu; "
-                              f"{type(e).__name__})") from None
+        raise CheckpointError(f"{path} is not a readable checkpoint (corrupt, truncated or not written "
+                              f"by samu; {type(e).__name__})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a samu language-model checkpoint")
-    payload = _validated(path, payload, need_model=False)
-    payload["sharded"] = path
-    if weights:
-        # the whole model, read by this process alone (in a process group too: no other rank need take part)
-        state = {"model": build_model(payload["config"]).state_dict()}
-        _dcp_load(state, path, alone=True, what="its weights")
-        payload["model"] = state["model"]
     return payload
 
 
@@ -258,18 +253,18 @@ def load_checkpoint(path, map_location="cpu", weights: bool = True) -> dict:
     ``model`` when ``weights`` is False (a file's tensors are then memory-mapped, not read)."""
     path = Path(path)
     if path.is_dir() and is_sharded(path):
-        return _load_sharded_payload(path, weights)
+        payload = _validated(path, _read(path / SHARDED_META), need_model=False)
+        payload["sharded"] = path
+        if weights:
+            # the whole model, read by this process alone (in a process group too: no other rank need take part)
+            state = {"model": build_model(payload["config"]).state_dict()}
+            _dcp_load(state, path, alone=True, what="its weights")
+            payload["model"] = state["model"]
+        return payload
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    try:
-        # without the weights, mapped rather than read: only what is touched comes from the disk
-        payload = torch.load(path, map_location=map_location, weights_only=True, mmap=not weights)
-    except Exception as e:
-        raise CheckpointError(f"{path} is not a readable checkpoint (corrupt, truncated or not written "
-                              f"by samu; {type(e).__name__})") from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a samu language-model checkpoint")
-    return _validated(path, payload, need_model=True)
+    # without the weights, mapped rather than read: only what is touched comes from the disk
+    return _validated(path, _read(path, map_location, mmap=not weights), need_model=True)
 
 
 def _validated(path: Path, payload: dict, need_model: bool) -> dict:
