@@ -177,10 +177,10 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
             # w dL/dw = -w rho dL/drho + (w / gamma) rho^2 dL/dgamma; w / gamma -> 0 as w -> 0
             b_wg = tl.where(b_w > 0.0, b_w / tl.where(b_w > 0.0, b_g, 1.0), 0.0)
             b_wdw = tl.where(ok, -b_w * b_vlr + b_wg * b_rho * b_rho * (b_dr * b_zr + b_di * b_zi), 0.0)
-            # one-element stores with a vector mask (interpreters reject scalar masks)
-            one = tl.arange(0, 1)
-            tl.store(p_part + one, tl.sum(b_wdw, axis=0) + tl.zeros([1], tl.float32), mask=t + one < L)
-            tl.store(p_part + n_tiles * L + one, tl.sum(b_dpsi, axis=0) + tl.zeros([1], tl.float32), mask=t + one < L)
+            # the per-token sums over the tile's modes wait in the slot where delta_t was (this thread's own
+            # elements: no barrier); they are summed after the walk, off its serial path
+            tl.store(p_slot, b_wdw)
+            tl.store(p_slot + BN, b_dpsi)
             b_snu += b_wdw
             b_spsi += b_dpsi
             if HAS_H0:
@@ -195,12 +195,18 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
             b_hr, b_hi = _cfma(b_lr, b_li, b_hr, b_hi, b_g * b_zr, b_g * b_zi)
             t += 1
             p_x += D
-            p_part += 1
             p_slot += 2 * BN
         tl.debug_barrier()
+        # sum_k w dL/dw and sum_k dL/dpsi over the tile's modes, for the chunk's K tokens at once
+        i_k = tl.arange(0, K)
+        p_tile = p_slot0[None, :] + i_k[:, None] * 2 * BN
+        mask_k = i_c * K + i_k < L
+        tl.store(p_part + i_k, tl.sum(tl.load(p_tile), axis=1), mask=mask_k)
+        tl.store(p_part + n_tiles * L + i_k, tl.sum(tl.load(p_tile + BN), axis=1), mask=mask_k)
         off = (i_b.to(tl.int64) * n_chunks + i_c) * 3 * D + i_n
         tl.store(rows + off, b_snu, mask=mask_n)
         tl.store(rows + off + N, b_spsi, mask=mask_n)
+        tl.debug_barrier()  # the slot is free again before the next item's adjoint walk
 
 
 @triton.jit
@@ -380,7 +386,9 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
            HAS_DF=has_df, num_warps=num_warps)
     out = empty(3 * D, **f32)
     dA = empty(4, **f32)
-    BC = 128
+    # narrow column blocks and tall row tiles: ~200 programs with 8 KB loads in flight each (at BC = 128 and
+    # BR = 16, 49 programs walked 1,024 rows at (1, 32768, 2048) in 64 µs, latency-bound)
+    BC = 32
     launch(_reduce_kernel, (cdiv(3 * D, BC) + 1,), rows, dA_rows, theta_log, rnorm, out, dA, B * n_chunks,
-           B * n_tb, D, N, BR=16, BC=BC, num_warps=4)
+           B * n_tb, D, N, BR=64, BC=BC, num_warps=4)
     return dx, out[:N], out[N:D], out[D:].view(2, D), dA.view(2, 2), dh0
