@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Nsight Compute on a mixer's kernels (one H200 call; the Firecracker machine reads the counters):
+#
+#   bash scripts/gpu_ncu.sh OP BACKEND B,L,D KERNEL...      e.g. samu triton_grouped 1,32768,2048 _main_kernel
+#
+# Runs one forward + backward a few times (scripts/gpu_profile.py's inputs) and profiles the third launch of
+# each KERNEL with the full section set, clocks left alone (--clock-control none). Writes, per kernel,
+# $OUT/ncu/KERNEL.txt (the details page: throughput, occupancy, warp stall reasons) and KERNEL-source.csv
+# (per SASS instruction: executions and stall samples), and $OUT/ncu.tar.gz of the folder.
+set -u
+cd "$(dirname "$0")/.."
+OP=${1:?usage: gpu_ncu.sh OP BACKEND B,L,D KERNEL...}
+BACKEND=$2
+SHAPE=$3
+shift 3
+OUT="${OUT:-$PWD/out}"
+mkdir -p "$OUT/ncu"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+DRIVER="import sys; sys.path.insert(0, 'scripts'); import torch, samu; from gpu_profile import make
+samu.set_check_finite(False)
+_, fb, leaves = make('$OP', tuple(int(v) for v in '$SHAPE'.split(',')), '$BACKEND')
+for _ in range(3):
+    fb()
+    for t in leaves: t.grad = None
+torch.cuda.synchronize()"
+for kernel in "$@"; do
+  echo "=== $kernel"
+  timeout 240 "$NCU" --clock-control none --set full --import-source no -k "regex:^${kernel}\$" --launch-skip 2 \
+    --launch-count 1 -f -o "$OUT/ncu/$kernel" python3 -c "$DRIVER" > "$OUT/ncu/$kernel.log" 2>&1
+  tail -2 "$OUT/ncu/$kernel.log"
+  "$NCU" --import "$OUT/ncu/$kernel.ncu-rep" --page details > "$OUT/ncu/$kernel.txt" 2>&1
+  "$NCU" --import "$OUT/ncu/$kernel.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu/$kernel-source.csv" 2>&1
+  grep -E "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|Issued Ipc|No Eligible|Warp Cycles Per Issued|Memory Throughput" \
+    "$OUT/ncu/$kernel.txt" | head -12
+done
+rm -f "$OUT"/ncu/*.ncu-rep
+tar -czf "$OUT/ncu.tar.gz" -C "$OUT" ncu
