@@ -27,24 +27,26 @@ import triton
 import triton.language as tl
 
 from samu.ops.packing_triton import chunk_bits, first_sequence, last_sequence, opens_at, sequence_after, sequence_before
-from samu.ops.samu.triton_fwd import (CTL, _both, _cfma, _clamp, _controls, _entering, _gamma, _input_step,
-                                      _load_pair, _mode_row, _restart, _store_pair, _store_quad, _transition, prefix)
+from samu.ops.samu.triton_fwd import (CTL, _both, _cfma, _clamp, _controls_of, _entering, _fetch_controls, _fetch_pair,
+                                      _gamma, _input_of, _load_pair, _mode_row, _restart, _store_pair, _store_quad,
+                                      _transition, prefix)
 from samu.ops.triton_utils import cdiv, launch, tanh
 
 
 @triton.jit
-def _adjoint_step(p_g, p_m, p_c, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl, FROM_PHI: tl.constexpr,
-                  w, w_next, k, n, dfinal, i_n, D, K: tl.constexpr, VARLEN: tl.constexpr, HAS_DF: tl.constexpr):
-    """conj(lambda_{t+1}) (identity from L on) and g_t (0 past L), from pointers to the dy row of
-    token t and the batch row's m (ctl) and cos (trig) planes. Packed (VARLEN; token t is token k of its
+def _adjoint_of(m, a, b, b_gr, b_gi, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl, FROM_PHI: tl.constexpr,
+                w, w_next, k, n, dfinal, i_n, N, D, K: tl.constexpr, VARLEN: tl.constexpr, HAS_DF: tl.constexpr):
+    """conj(lambda_{t+1}) (identity from L on) and g_t, from token t + 1's fetched controls and token t's
+    fetched dy tile (triton_fwd._fetch_controls, _fetch_pair). Packed (VARLEN; token t is token k of its
     chunk, whose words are w and w_next, and belongs to sequence n): zero where token t + 1 opens a
     sequence, and g_t gains the final-state cotangent of the sequence token t closes."""
     nxt = t + 1 < L
-    m, cphi, sphi = _controls(p_m, p_c, t + 1, L, nxt, FROM_PHI)
+    m, cphi, sphi = _controls_of(m, a, b, nxt, FROM_PHI)
     _, _, b_lr, b_li = _transition(m, cphi, sphi, b_rate, b_ch, b_cl, b_sh, b_sl)
     b_ar = tl.where(nxt, b_lr, 1.0)
     b_ai = tl.where(nxt, -b_li, 0.0)
-    b_gr, b_gi = _load_pair(p_g, 0, N, _both(mask_n, t < L))
+    b_gr = b_gr.to(tl.float32)
+    b_gi = b_gi.to(tl.float32)
     if VARLEN:
         cut = nxt & opens_at(w, w_next, k + 1, K)
         b_ar = tl.where(cut, 0.0, b_ar)
@@ -55,6 +57,13 @@ def _adjoint_step(p_g, p_m, p_c, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl
             b_gr += b_fr
             b_gi += b_fi
     return b_ar, b_ai, b_gr, b_gi
+
+
+@triton.jit
+def _fetch_projections(p_p, p_dp, t, L):
+    """Token t's dp_0, dp_1 and p_0, p_1 as loaded (clamped index), for the dx walk."""
+    tc = _clamp(t, L)
+    return tl.load(p_dp + tc), tl.load(p_dp + L + tc), tl.load(p_p + tc), tl.load(p_p + L + tc)
 
 
 @triton.jit
@@ -94,10 +103,18 @@ def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, words, dfinal, L
     b_fr = tl.zeros([BN], dtype=tl.float32)
     b_fi = tl.zeros([BN], dtype=tl.float32)
     w, w_next, n = _walk_words(words, i_c, n_chunks, VARLEN)
+    # token t + 1's controls (for lambda_{t+1}) and token t's controls and dy, fetched a token ahead
+    mn, an, bn = _fetch_controls(p_m, p_m, t + 1, L, True)
+    m1, a1, b1 = _fetch_controls(p_m, p_m, t, L, True)
+    gr1, gi1 = _fetch_pair(p_g, t, L, N, mask_n)
     for j in tl.range(K, loop_unroll_factor=U):
         k = K - 1 - j
-        b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_m, p_m, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl, True,
-                                               w, w_next, k, n, dfinal, i_n, D, K, VARLEN, HAS_DF)
+        m0, a0, b0, gr0, gi0 = m1, a1, b1, gr1, gi1
+        m1, a1, b1 = _fetch_controls(p_m, p_m, t - 1, L, True)
+        gr1, gi1 = _fetch_pair(p_g - D, t - 1, L, N, mask_n)
+        b_ar, b_ai, b_gr, b_gi = _adjoint_of(mn, an, bn, gr0, gi0, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl, True,
+                                             w, w_next, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
+        mn, an, bn = m0, a0, b0
         if VARLEN:
             if HAS_DF:
                 n = sequence_before(n, opens_at(w, w_next, k, K), k)
@@ -132,10 +149,17 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
         p_g = dy + (i_b.to(tl.int64) * L + t) * D + i_n
         p_slot = p_slot0 + (K - 1) * 2 * BN
         w, w_next, n = _walk_words(words, i_c, n_chunks, VARLEN)
+        mn, an, bn = _fetch_controls(p_m, p_c, t + 1, L, False)
+        m1, a1, b1 = _fetch_controls(p_m, p_c, t, L, False)
+        gr1, gi1 = _fetch_pair(p_g, t, L, N, mask_n)
         for j in tl.range(K, loop_unroll_factor=U):
             k = K - 1 - j
-            b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_m, p_c, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl,
-                                                   False, w, w_next, k, n, dfinal, i_n, D, K, VARLEN, HAS_DF)
+            m0, a0, b0, gr0, gi0 = m1, a1, b1, gr1, gi1
+            m1, a1, b1 = _fetch_controls(p_m, p_c, t - 1, L, False)
+            gr1, gi1 = _fetch_pair(p_g - D, t - 1, L, N, mask_n)
+            b_ar, b_ai, b_gr, b_gi = _adjoint_of(mn, an, bn, gr0, gi0, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl,
+                                                 False, w, w_next, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
+            mn, an, bn = m0, a0, b0
             if VARLEN:
                 if HAS_DF:
                     n = sequence_before(n, opens_at(w, w_next, k, K), k)
@@ -156,18 +180,27 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
         p_slot = p_slot0
         if VARLEN:
             n = first_sequence(words, i_c, n_chunks)
+        m1, a1, b1 = _fetch_controls(p_m, p_c, t, L, False)
+        zr1, zi1 = _fetch_pair(p_x, t, L, N, mask_n)
+        dr1 = tl.load(p_slot)
+        di1 = tl.load(p_slot + BN)
         for k in tl.range(K, loop_unroll_factor=U):
             valid = t < L
             ok = _both(mask_n, valid)
-            b_dr = tl.load(p_slot)
-            b_di = tl.load(p_slot + BN)
+            m0, a0, b0, zr0, zi0, b_dr, b_di = m1, a1, b1, zr1, zi1, dr1, di1
+            m1, a1, b1 = _fetch_controls(p_m, p_c, t + 1, L, False)
+            zr1, zi1 = _fetch_pair(p_x + D, t + 1, L, N, mask_n)
+            # delta_{t+1} (past the slot's end at the chunk's last token: its own row again, unused)
+            p_next = p_slot + tl.where(k + 1 < K, 2 * BN, 0)
+            dr1 = tl.load(p_next)
+            di1 = tl.load(p_next + BN)
             if VARLEN:
                 opens = valid & opens_at(w, w_next, k, K)
                 if HAS_H0:
                     n = sequence_after(n, opens, k)
                 b_hr, b_hi = _restart(opens, n, h0, b_hr, b_hi, i_n, N, D, mask_n, HAS_H0)
-            b_w, b_rho, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, p_c, t, L, N, mask_n, valid,
-                                                                  b_rate, b_ch, b_cl, b_sh, b_sl)
+            b_w, b_rho, b_lr, b_li, b_g, b_zr, b_zi = _input_of(m0, a0, b0, zr0, zi0, valid,
+                                                                b_rate, b_ch, b_cl, b_sh, b_sl)
             # v = conj(G_lambda) = conj(delta) h_{t-1}; dL/dpsi = -Im(v lambda), w rho dL/drho = w Re(v lambda)
             b_vr = b_dr * b_hr + b_di * b_hi
             b_vi = b_dr * b_hi - b_di * b_hr
@@ -267,25 +300,36 @@ def _dx_kernel(x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, d
     p_x = x + row
     p_dx = dx + row
     w, w_next, n = _walk_words(words, i_c, n_chunks, VARLEN)
+    # token t + 1's controls (for lambda_{t+1}); token t's controls, dy, x, dp and p fetched a token ahead
+    p_m = p_p + 2 * L
+    mn, an, bn = _fetch_controls(p_m, p_c, t + 1, L, False)
+    m1, a1, b1 = _fetch_controls(p_m, p_c, t, L, False)
+    gr1, gi1 = _fetch_pair(p_g, t, L, N, mask_n)
+    xr1, xi1 = _fetch_pair(p_x, t, L, N, mask_n)
+    q01, q11, p01, p11 = _fetch_projections(p_p, p_dp, t, L)
     for j in tl.range(K, loop_unroll_factor=U):
         k = K - 1 - j
         valid = t < L
         ok = _both(mask_n, valid)
-        tc = _clamp(t, L)
-        b_ar, b_ai, b_gr, b_gi = _adjoint_step(p_g, p_p + 2 * L, p_c, t, L, N, mask_n, b_rate, b_ch, b_cl, b_sh,
-                                               b_sl, False, w, w_next, k, n, dfinal, i_n, D, K, VARLEN, HAS_DF)
+        m0, a0, b0, gr0, gi0, xr0, xi0, q00, q10, p0, p1 = m1, a1, b1, gr1, gi1, xr1, xi1, q01, q11, p01, p11
+        m1, a1, b1 = _fetch_controls(p_m, p_c, t - 1, L, False)
+        gr1, gi1 = _fetch_pair(p_g - D, t - 1, L, N, mask_n)
+        xr1, xi1 = _fetch_pair(p_x - D, t - 1, L, N, mask_n)
+        q01, q11, p01, p11 = _fetch_projections(p_p, p_dp, t - 1, L)
+        b_ar, b_ai, b_gr, b_gi = _adjoint_of(mn, an, bn, gr0, gi0, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl,
+                                             False, w, w_next, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
+        mn, an, bn = m0, a0, b0
         if VARLEN:
             if HAS_DF:
                 n = sequence_before(n, opens_at(w, w_next, k, K), k)
         b_dr, b_di = _cfma(b_ar, b_ai, b_dr, b_di, b_gr, b_gi)
-        b_g = _gamma(tl.load(p_p + 2 * L + tc) * b_rate)
-        dp0 = tl.where(valid, tl.load(p_dp + tc), 0.0)
-        dp1 = tl.where(valid, tl.load(p_dp + L + tc), 0.0)
+        b_g = _gamma(m0 * b_rate)
+        dp0 = tl.where(valid, q00, 0.0)
+        dp1 = tl.where(valid, q10, 0.0)
         _store_pair(p_dx, 0, N, b_g * b_dr + dp0 * b_u0r + dp1 * b_u1r, b_g * b_di + dp0 * b_u0i + dp1 * b_u1i, ok)
         # dL/du_j = r_j sum_t dp_{t,j} (x_t - p_{t,j} u_hat_j); r_j is applied in the final reduction
-        b_xr, b_xi = _load_pair(p_x, 0, N, ok)
-        p0 = tl.load(p_p + tc)
-        p1 = tl.load(p_p + L + tc)
+        b_xr = xr0.to(tl.float32)
+        b_xi = xi0.to(tl.float32)
         b_a0r += dp0 * (b_xr - p0 * b_u0r)
         b_a0i += dp0 * (b_xi - p0 * b_u0i)
         b_a1r += dp1 * (b_xr - p1 * b_u1r)

@@ -72,20 +72,45 @@ def _both(mask_n, valid):
 
 
 @triton.jit
-def _controls(p_m, p_c, t, L, valid, FROM_PHI: tl.constexpr):
-    """m, cos phi, sin phi of token t, from pointers to the batch row's m plane of ctl and cos plane
-    of trig (m = 0, phi = 0 where not valid). FROM_PHI evaluates cos and sin of the saved phi instead
-    of reading trig: the controller's functions on the same fp32 phi, so the same values."""
+def _fetch_controls(p_m, p_c, t, L, FROM_PHI: tl.constexpr):
+    """Token t's controls as loaded (m and cos phi, sin phi from trig; with FROM_PHI m, phi, phi), from a
+    clamped index, from pointers to the batch row's m plane of ctl and cos plane of trig.
+
+    Every walk fetches a token's loads one token ahead and does no arithmetic on them until then
+    (_controls_of), so the walk does not wait for their latency: a load used at once held the walks
+    there (on the H200, ~64% of the main backward's stall samples were its scalar control loads)."""
     tc = _clamp(t, L)
-    m = tl.where(valid, tl.load(p_m + tc), 0.0)
+    m = tl.load(p_m + tc)
     if FROM_PHI:
-        phi = tl.where(valid, tl.load(p_m + L + tc), 0.0)
+        a = tl.load(p_m + L + tc)
+        b = a
+    else:
+        a = tl.load(p_c + tc)
+        b = tl.load(p_c + L + tc)
+    return m, a, b
+
+
+@triton.jit
+def _controls_of(m, a, b, valid, FROM_PHI: tl.constexpr):
+    """m, cos phi, sin phi from _fetch_controls' values (m = 0, phi = 0 where not valid). FROM_PHI
+    evaluates cos and sin of the saved phi: the controller's functions on the same fp32 phi, so the
+    values the forward used."""
+    m = tl.where(valid, m, 0.0)
+    if FROM_PHI:
+        phi = tl.where(valid, a, 0.0)
         c = tl.cos(phi)
         s = tl.sin(phi)
     else:
-        c = tl.where(valid, tl.load(p_c + tc), 1.0)
-        s = tl.where(valid, tl.load(p_c + L + tc), 0.0)
+        c = tl.where(valid, a, 1.0)
+        s = tl.where(valid, b, 0.0)
     return m, c, s
+
+
+@triton.jit
+def _fetch_pair(p, t, L, N, mask_n):
+    """Token t's complex [BN] tile from its row pointer p, as stored (zeros outside [0, L))."""
+    ok = _both(mask_n, (t >= 0) & (t < L))
+    return tl.load(p, mask=ok, other=0.0), tl.load(p + N, mask=ok, other=0.0)
 
 
 @triton.jit
@@ -140,16 +165,14 @@ def _restart(opens, n, h0, b_hr, b_hi, i_n, N, D, mask_n, HAS_H0: tl.constexpr):
 
 
 @triton.jit
-def _input_step(p_x, p_m, p_c, t, L, N, mask_n, valid, b_rate, b_ch, b_cl, b_sh, b_sl):
-    """Transition and input of token t, [BN] each, from pointers to its x row and the row's m (ctl)
-    and cos (trig) planes; identity (lambda = 1, input 0) where not valid (past L)."""
-    m, cphi, sphi = _controls(p_m, p_c, t, L, valid, False)
+def _input_of(m, a, b, zr, zi, valid, b_rate, b_ch, b_cl, b_sh, b_sl):
+    """Transition and input of one token, [BN] each, from its fetched controls (_fetch_controls) and x
+    tile (_fetch_pair); identity (lambda = 1, input 0) where not valid (past L)."""
+    m, cphi, sphi = _controls_of(m, a, b, valid, False)
     b_w, b_rho, b_lr, b_li = _transition(m, cphi, sphi, b_rate, b_ch, b_cl, b_sh, b_sl)
     b_lr = tl.where(valid, b_lr, 1.0)
     b_li = tl.where(valid, b_li, 0.0)
-    b_g = _gamma(b_w)
-    b_zr, b_zi = _load_pair(p_x, 0, N, _both(mask_n, valid))
-    return b_w, b_rho, b_lr, b_li, b_g, b_zr, b_zi
+    return b_w, b_rho, b_lr, b_li, _gamma(b_w), zr.to(tl.float32), zi.to(tl.float32)
 
 
 @triton.jit
@@ -215,7 +238,12 @@ def _summary_kernel(x, ctl, trig, nu, theta_log, csum, words, h0, L, D, N, n_chu
     if VARLEN:
         w, w_next = chunk_bits(words, i_c, n_chunks)
         n = first_sequence(words, i_c, n_chunks)
+    m1, a1, b1 = _fetch_controls(p_m, p_c, t, L, False)
+    zr1, zi1 = _fetch_pair(p_x, t, L, N, mask_n)
     for k in tl.range(K, loop_unroll_factor=U):
+        m0, a0, b0, zr0, zi0 = m1, a1, b1, zr1, zi1
+        m1, a1, b1 = _fetch_controls(p_m, p_c, t + 1, L, False)
+        zr1, zi1 = _fetch_pair(p_x + D, t + 1, L, N, mask_n)
         if VARLEN:
             # n: the sequence of token t
             opens = (t < L) & opens_at(w, w_next, k, K)
@@ -224,8 +252,7 @@ def _summary_kernel(x, ctl, trig, nu, theta_log, csum, words, h0, L, D, N, n_chu
             b_er, b_ei = _restart(opens, n, h0, b_er, b_ei, i_n, N, D, mask_n, HAS_H0)
             b_pr = tl.where(opens, 0.0, b_pr)
             b_pi = tl.where(opens, 0.0, b_pi)
-        _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, p_c, t, L, N, mask_n, t < L,
-                                                        b_rate, b_ch, b_cl, b_sh, b_sl)
+        _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_of(m0, a0, b0, zr0, zi0, t < L, b_rate, b_ch, b_cl, b_sh, b_sl)
         b_er, b_ei = _cfma(b_lr, b_li, b_er, b_ei, b_g * b_zr, b_g * b_zi)
         b_pr, b_pi = _cmul(b_lr, b_li, b_pr, b_pi)
         t += 1
@@ -333,15 +360,19 @@ def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, word
     if VARLEN:
         w, w_next = chunk_bits(words, i_c, n_chunks)
         n = first_sequence(words, i_c, n_chunks)
+    m1, a1, b1 = _fetch_controls(p_m, p_c, t, L, False)
+    zr1, zi1 = _fetch_pair(p_x, t, L, N, mask_n)
     for k in tl.range(K, loop_unroll_factor=U):
         valid = t < L
+        m0, a0, b0, zr0, zi0 = m1, a1, b1, zr1, zi1
+        m1, a1, b1 = _fetch_controls(p_m, p_c, t + 1, L, False)
+        zr1, zi1 = _fetch_pair(p_x + D, t + 1, L, N, mask_n)
         if VARLEN:
             opens = valid & opens_at(w, w_next, k, K)
             if HAS_H0 or HAS_FINAL:
                 n = sequence_after(n, opens, k)
             b_hr, b_hi = _restart(opens, n, h0, b_hr, b_hi, i_n, N, D, mask_n, HAS_H0)
-        _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_step(p_x, p_m, p_c, t, L, N, mask_n, valid,
-                                                        b_rate, b_ch, b_cl, b_sh, b_sl)
+        _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_of(m0, a0, b0, zr0, zi0, valid, b_rate, b_ch, b_cl, b_sh, b_sl)
         b_hr, b_hi = _cfma(b_lr, b_li, b_hr, b_hi, b_g * b_zr, b_g * b_zi)
         _store_pair(p_y, 0, N, b_hr, b_hi, _both(mask_n, valid))
         if VARLEN:
