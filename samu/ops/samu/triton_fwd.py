@@ -76,9 +76,10 @@ def _fetch_controls(p_m, p_c, t, L, FROM_PHI: tl.constexpr):
     """Token t's controls as loaded (m and cos phi, sin phi from trig; with FROM_PHI m, phi, phi), from a
     clamped index, from pointers to the batch row's m plane of ctl and cos plane of trig.
 
-    Every walk fetches a token's loads one token ahead and does no arithmetic on them until then
+    Every walk fetches a token's loads two tokens ahead and does no arithmetic on them until then
     (_controls_of), so the walk does not wait for their latency: a load used at once held the walks
-    there (on the H200, ~64% of the main backward's stall samples were its scalar control loads)."""
+    there (on the H200, ~64% of the main backward's stall samples were its scalar control loads; one
+    token ahead still left ~50%: x and dy come from memory, not from cache)."""
     tc = _clamp(t, L)
     m = tl.load(p_m + tc)
     if FROM_PHI:
@@ -88,6 +89,14 @@ def _fetch_controls(p_m, p_c, t, L, FROM_PHI: tl.constexpr):
         a = tl.load(p_c + tc)
         b = tl.load(p_c + L + tc)
     return m, a, b
+
+
+@triton.jit
+def _fetch_token(p, p_m, p_c, t, L, N, mask_n, FROM_PHI: tl.constexpr):
+    """_fetch_controls and _fetch_pair of token t (p: its row of x or dy)."""
+    m, a, b = _fetch_controls(p_m, p_c, t, L, FROM_PHI)
+    zr, zi = _fetch_pair(p, t, L, N, mask_n)
+    return m, a, b, zr, zi
 
 
 @triton.jit
@@ -238,12 +247,12 @@ def _summary_kernel(x, ctl, trig, nu, theta_log, csum, words, h0, L, D, N, n_chu
     if VARLEN:
         w, w_next = chunk_bits(words, i_c, n_chunks)
         n = first_sequence(words, i_c, n_chunks)
-    m1, a1, b1 = _fetch_controls(p_m, p_c, t, L, False)
-    zr1, zi1 = _fetch_pair(p_x, t, L, N, mask_n)
+    m1, a1, b1, zr1, zi1 = _fetch_token(p_x, p_m, p_c, t, L, N, mask_n, False)
+    m2, a2, b2, zr2, zi2 = _fetch_token(p_x + D, p_m, p_c, t + 1, L, N, mask_n, False)
     for k in tl.range(K, loop_unroll_factor=U):
         m0, a0, b0, zr0, zi0 = m1, a1, b1, zr1, zi1
-        m1, a1, b1 = _fetch_controls(p_m, p_c, t + 1, L, False)
-        zr1, zi1 = _fetch_pair(p_x + D, t + 1, L, N, mask_n)
+        m1, a1, b1, zr1, zi1 = m2, a2, b2, zr2, zi2
+        m2, a2, b2, zr2, zi2 = _fetch_token(p_x + 2 * D, p_m, p_c, t + 2, L, N, mask_n, False)
         if VARLEN:
             # n: the sequence of token t
             opens = (t < L) & opens_at(w, w_next, k, K)
@@ -360,13 +369,13 @@ def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, word
     if VARLEN:
         w, w_next = chunk_bits(words, i_c, n_chunks)
         n = first_sequence(words, i_c, n_chunks)
-    m1, a1, b1 = _fetch_controls(p_m, p_c, t, L, False)
-    zr1, zi1 = _fetch_pair(p_x, t, L, N, mask_n)
+    m1, a1, b1, zr1, zi1 = _fetch_token(p_x, p_m, p_c, t, L, N, mask_n, False)
+    m2, a2, b2, zr2, zi2 = _fetch_token(p_x + D, p_m, p_c, t + 1, L, N, mask_n, False)
     for k in tl.range(K, loop_unroll_factor=U):
         valid = t < L
         m0, a0, b0, zr0, zi0 = m1, a1, b1, zr1, zi1
-        m1, a1, b1 = _fetch_controls(p_m, p_c, t + 1, L, False)
-        zr1, zi1 = _fetch_pair(p_x + D, t + 1, L, N, mask_n)
+        m1, a1, b1, zr1, zi1 = m2, a2, b2, zr2, zi2
+        m2, a2, b2, zr2, zi2 = _fetch_token(p_x + 2 * D, p_m, p_c, t + 2, L, N, mask_n, False)
         if VARLEN:
             opens = valid & opens_at(w, w_next, k, K)
             if HAS_H0 or HAS_FINAL:
