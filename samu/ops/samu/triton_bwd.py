@@ -103,15 +103,15 @@ def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, words, dfinal, L
     b_fr = tl.zeros([BN], dtype=tl.float32)
     b_fi = tl.zeros([BN], dtype=tl.float32)
     w, w_next, n = _walk_words(words, i_c, n_chunks, VARLEN)
-    # token t + 1's controls (for lambda_{t+1}) and token t's controls and dy, fetched two tokens ahead
+    # token t + 1's controls (for lambda_{t+1}) and token t's controls and dy, fetched a token ahead
     mn, an, bn = _fetch_controls(p_m, p_m, t + 1, L, True)
-    m1, a1, b1, gr1, gi1 = _fetch_token(p_g, p_m, p_m, t, L, N, mask_n, True)
-    m2, a2, b2, gr2, gi2 = _fetch_token(p_g - D, p_m, p_m, t - 1, L, N, mask_n, True)
+    m1, a1, b1 = _fetch_controls(p_m, p_m, t, L, True)
+    gr1, gi1 = _fetch_pair(p_g, t, L, N, mask_n)
     for j in tl.range(K, loop_unroll_factor=U):
         k = K - 1 - j
         m0, a0, b0, gr0, gi0 = m1, a1, b1, gr1, gi1
-        m1, a1, b1, gr1, gi1 = m2, a2, b2, gr2, gi2
-        m2, a2, b2, gr2, gi2 = _fetch_token(p_g - 2 * D, p_m, p_m, t - 2, L, N, mask_n, True)
+        m1, a1, b1 = _fetch_controls(p_m, p_m, t - 1, L, True)
+        gr1, gi1 = _fetch_pair(p_g - D, t - 1, L, N, mask_n)
         b_ar, b_ai, b_gr, b_gi = _adjoint_of(mn, an, bn, gr0, gi0, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl, True,
                                              w, w_next, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
         mn, an, bn = m0, a0, b0
@@ -149,6 +149,7 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
         p_g = dy + (i_b.to(tl.int64) * L + t) * D + i_n
         p_slot = p_slot0 + (K - 1) * 2 * BN
         w, w_next, n = _walk_words(words, i_c, n_chunks, VARLEN)
+        # token t + 1's controls (for lambda_{t+1}); token t's controls and dy fetched two tokens ahead
         mn, an, bn = _fetch_controls(p_m, p_c, t + 1, L, False)
         m1, a1, b1, gr1, gi1 = _fetch_token(p_g, p_m, p_c, t, L, N, mask_n, False)
         m2, a2, b2, gr2, gi2 = _fetch_token(p_g - D, p_m, p_c, t - 1, L, N, mask_n, False)
@@ -190,7 +191,7 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
             m0, a0, b0, zr0, zi0, b_dr, b_di = m1, a1, b1, zr1, zi1, dr1, di1
             m1, a1, b1, zr1, zi1 = m2, a2, b2, zr2, zi2
             m2, a2, b2, zr2, zi2 = _fetch_token(p_x + 2 * D, p_m, p_c, t + 2, L, N, mask_n, False)
-            # delta_{t+1} (from cache; past the slot's end at the chunk's last token: its own row again, unused)
+            # delta_{t+1}, from cache (past the slot's end at the chunk's last token: its own row again, unused)
             p_next = p_slot + tl.where(k + 1 < K, 2 * BN, 0)
             dr1 = tl.load(p_next)
             di1 = tl.load(p_next + BN)
@@ -300,24 +301,22 @@ def _dx_kernel(x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, d
     p_x = x + row
     p_dx = dx + row
     w, w_next, n = _walk_words(words, i_c, n_chunks, VARLEN)
-    # token t + 1's controls (for lambda_{t+1}); token t's controls, dy, x, dp and p fetched two tokens ahead
+    # token t + 1's controls (for lambda_{t+1}); token t's controls, dy, x, dp and p fetched a token ahead
     p_m = p_p + 2 * L
     mn, an, bn = _fetch_controls(p_m, p_c, t + 1, L, False)
-    m1, a1, b1, gr1, gi1 = _fetch_token(p_g, p_m, p_c, t, L, N, mask_n, False)
-    m2, a2, b2, gr2, gi2 = _fetch_token(p_g - D, p_m, p_c, t - 1, L, N, mask_n, False)
+    m1, a1, b1 = _fetch_controls(p_m, p_c, t, L, False)
+    gr1, gi1 = _fetch_pair(p_g, t, L, N, mask_n)
     xr1, xi1 = _fetch_pair(p_x, t, L, N, mask_n)
-    xr2, xi2 = _fetch_pair(p_x - D, t - 1, L, N, mask_n)
     q01, q11, p01, p11 = _fetch_projections(p_p, p_dp, t, L)
-    q02, q12, p02, p12 = _fetch_projections(p_p, p_dp, t - 1, L)
     for j in tl.range(K, loop_unroll_factor=U):
         k = K - 1 - j
         valid = t < L
         ok = _both(mask_n, valid)
         m0, a0, b0, gr0, gi0, xr0, xi0, q00, q10, p0, p1 = m1, a1, b1, gr1, gi1, xr1, xi1, q01, q11, p01, p11
-        m1, a1, b1, gr1, gi1, xr1, xi1, q01, q11, p01, p11 = m2, a2, b2, gr2, gi2, xr2, xi2, q02, q12, p02, p12
-        m2, a2, b2, gr2, gi2 = _fetch_token(p_g - 2 * D, p_m, p_c, t - 2, L, N, mask_n, False)
-        xr2, xi2 = _fetch_pair(p_x - 2 * D, t - 2, L, N, mask_n)
-        q02, q12, p02, p12 = _fetch_projections(p_p, p_dp, t - 2, L)
+        m1, a1, b1 = _fetch_controls(p_m, p_c, t - 1, L, False)
+        gr1, gi1 = _fetch_pair(p_g - D, t - 1, L, N, mask_n)
+        xr1, xi1 = _fetch_pair(p_x - D, t - 1, L, N, mask_n)
+        q01, q11, p01, p11 = _fetch_projections(p_p, p_dp, t - 1, L)
         b_ar, b_ai, b_gr, b_gi = _adjoint_of(mn, an, bn, gr0, gi0, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl,
                                              False, w, w_next, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
         mn, an, bn = m0, a0, b0

@@ -76,10 +76,12 @@ def _fetch_controls(p_m, p_c, t, L, FROM_PHI: tl.constexpr):
     """Token t's controls as loaded (m and cos phi, sin phi from trig; with FROM_PHI m, phi, phi), from a
     clamped index, from pointers to the batch row's m plane of ctl and cos plane of trig.
 
-    Every walk fetches a token's loads two tokens ahead and does no arithmetic on them until then
+    Every walk fetches a token's loads one token ahead and does no arithmetic on them until then
     (_controls_of), so the walk does not wait for their latency: a load used at once held the walks
-    there (on the H200, ~64% of the main backward's stall samples were its scalar control loads; one
-    token ahead still left ~50%: x and dy come from memory, not from cache)."""
+    there (on the H200, ~64% of the main backward's stall samples were its scalar control loads). The
+    main backward fetches two tokens ahead (one ahead still left ~50% of its samples on x and dy from
+    memory; 328 -> 302 us at (1, 32768, 2048)); in the other walks two ahead cost more registers than it
+    saved (dx 154 -> 182 us: fewer warps resident)."""
     tc = _clamp(t, L)
     m = tl.load(p_m + tc)
     if FROM_PHI:
@@ -247,12 +249,12 @@ def _summary_kernel(x, ctl, trig, nu, theta_log, csum, words, h0, L, D, N, n_chu
     if VARLEN:
         w, w_next = chunk_bits(words, i_c, n_chunks)
         n = first_sequence(words, i_c, n_chunks)
-    m1, a1, b1, zr1, zi1 = _fetch_token(p_x, p_m, p_c, t, L, N, mask_n, False)
-    m2, a2, b2, zr2, zi2 = _fetch_token(p_x + D, p_m, p_c, t + 1, L, N, mask_n, False)
+    m1, a1, b1 = _fetch_controls(p_m, p_c, t, L, False)
+    zr1, zi1 = _fetch_pair(p_x, t, L, N, mask_n)
     for k in tl.range(K, loop_unroll_factor=U):
         m0, a0, b0, zr0, zi0 = m1, a1, b1, zr1, zi1
-        m1, a1, b1, zr1, zi1 = m2, a2, b2, zr2, zi2
-        m2, a2, b2, zr2, zi2 = _fetch_token(p_x + 2 * D, p_m, p_c, t + 2, L, N, mask_n, False)
+        m1, a1, b1 = _fetch_controls(p_m, p_c, t + 1, L, False)
+        zr1, zi1 = _fetch_pair(p_x + D, t + 1, L, N, mask_n)
         if VARLEN:
             # n: the sequence of token t
             opens = (t < L) & opens_at(w, w_next, k, K)
@@ -369,13 +371,13 @@ def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, word
     if VARLEN:
         w, w_next = chunk_bits(words, i_c, n_chunks)
         n = first_sequence(words, i_c, n_chunks)
-    m1, a1, b1, zr1, zi1 = _fetch_token(p_x, p_m, p_c, t, L, N, mask_n, False)
-    m2, a2, b2, zr2, zi2 = _fetch_token(p_x + D, p_m, p_c, t + 1, L, N, mask_n, False)
+    m1, a1, b1 = _fetch_controls(p_m, p_c, t, L, False)
+    zr1, zi1 = _fetch_pair(p_x, t, L, N, mask_n)
     for k in tl.range(K, loop_unroll_factor=U):
         valid = t < L
         m0, a0, b0, zr0, zi0 = m1, a1, b1, zr1, zi1
-        m1, a1, b1, zr1, zi1 = m2, a2, b2, zr2, zi2
-        m2, a2, b2, zr2, zi2 = _fetch_token(p_x + 2 * D, p_m, p_c, t + 2, L, N, mask_n, False)
+        m1, a1, b1 = _fetch_controls(p_m, p_c, t + 1, L, False)
+        zr1, zi1 = _fetch_pair(p_x + D, t + 1, L, N, mask_n)
         if VARLEN:
             opens = valid & opens_at(w, w_next, k, K)
             if HAS_H0 or HAS_FINAL:
