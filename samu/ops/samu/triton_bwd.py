@@ -419,12 +419,14 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
            dh0 if has_h0 else rows, words_arg, df_arg, h0 if varlen and has_h0 else rows, L, D, N, n_chunks, n_groups,
            n_tiles, n_items, K=K, BN=BN, U=unroll, G=G, HAS_H0=has_h0, VARLEN=varlen, HAS_DF=has_df,
            num_warps=num_warps)
-    BT = 128
+    # 32 tokens a program: ~1,000 programs at L = 32,768 (128 gave 256 programs, each waiting out its
+    # loads over the n_tiles partials one after another)
+    BT = 32
     n_tb = cdiv(L, BT)
     dp = empty(B, 2, L, **f32)
     dA_rows = empty(B * n_tb, 4, **f32)
     launch(_controller_kernel, (n_tb, B), ctl, amplitudes, part, dp, dA_rows, L, n_tiles, float(radial_bound), BT=BT,
-           num_warps=4)
+           num_warps=1)
     dx = empty(B, L, D, device=x.device, dtype=x.dtype)
     launch(_dx_kernel, (n_chunks, n_tiles, B), x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, dp, dx,
            rows, words_arg, df_arg, L, D, N, n_chunks, n_groups, K=K, BN=BN, U=unroll, G=G, VARLEN=varlen,

@@ -273,6 +273,15 @@ def _summary_kernel(x, ctl, trig, nu, theta_log, csum, words, h0, L, D, N, n_chu
 
 
 @triton.jit
+def _fetch_map(summ, i_b, i, n_items, D, N, i_n, mask_n):
+    """Item i's affine map (P, E) of a [B, n_items, 2, D] tile, [BN] each."""
+    off = (i_b.to(tl.int64) * n_items + i) * 2 * D + i_n
+    b_ar, b_ai = _load_pair(summ, off, N, mask_n)
+    b_br, b_bi = _load_pair(summ, off + D, N, mask_n)
+    return b_ar, b_ai, b_br, b_bi
+
+
+@triton.jit
 def _compose_kernel(summ, init, enter, total, n_items, span, D, N,
                     BN: tl.constexpr, HAS_INIT: tl.constexpr, MAPS: tl.constexpr, REVERSE: tl.constexpr):
     """Compose the affine maps (P, E) of ``span`` consecutive items (right to left if REVERSE).
@@ -294,8 +303,15 @@ def _compose_kernel(summ, init, enter, total, n_items, span, D, N,
         b_ei = tl.zeros([BN], dtype=tl.float32)
     first = i_g * span
     last = tl.minimum(first + span, n_items)
+    # each item's map is fetched an item ahead (like the token walks' loads), so the composition's chain
+    # does not wait for it
+    i = last - 1 if REVERSE else first
+    b_ar1, b_ai1, b_br1, b_bi1 = _fetch_map(summ, i_b, i, n_items, D, N, i_n, mask_n)
     for i_s in range(last - first):
         i = last - 1 - i_s if REVERSE else first + i_s
+        b_ar, b_ai, b_br, b_bi = b_ar1, b_ai1, b_br1, b_bi1
+        i_next = tl.minimum(tl.maximum(i - 1 if REVERSE else i + 1, 0), n_items - 1)
+        b_ar1, b_ai1, b_br1, b_bi1 = _fetch_map(summ, i_b, i_next, n_items, D, N, i_n, mask_n)
         if MAPS:
             off = (i_b.to(tl.int64) * n_items + i) * 2 * D + i_n
             _store_quad(enter, off, N, D, b_pr, b_pi, b_er, b_ei, mask_n)
@@ -303,9 +319,6 @@ def _compose_kernel(summ, init, enter, total, n_items, span, D, N,
             off = (i_b.to(tl.int64) * n_items + i) * D + i_n
             tl.store(enter + off, b_er, mask=mask_n)
             tl.store(enter + off + N, b_ei, mask=mask_n)
-        off2 = (i_b.to(tl.int64) * n_items + i) * 2 * D + i_n
-        b_ar, b_ai = _load_pair(summ, off2, N, mask_n)
-        b_br, b_bi = _load_pair(summ, off2 + D, N, mask_n)
         b_er, b_ei = _cfma(b_ar, b_ai, b_er, b_ei, b_br, b_bi)
         b_pr, b_pi = _cmul(b_ar, b_ai, b_pr, b_pi)
     if MAPS:
