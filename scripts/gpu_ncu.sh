@@ -3,20 +3,24 @@
 #
 #   bash scripts/gpu_ncu.sh OP BACKEND B,L,D KERNEL...      e.g. samu triton_grouped 1,32768,2048 _main_kernel
 #
-# Runs one forward + backward a few times (scripts/gpu_profile.py's inputs) and profiles the third launch of
-# each KERNEL with the full section set, clocks left alone (--clock-control none). Writes, per kernel,
+# Runs one forward + backward three times (scripts/gpu_profile.py's inputs) and profiles the third launch of
+# each KERNEL with the full section set, clocks left alone (--clock-control none). A kernel launched more than
+# once per forward + backward is counted over all its launches: the third of SAMU's _controller_kernel is the
+# second call's forward one, of its _compose_kernel (grouped variant) the first call's backward group-local prefix,
+# of RG-LRU's _rglru_chunk_kernel the second call's summary pass. Writes, per kernel,
 # $OUT/ncu/KERNEL.txt (the details page: throughput, occupancy, warp stall reasons) and KERNEL-source.csv
 # (per SASS instruction: executions and stall samples), and $OUT/ncu.tar.gz of the folder.
 set -u
 cd "$(dirname "$0")/.."
 OP=${1:?usage: gpu_ncu.sh OP BACKEND B,L,D KERNEL...}
-BACKEND=$2
-SHAPE=$3
+BACKEND=${2:?usage: gpu_ncu.sh OP BACKEND B,L,D KERNEL...}
+SHAPE=${3:?usage: gpu_ncu.sh OP BACKEND B,L,D KERNEL...}
 shift 3
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT/ncu"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+[ -n "$NCU" ] || { echo "gpu_ncu.sh: no ncu on this machine (PATH or /opt/nvidia/nsight-compute)"; exit 1; }
 DRIVER="import sys; sys.path.insert(0, 'scripts'); import torch, samu; from gpu_profile import make
 samu.set_check_finite(False)
 _, fb, leaves = make('$OP', tuple(int(v) for v in '$SHAPE'.split(',')), '$BACKEND')
@@ -26,8 +30,11 @@ for _ in range(3):
 torch.cuda.synchronize()"
 for kernel in "$@"; do
   echo "=== $kernel"
-  timeout 240 "$NCU" --clock-control none --set full --import-source no -k "regex:^${kernel}\$" --launch-skip 2 \
-    --launch-count 1 -f -o "$OUT/ncu/$kernel" python3 -c "$DRIVER" > "$OUT/ncu/$kernel.log" 2>&1
+  if ! timeout 240 "$NCU" --clock-control none --set full --import-source no -k "regex:^${kernel}\$" --launch-skip 2 \
+      --launch-count 1 -f -o "$OUT/ncu/$kernel" python3 -c "$DRIVER" > "$OUT/ncu/$kernel.log" 2>&1 \
+      || [ ! -f "$OUT/ncu/$kernel.ncu-rep" ]; then
+    echo "ncu failed for $kernel:"; tail -5 "$OUT/ncu/$kernel.log"; continue
+  fi
   tail -2 "$OUT/ncu/$kernel.log"
   "$NCU" --import "$OUT/ncu/$kernel.ncu-rep" --page details > "$OUT/ncu/$kernel.txt" 2>&1
   "$NCU" --import "$OUT/ncu/$kernel.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu/$kernel-source.csv" 2>&1

@@ -27,9 +27,10 @@ from tests.helpers import gate_check, randn, rel_err, samu_params  # noqa: E402
 SHAPES = [(1, 8192, 1024), (4, 2048, 2048), (2, 4096, 2560), (1, 32768, 1024), (1, 32768, 2048)]
 # G = 0: the grouped variant's group size for each shape (about sqrt(#chunks))
 # (K, BN, G, warps, slots_per_sm, unroll)
-CONFIGS = [Config(32, 64, 0, 1, 16), Config(32, 64, 0, 1, 16, 2), Config(32, 64, 0, 1, 32),
-           Config(32, 64, 0, 1, 16, 4), Config(32, 32, 0, 1, 32), Config(32, 32, 0, 1, 32, 2),
-           Config(16, 64, 0, 1, 16), Config(32, 128, 0, 2, 16), Config(64, 64, 0, 1, 16), Config(32, 64, 1, 1, 16)]
+CONFIGS = [Config(32, 64, 0, 1, 16, 2), Config(32, 64, 0, 1, 16, 1), Config(32, 64, 0, 1, 32, 2),
+           Config(32, 64, 0, 1, 16, 4), Config(32, 32, 0, 1, 32, 1), Config(32, 32, 0, 1, 32, 2),
+           Config(16, 64, 0, 1, 16, 2), Config(32, 128, 0, 2, 16, 2), Config(64, 64, 0, 1, 16, 2),
+           Config(32, 64, 1, 1, 16, 2)]
 
 
 def check(config):
@@ -74,7 +75,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--configs", help="K,BN,G,warps,slots_per_sm[,unroll];... with G=0 for the grouped default "
+    ap.add_argument("--configs", help="K,BN,G,warps,slots_per_sm[,unroll (default 2)];... with G=0 for the grouped default "
                     "(default: the built-in sweep)")
     ap.add_argument("--shapes", help="B,L,D;... (default: the primary shapes)")
     ap.add_argument("--no-gates", action="store_true")

@@ -1,22 +1,29 @@
 #!/usr/bin/env bash
-# A change to the SAMU kernels judged on one H200 in one device call (~7 minutes at most):
+# A change to the SAMU kernels judged on one H200 in one device call (~2.5 minutes without OLD, ~3.5 with;
+# the stages' limits add up to the call's 10):
 #
-#   bash scripts/gpu_samu_change.sh [OLD]      OLD: a copy of an earlier checkout to time beside this one
-#                                              (e.g. `git worktree add /tmp/old <commit>`, copied into the
-#                                              tree as an untracked folder so that it travels); optional
+#   OLD_COMMIT=<hex> bash scripts/gpu_samu_change.sh [OLD]
+#       OLD: a copy of an earlier checkout to time beside this one (e.g. `git archive <commit> samu scripts
+#       tests | tar -x -C ab/old`, an untracked folder inside the tree so that it travels); OLD_COMMIT: that
+#       commit, which OLD's records then name (they would name this checkout's otherwise)
 #
-#   tests    the SAMU GPU tests (`pytest -m gpu tests/ops/test_samu_triton.py`)
+#   tests    every SAMU kernel test on the GPU (tests/ops/test_samu_triton.py: the gpu-marked ones and the
+#            small odd shapes the CPU suite runs through the interpreter, here compiled)
 #   gates    both SAMU variants' gates at every gate shape in bf16, fp16 and fp32 (one process per dtype,
 #            side by side) and packed (`--documents 16`, bf16 and fp32), beside the tests
 #   profile  scripts/gpu_profile.py of triton_grouped and triton_serial, this checkout and OLD alternating
 #            (this, OLD, this), so the drift between runs shows next to the difference
 #
-# Writes $OUT/change.log and, after every stage (a call cut short keeps what finished), $OUT/results.tar.gz.
-# Set SAMU_GIT_COMMIT when .git does not travel.
+# Writes $OUT/change.log and $OUT/results.tar.gz (after the gates and again after the profiles: a call cut
+# short keeps what finished). Set SAMU_GIT_COMMIT when .git does not travel.
 set -u
 cd "$(dirname "$0")/.."
 OLD=${1:-}
-OUT="${OUT:-$PWD/out}"
+if [ -n "$OLD" ]; then
+  OLD=$(cd "$OLD" && pwd) || exit 1
+  : "${OLD_COMMIT:?set OLD_COMMIT to the commit OLD was taken from}"
+fi
+OUT=$(mkdir -p "${OUT:-$PWD/out}" && cd "${OUT:-$PWD/out}" && pwd)
 W="$OUT/w"
 mkdir -p "$W"
 STAGES="${STAGES:-tests gates profile}"
@@ -30,7 +37,7 @@ GATE=($PY -m samu.cli gate --ops samu --quiet --no-status --backends triton_seri
 
 # side by side; waited for by their process ids (a bare `wait` would also wait for the log's tee)
 pids=()
-stage tests 240 $PY -m pytest -m gpu -q -p no:cacheprovider tests/ops/test_samu_triton.py > "$W/tests.log" 2>&1 &
+stage tests 240 $PY -m pytest -q -p no:cacheprovider tests/ops/test_samu_triton.py > "$W/tests.log" 2>&1 &
 pids+=($!)
 for dtype in bf16 fp16 fp32; do
   stage gates 240 "${GATE[@]}" --shapes gate --dtypes $dtype --out "$W/gates-samu-$dtype.json" & pids+=($!)
@@ -41,23 +48,30 @@ wait "${pids[@]}"
 tail -3 "$W/tests.log"
 save
 SHAPES="1,8192,1024;4,2048,2048;1,32768,2048"
-profile() {  # profile TAG DIR
+profile() {  # profile TAG DIR COMMIT
   mkdir -p "$W/profile-$1"
   for backend in triton_grouped triton_serial; do
-    (cd "$2" && PYTHONPATH="$PWD" stage profile 60 $PY scripts/gpu_profile.py --op samu --backend $backend \
-      --out "$W/profile-$1" --shapes "$SHAPES")
+    (cd "$2" && PYTHONPATH="$PWD" SAMU_GIT_COMMIT="$3" stage profile 60 $PY scripts/gpu_profile.py --op samu \
+      --backend $backend --out "$W/profile-$1" --shapes "$SHAPES")
   done
 }
-profile new-1 .
-if [ -n "$OLD" ]; then profile old "$OLD"; profile new-2 .; fi
+NEW_COMMIT=${SAMU_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}
+profile new-1 . "$NEW_COMMIT"
+if [ -n "$OLD" ]; then profile old "$OLD" "$OLD_COMMIT"; profile new-2 . "$NEW_COMMIT"; fi
 save
 echo "=== digest"
 $PY - "$W" <<'EOF'
 import glob, json, sys
 for path in sorted(glob.glob(sys.argv[1] + "/gates-*.json")):
-    rows = json.load(open(path))["rows"]
+    try:
+        record = json.load(open(path))
+    except (OSError, ValueError) as e:
+        print(path.rsplit("/", 1)[-1], "unreadable:", e)
+        continue
+    rows = record["rows"]
     failed = [(r["backend"], r["dtype"], r["shape"]) for r in rows if not r["pass"]]
-    print(path.rsplit("/", 1)[-1], f"{sum(r['pass'] for r in rows)}/{len(rows)} pass", failed[:6])
+    print(path.rsplit("/", 1)[-1], f"{sum(r['pass'] for r in rows)}/{len(rows)} pass",
+          "" if record.get("complete") else "INCOMPLETE (cut short)", failed[:6])
 for path in sorted(glob.glob(sys.argv[1] + "/profile-*/*.json")):
     rec = json.load(open(path))
     for s in rec["rows"]:

@@ -1,7 +1,7 @@
 """Compile the SAMU kernels for sm_90 on this machine (no GPU needed) and report, per kernel:
 registers, spills, and the SASS instruction count of each loop body (innermost first).
 
-Usage: python scripts/sass_report.py [--K 32] [--BN 64] [--warps 2] [--dtype bf16] [--unroll 1]
+Usage: python scripts/sass_report.py [--K 32] [--BN 64] [--warps 1] [--dtype bf16] [--unroll 2]
 Needs triton's bundled ptxas/cuobjdump (the Linux x86-64 wheel has them).
 """
 
@@ -70,9 +70,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--K", type=int, default=32)
     ap.add_argument("--BN", type=int, default=64)
-    ap.add_argument("--warps", type=int, default=2)
+    ap.add_argument("--warps", type=int, default=1)
     ap.add_argument("--dtype", default="bf16")
-    ap.add_argument("--unroll", type=int, default=1)
+    ap.add_argument("--unroll", type=int, default=2)
     args = ap.parse_args()
     target = GPUTarget("cuda", 90, 32)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,

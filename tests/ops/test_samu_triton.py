@@ -36,7 +36,7 @@ def _with_config(config):
     return mixer
 
 
-def _config(K, BN, G, unroll=1):
+def _config(K, BN, G, unroll=2):
     from samu.ops.samu.function import Config
 
     return Config(K=K, BN=BN, G=G, unroll=unroll)

@@ -16,7 +16,7 @@ import torch
 from samu.ops import dispatch
 from samu.ops.packing import state_rows
 from samu.ops.packing_triton import chunk_boundaries
-from samu.ops.samu.triton_bwd import bwd, slot_count
+from samu.ops.samu.triton_bwd import CONTROLLER_TOKENS, bwd, slot_count
 from samu.ops.samu.triton_fwd import CTL, fwd
 from samu.ops.triton_utils import cdiv, next_power_of_2
 
@@ -197,9 +197,9 @@ def _scratch(config_of):
         n_slots = slot_count(B * n_chunks * n_tiles, sms, c.slots_per_sm)
         grouped = c.G > 1
         words = (B * D * (8 * n_chunks + grouped * (4 * n_chunks + 4 * n_groups) + 2 * n_groups)
-                 + B * L * (8 + 2 * n_tiles) + n_slots * c.K * 2 * c.BN)
-        formula = (f"4*(B*D*(8*nC + [G>1]*(4*nC + 4*nG) + 2*nG) + B*L*(8 + 2*ceil(D/(2*BN))) + n_slots*K*2*BN)"
-                   f" with K={c.K}, BN={c.BN}, G={c.G}, n_slots={n_slots}")
+                 + B * L * (8 + 2 * n_tiles) + n_slots * c.K * 2 * c.BN + 4 * B * cdiv(L, CONTROLLER_TOKENS))
+        formula = (f"4*(B*D*(8*nC + [G>1]*(4*nC + 4*nG) + 2*nG) + B*L*(8 + 2*ceil(D/(2*BN))) + n_slots*K*2*BN"
+                   f" + 4*B*ceil(L/{CONTROLLER_TOKENS})) with K={c.K}, BN={c.BN}, G={c.G}, n_slots={n_slots}")
         return formula, 4 * words
     return scratch
 
@@ -216,10 +216,8 @@ def _variant(name, config_of, preference, description):
 
 
 def _numerics(c: Config) -> str:
-    # chunk length, mode tile and group size fix the parenthesisation; warps and slots do not. The unroll
-    # factor changes which products the compiler contracts into fused multiply-adds: the H200 gave fp32
-    # errors of 2.4e-5 (U = 1) and 2.9e-6 (U = 2) on one input, so a gate passed at one U does not speak
-    # for another
+    # chunk length, mode tile (and with it the warps, _tile) and group size fix the parenthesisation, slots
+    # do not; the unroll factor changes which products the compiler contracts into fused multiply-adds
     return f"K={c.K},BN={c.BN},G={c.G},U={c.unroll}"
 
 

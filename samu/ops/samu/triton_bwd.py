@@ -34,14 +34,14 @@ from samu.ops.triton_utils import cdiv, launch, tanh
 
 
 @triton.jit
-def _adjoint_of(m, a, b, b_gr, b_gi, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl, FROM_PHI: tl.constexpr,
+def _adjoint_of(m, c, s, b_gr, b_gi, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl, FROM_PHI: tl.constexpr,
                 w, w_next, k, n, dfinal, i_n, N, D, K: tl.constexpr, VARLEN: tl.constexpr, HAS_DF: tl.constexpr):
     """conj(lambda_{t+1}) (identity from L on) and g_t, from token t + 1's fetched controls and token t's
     fetched dy tile (triton_fwd._fetch_controls, _fetch_pair). Packed (VARLEN; token t is token k of its
     chunk, whose words are w and w_next, and belongs to sequence n): zero where token t + 1 opens a
     sequence, and g_t gains the final-state cotangent of the sequence token t closes."""
     nxt = t + 1 < L
-    m, cphi, sphi = _controls_of(m, a, b, nxt, FROM_PHI)
+    m, cphi, sphi = _controls_of(m, c, s, nxt, FROM_PHI)
     _, _, b_lr, b_li = _transition(m, cphi, sphi, b_rate, b_ch, b_cl, b_sh, b_sl)
     b_ar = tl.where(nxt, b_lr, 1.0)
     b_ai = tl.where(nxt, -b_li, 0.0)
@@ -61,7 +61,7 @@ def _adjoint_of(m, a, b, b_gr, b_gi, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_s
 
 @triton.jit
 def _fetch_projections(p_p, p_dp, t, L):
-    """Token t's dp_0, dp_1 and p_0, p_1 as loaded (clamped index), for the dx walk."""
+    """Token t's dp_0, dp_1 and projections p_0, p_1 as loaded (clamped index), for the dx walk."""
     tc = _clamp(t, L)
     return tl.load(p_dp + tc), tl.load(p_dp + L + tc), tl.load(p_p + tc), tl.load(p_p + L + tc)
 
@@ -103,18 +103,16 @@ def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, words, dfinal, L
     b_fr = tl.zeros([BN], dtype=tl.float32)
     b_fi = tl.zeros([BN], dtype=tl.float32)
     w, w_next, n = _walk_words(words, i_c, n_chunks, VARLEN)
-    # token t + 1's controls (for lambda_{t+1}) and token t's controls and dy, fetched a token ahead
-    mn, an, bn = _fetch_controls(p_m, p_m, t + 1, L, True)
-    m1, a1, b1 = _fetch_controls(p_m, p_m, t, L, True)
-    gr1, gi1 = _fetch_pair(p_g, t, L, N, mask_n)
+    # token t + 1's controls (mr, cr, sr: for lambda_{t+1}); token t's controls and dy fetched a token ahead
+    mr, cr, sr = _fetch_controls(p_m, p_m, t + 1, L, True)
+    m1, c1, s1, b_gr1, b_gi1 = _fetch_token(p_g, p_m, p_m, t, L, N, mask_n, True)
     for j in tl.range(K, loop_unroll_factor=U):
         k = K - 1 - j
-        m0, a0, b0, gr0, gi0 = m1, a1, b1, gr1, gi1
-        m1, a1, b1 = _fetch_controls(p_m, p_m, t - 1, L, True)
-        gr1, gi1 = _fetch_pair(p_g - D, t - 1, L, N, mask_n)
-        b_ar, b_ai, b_gr, b_gi = _adjoint_of(mn, an, bn, gr0, gi0, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl, True,
-                                             w, w_next, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
-        mn, an, bn = m0, a0, b0
+        m0, c0, s0, b_gr0, b_gi0 = m1, c1, s1, b_gr1, b_gi1
+        m1, c1, s1, b_gr1, b_gi1 = _fetch_token(p_g - D, p_m, p_m, t - 1, L, N, mask_n, True)
+        b_ar, b_ai, b_gr, b_gi = _adjoint_of(mr, cr, sr, b_gr0, b_gi0, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl,
+                                             True, w, w_next, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
+        mr, cr, sr = m0, c0, s0
         if VARLEN:
             if HAS_DF:
                 n = sequence_before(n, opens_at(w, w_next, k, K), k)
@@ -149,18 +147,18 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
         p_g = dy + (i_b.to(tl.int64) * L + t) * D + i_n
         p_slot = p_slot0 + (K - 1) * 2 * BN
         w, w_next, n = _walk_words(words, i_c, n_chunks, VARLEN)
-        # token t + 1's controls (for lambda_{t+1}); token t's controls and dy fetched two tokens ahead
-        mn, an, bn = _fetch_controls(p_m, p_c, t + 1, L, False)
-        m1, a1, b1, gr1, gi1 = _fetch_token(p_g, p_m, p_c, t, L, N, mask_n, False)
-        m2, a2, b2, gr2, gi2 = _fetch_token(p_g - D, p_m, p_c, t - 1, L, N, mask_n, False)
+        # token t + 1's controls (mr, cr, sr: for lambda_{t+1}); token t's controls and dy fetched two tokens ahead
+        mr, cr, sr = _fetch_controls(p_m, p_c, t + 1, L, False)
+        m1, c1, s1, b_gr1, b_gi1 = _fetch_token(p_g, p_m, p_c, t, L, N, mask_n, False)
+        m2, c2, s2, b_gr2, b_gi2 = _fetch_token(p_g - D, p_m, p_c, t - 1, L, N, mask_n, False)
         for j in tl.range(K, loop_unroll_factor=U):
             k = K - 1 - j
-            m0, a0, b0, gr0, gi0 = m1, a1, b1, gr1, gi1
-            m1, a1, b1, gr1, gi1 = m2, a2, b2, gr2, gi2
-            m2, a2, b2, gr2, gi2 = _fetch_token(p_g - 2 * D, p_m, p_c, t - 2, L, N, mask_n, False)
-            b_ar, b_ai, b_gr, b_gi = _adjoint_of(mn, an, bn, gr0, gi0, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl,
-                                                 False, w, w_next, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
-            mn, an, bn = m0, a0, b0
+            m0, c0, s0, b_gr0, b_gi0 = m1, c1, s1, b_gr1, b_gi1
+            m1, c1, s1, b_gr1, b_gi1 = m2, c2, s2, b_gr2, b_gi2
+            m2, c2, s2, b_gr2, b_gi2 = _fetch_token(p_g - 2 * D, p_m, p_c, t - 2, L, N, mask_n, False)
+            b_ar, b_ai, b_gr, b_gi = _adjoint_of(mr, cr, sr, b_gr0, b_gi0, t, L, mask_n, b_rate, b_ch, b_cl, b_sh,
+                                                 b_sl, False, w, w_next, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
+            mr, cr, sr = m0, c0, s0
             if VARLEN:
                 if HAS_DF:
                     n = sequence_before(n, opens_at(w, w_next, k, K), k)
@@ -181,26 +179,26 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
         p_slot = p_slot0
         if VARLEN:
             n = first_sequence(words, i_c, n_chunks)
-        m1, a1, b1, zr1, zi1 = _fetch_token(p_x, p_m, p_c, t, L, N, mask_n, False)
-        m2, a2, b2, zr2, zi2 = _fetch_token(p_x + D, p_m, p_c, t + 1, L, N, mask_n, False)
-        dr1 = tl.load(p_slot)
-        di1 = tl.load(p_slot + BN)
+        m1, c1, s1, b_zr1, b_zi1 = _fetch_token(p_x, p_m, p_c, t, L, N, mask_n, False)
+        m2, c2, s2, b_zr2, b_zi2 = _fetch_token(p_x + D, p_m, p_c, t + 1, L, N, mask_n, False)
+        b_dr1 = tl.load(p_slot)
+        b_di1 = tl.load(p_slot + BN)
         for k in tl.range(K, loop_unroll_factor=U):
             valid = t < L
             ok = _both(mask_n, valid)
-            m0, a0, b0, zr0, zi0, b_dr, b_di = m1, a1, b1, zr1, zi1, dr1, di1
-            m1, a1, b1, zr1, zi1 = m2, a2, b2, zr2, zi2
-            m2, a2, b2, zr2, zi2 = _fetch_token(p_x + 2 * D, p_m, p_c, t + 2, L, N, mask_n, False)
+            m0, c0, s0, b_zr0, b_zi0, b_dr, b_di = m1, c1, s1, b_zr1, b_zi1, b_dr1, b_di1
+            m1, c1, s1, b_zr1, b_zi1 = m2, c2, s2, b_zr2, b_zi2
+            m2, c2, s2, b_zr2, b_zi2 = _fetch_token(p_x + 2 * D, p_m, p_c, t + 2, L, N, mask_n, False)
             # delta_{t+1}, from cache (past the slot's end at the chunk's last token: its own row again, unused)
             p_next = p_slot + tl.where(k + 1 < K, 2 * BN, 0)
-            dr1 = tl.load(p_next)
-            di1 = tl.load(p_next + BN)
+            b_dr1 = tl.load(p_next)
+            b_di1 = tl.load(p_next + BN)
             if VARLEN:
                 opens = valid & opens_at(w, w_next, k, K)
                 if HAS_H0:
                     n = sequence_after(n, opens, k)
                 b_hr, b_hi = _restart(opens, n, h0, b_hr, b_hi, i_n, N, D, mask_n, HAS_H0)
-            b_w, b_rho, b_lr, b_li, b_g, b_zr, b_zi = _input_of(m0, a0, b0, zr0, zi0, valid,
+            b_w, b_rho, b_lr, b_li, b_g, b_zr, b_zi = _input_of(m0, c0, s0, b_zr0, b_zi0, valid,
                                                                 b_rate, b_ch, b_cl, b_sh, b_sl)
             # v = conj(G_lambda) = conj(delta) h_{t-1}; dL/dpsi = -Im(v lambda), w rho dL/drho = w Re(v lambda)
             b_vr = b_dr * b_hr + b_di * b_hi
@@ -211,8 +209,9 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
             # w dL/dw = -w rho dL/drho + (w / gamma) rho^2 dL/dgamma; w / gamma -> 0 as w -> 0
             b_wg = tl.where(b_w > 0.0, b_w / tl.where(b_w > 0.0, b_g, 1.0), 0.0)
             b_wdw = tl.where(ok, -b_w * b_vlr + b_wg * b_rho * b_rho * (b_dr * b_zr + b_di * b_zi), 0.0)
-            # the per-token sums over the tile's modes wait in the slot where delta_t was (this thread's own
-            # elements: no barrier); they are summed after the walk, off its serial path
+            # the per-token sums over the tile's modes wait in the slot row delta_t came from, summed after the
+            # walk, off its serial path. No barrier: with 32 * num_warps <= BN (every dispatched config) each
+            # element is one thread's; smaller test tiles are copies across the lanes of one warp, in step
             tl.store(p_slot, b_wdw)
             tl.store(p_slot + BN, b_dpsi)
             b_snu += b_wdw
@@ -301,36 +300,36 @@ def _dx_kernel(x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, d
     p_x = x + row
     p_dx = dx + row
     w, w_next, n = _walk_words(words, i_c, n_chunks, VARLEN)
-    # token t + 1's controls (for lambda_{t+1}); token t's controls, dy, x, dp and p fetched a token ahead
+    # token t + 1's controls (mr, cr, sr: for lambda_{t+1}); token t's controls, dy, x, dp and p (the
+    # projections) fetched a token ahead
     p_m = p_p + 2 * L
-    mn, an, bn = _fetch_controls(p_m, p_c, t + 1, L, False)
-    m1, a1, b1 = _fetch_controls(p_m, p_c, t, L, False)
-    gr1, gi1 = _fetch_pair(p_g, t, L, N, mask_n)
-    xr1, xi1 = _fetch_pair(p_x, t, L, N, mask_n)
-    q01, q11, p01, p11 = _fetch_projections(p_p, p_dp, t, L)
+    mr, cr, sr = _fetch_controls(p_m, p_c, t + 1, L, False)
+    m1, c1, s1, b_gr1, b_gi1 = _fetch_token(p_g, p_m, p_c, t, L, N, mask_n, False)
+    b_xr1, b_xi1 = _fetch_pair(p_x, t, L, N, mask_n)
+    dp0_1, dp1_1, proj0_1, proj1_1 = _fetch_projections(p_p, p_dp, t, L)
     for j in tl.range(K, loop_unroll_factor=U):
         k = K - 1 - j
         valid = t < L
         ok = _both(mask_n, valid)
-        m0, a0, b0, gr0, gi0, xr0, xi0, q00, q10, p0, p1 = m1, a1, b1, gr1, gi1, xr1, xi1, q01, q11, p01, p11
-        m1, a1, b1 = _fetch_controls(p_m, p_c, t - 1, L, False)
-        gr1, gi1 = _fetch_pair(p_g - D, t - 1, L, N, mask_n)
-        xr1, xi1 = _fetch_pair(p_x - D, t - 1, L, N, mask_n)
-        q01, q11, p01, p11 = _fetch_projections(p_p, p_dp, t - 1, L)
-        b_ar, b_ai, b_gr, b_gi = _adjoint_of(mn, an, bn, gr0, gi0, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl,
+        m0, c0, s0, b_gr0, b_gi0, b_xr0, b_xi0 = m1, c1, s1, b_gr1, b_gi1, b_xr1, b_xi1
+        dp0, dp1, p0, p1 = dp0_1, dp1_1, proj0_1, proj1_1
+        m1, c1, s1, b_gr1, b_gi1 = _fetch_token(p_g - D, p_m, p_c, t - 1, L, N, mask_n, False)
+        b_xr1, b_xi1 = _fetch_pair(p_x - D, t - 1, L, N, mask_n)
+        dp0_1, dp1_1, proj0_1, proj1_1 = _fetch_projections(p_p, p_dp, t - 1, L)
+        b_ar, b_ai, b_gr, b_gi = _adjoint_of(mr, cr, sr, b_gr0, b_gi0, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl,
                                              False, w, w_next, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
-        mn, an, bn = m0, a0, b0
+        mr, cr, sr = m0, c0, s0
         if VARLEN:
             if HAS_DF:
                 n = sequence_before(n, opens_at(w, w_next, k, K), k)
         b_dr, b_di = _cfma(b_ar, b_ai, b_dr, b_di, b_gr, b_gi)
         b_g = _gamma(m0 * b_rate)
-        dp0 = tl.where(valid, q00, 0.0)
-        dp1 = tl.where(valid, q10, 0.0)
+        dp0 = tl.where(valid, dp0, 0.0)
+        dp1 = tl.where(valid, dp1, 0.0)
         _store_pair(p_dx, 0, N, b_g * b_dr + dp0 * b_u0r + dp1 * b_u1r, b_g * b_di + dp0 * b_u0i + dp1 * b_u1i, ok)
         # dL/du_j = r_j sum_t dp_{t,j} (x_t - p_{t,j} u_hat_j); r_j is applied in the final reduction
-        b_xr = xr0.to(tl.float32)
-        b_xi = xi0.to(tl.float32)
+        b_xr = b_xr0.to(tl.float32)
+        b_xi = b_xi0.to(tl.float32)
         b_a0r += dp0 * (b_xr - p0 * b_u0r)
         b_a0i += dp0 * (b_xi - p0 * b_u0i)
         b_a1r += dp1 * (b_xr - p1 * b_u1r)
@@ -375,6 +374,11 @@ def _reduce_kernel(rows, dA_rows, theta_log, rnorm, out, dA, n_rows, n_dA_rows, 
         tl.store(dA + i_a, tl.sum(b_acc4, axis=0))
 
 
+# tokens a backward controller program sums (~1,000 programs at L = 32,768); it fixes the order of dA's
+# partial sums
+CONTROLLER_TOKENS = 32
+
+
 def slot_count(n_items: int, multiprocessors: int, per_sm: int) -> int:
     """Programs of the persistent main kernel (each owns one adjoint slot)."""
     return min(n_items, per_sm * multiprocessors)
@@ -388,7 +392,7 @@ def _slots(device, n_items: int, per_sm: int) -> int:
 
 
 def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound, *,
-        K, BN, G, num_warps=1, slots_per_sm=16, unroll=1, empty=torch.empty, words=None, h0=None):
+        K, BN, G, unroll, num_warps=1, slots_per_sm=16, empty=torch.empty, words=None, h0=None):
     """Backward pass. Returns dx (x.dtype), dnu, dtheta_log, ddirections, damplitudes, dh0 (or None).
     Packed (``words``, as fwd): dfinal and dh0 are [N, D], and ``h0`` is the initial state [N, D] (or None)."""
     B, L, D = x.shape
@@ -419,9 +423,7 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
            dh0 if has_h0 else rows, words_arg, df_arg, h0 if varlen and has_h0 else rows, L, D, N, n_chunks, n_groups,
            n_tiles, n_items, K=K, BN=BN, U=unroll, G=G, HAS_H0=has_h0, VARLEN=varlen, HAS_DF=has_df,
            num_warps=num_warps)
-    # 32 tokens a program: ~1,000 programs at L = 32,768 (128 gave 256 programs, each waiting out its
-    # loads over the n_tiles partials one after another)
-    BT = 32
+    BT = CONTROLLER_TOKENS
     n_tb = cdiv(L, BT)
     dp = empty(B, 2, L, **f32)
     dA_rows = empty(B * n_tb, 4, **f32)
@@ -433,8 +435,7 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
            HAS_DF=has_df, num_warps=num_warps)
     out = empty(3 * D, **f32)
     dA = empty(4, **f32)
-    # narrow column blocks and tall row tiles: ~200 programs with 8 KB loads in flight each (at BC = 128 and
-    # BR = 16, 49 programs walked 1,024 rows at (1, 32768, 2048) in 64 µs, latency-bound)
+    # ~200 narrow column blocks with 8 KB loads in flight each; BR fixes the order of the column sums
     BC = 32
     launch(_reduce_kernel, (cdiv(3 * D, BC) + 1,), rows, dA_rows, theta_log, rnorm, out, dA, B * n_chunks,
            B * n_tb, D, N, BR=64, BC=BC, num_warps=4)

@@ -73,47 +73,42 @@ def _both(mask_n, valid):
 
 @triton.jit
 def _fetch_controls(p_m, p_c, t, L, FROM_PHI: tl.constexpr):
-    """Token t's controls as loaded (m and cos phi, sin phi from trig; with FROM_PHI m, phi, phi), from a
-    clamped index, from pointers to the batch row's m plane of ctl and cos plane of trig.
-
-    Every walk fetches a token's loads one token ahead and does no arithmetic on them until then
-    (_controls_of), so the walk does not wait for their latency: a load used at once held the walks
-    there (on the H200, ~64% of the main backward's stall samples were its scalar control loads). The
-    main backward fetches two tokens ahead (one ahead still left ~50% of its samples on x and dy from
-    memory; 328 -> 302 us at (1, 32768, 2048)); in the other walks two ahead cost more registers than it
-    saved (dx 154 -> 182 us: fewer warps resident)."""
+    """Token t's controls as loaded, from a clamped index: m and (cos phi, sin phi) from trig, or with
+    FROM_PHI m and (phi, phi); pointers to the batch row's m plane of ctl and cos plane of trig. The walks
+    fetch a token's loads a token or two before they use them, with no arithmetic on them until then
+    (_controls_of), so the serial chain does not wait for the loads (README.md, "Chunks")."""
     tc = _clamp(t, L)
     m = tl.load(p_m + tc)
     if FROM_PHI:
-        a = tl.load(p_m + L + tc)
-        b = a
+        c = tl.load(p_m + L + tc)
+        s = c
     else:
-        a = tl.load(p_c + tc)
-        b = tl.load(p_c + L + tc)
-    return m, a, b
+        c = tl.load(p_c + tc)
+        s = tl.load(p_c + L + tc)
+    return m, c, s
 
 
 @triton.jit
 def _fetch_token(p, p_m, p_c, t, L, N, mask_n, FROM_PHI: tl.constexpr):
     """_fetch_controls and _fetch_pair of token t (p: its row of x or dy)."""
-    m, a, b = _fetch_controls(p_m, p_c, t, L, FROM_PHI)
-    zr, zi = _fetch_pair(p, t, L, N, mask_n)
-    return m, a, b, zr, zi
+    m, c, s = _fetch_controls(p_m, p_c, t, L, FROM_PHI)
+    b_zr, b_zi = _fetch_pair(p, t, L, N, mask_n)
+    return m, c, s, b_zr, b_zi
 
 
 @triton.jit
-def _controls_of(m, a, b, valid, FROM_PHI: tl.constexpr):
+def _controls_of(m, c, s, valid, FROM_PHI: tl.constexpr):
     """m, cos phi, sin phi from _fetch_controls' values (m = 0, phi = 0 where not valid). FROM_PHI
     evaluates cos and sin of the saved phi: the controller's functions on the same fp32 phi, so the
     values the forward used."""
     m = tl.where(valid, m, 0.0)
     if FROM_PHI:
-        phi = tl.where(valid, a, 0.0)
+        phi = tl.where(valid, c, 0.0)
         c = tl.cos(phi)
         s = tl.sin(phi)
     else:
-        c = tl.where(valid, a, 1.0)
-        s = tl.where(valid, b, 0.0)
+        c = tl.where(valid, c, 1.0)
+        s = tl.where(valid, s, 0.0)
     return m, c, s
 
 
@@ -176,14 +171,14 @@ def _restart(opens, n, h0, b_hr, b_hi, i_n, N, D, mask_n, HAS_H0: tl.constexpr):
 
 
 @triton.jit
-def _input_of(m, a, b, zr, zi, valid, b_rate, b_ch, b_cl, b_sh, b_sl):
+def _input_of(m, c, s, b_zr, b_zi, valid, b_rate, b_ch, b_cl, b_sh, b_sl):
     """Transition and input of one token, [BN] each, from its fetched controls (_fetch_controls) and x
     tile (_fetch_pair); identity (lambda = 1, input 0) where not valid (past L)."""
-    m, cphi, sphi = _controls_of(m, a, b, valid, False)
+    m, cphi, sphi = _controls_of(m, c, s, valid, False)
     b_w, b_rho, b_lr, b_li = _transition(m, cphi, sphi, b_rate, b_ch, b_cl, b_sh, b_sl)
     b_lr = tl.where(valid, b_lr, 1.0)
     b_li = tl.where(valid, b_li, 0.0)
-    return b_w, b_rho, b_lr, b_li, _gamma(b_w), zr.to(tl.float32), zi.to(tl.float32)
+    return b_w, b_rho, b_lr, b_li, _gamma(b_w), b_zr.to(tl.float32), b_zi.to(tl.float32)
 
 
 @triton.jit
@@ -249,12 +244,10 @@ def _summary_kernel(x, ctl, trig, nu, theta_log, csum, words, h0, L, D, N, n_chu
     if VARLEN:
         w, w_next = chunk_bits(words, i_c, n_chunks)
         n = first_sequence(words, i_c, n_chunks)
-    m1, a1, b1 = _fetch_controls(p_m, p_c, t, L, False)
-    zr1, zi1 = _fetch_pair(p_x, t, L, N, mask_n)
+    m1, c1, s1, b_zr1, b_zi1 = _fetch_token(p_x, p_m, p_c, t, L, N, mask_n, False)
     for k in tl.range(K, loop_unroll_factor=U):
-        m0, a0, b0, zr0, zi0 = m1, a1, b1, zr1, zi1
-        m1, a1, b1 = _fetch_controls(p_m, p_c, t + 1, L, False)
-        zr1, zi1 = _fetch_pair(p_x + D, t + 1, L, N, mask_n)
+        m0, c0, s0, b_zr0, b_zi0 = m1, c1, s1, b_zr1, b_zi1
+        m1, c1, s1, b_zr1, b_zi1 = _fetch_token(p_x + D, p_m, p_c, t + 1, L, N, mask_n, False)
         if VARLEN:
             # n: the sequence of token t
             opens = (t < L) & opens_at(w, w_next, k, K)
@@ -263,7 +256,7 @@ def _summary_kernel(x, ctl, trig, nu, theta_log, csum, words, h0, L, D, N, n_chu
             b_er, b_ei = _restart(opens, n, h0, b_er, b_ei, i_n, N, D, mask_n, HAS_H0)
             b_pr = tl.where(opens, 0.0, b_pr)
             b_pi = tl.where(opens, 0.0, b_pi)
-        _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_of(m0, a0, b0, zr0, zi0, t < L, b_rate, b_ch, b_cl, b_sh, b_sl)
+        _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_of(m0, c0, s0, b_zr0, b_zi0, t < L, b_rate, b_ch, b_cl, b_sh, b_sl)
         b_er, b_ei = _cfma(b_lr, b_li, b_er, b_ei, b_g * b_zr, b_g * b_zi)
         b_pr, b_pi = _cmul(b_lr, b_li, b_pr, b_pi)
         t += 1
@@ -354,9 +347,7 @@ def _entering(ck, start, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G):
     """State entering chunk i_c: the group's entering state carried through the group's earlier chunks."""
     b_sr, b_si = _load_pair(start, (i_b.to(tl.int64) * n_groups + i_c // G) * D + i_n, N, mask_n)
     if G > 1:
-        off = (i_b.to(tl.int64) * n_chunks + i_c) * 2 * D + i_n
-        b_ar, b_ai = _load_pair(ck, off, N, mask_n)
-        b_br, b_bi = _load_pair(ck, off + D, N, mask_n)
+        b_ar, b_ai, b_br, b_bi = _fetch_map(ck, i_b, i_c, n_chunks, D, N, i_n, mask_n)
         b_sr, b_si = _cfma(b_ar, b_ai, b_sr, b_si, b_br, b_bi)
     return b_sr, b_si
 
@@ -384,19 +375,19 @@ def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, word
     if VARLEN:
         w, w_next = chunk_bits(words, i_c, n_chunks)
         n = first_sequence(words, i_c, n_chunks)
-    m1, a1, b1 = _fetch_controls(p_m, p_c, t, L, False)
-    zr1, zi1 = _fetch_pair(p_x, t, L, N, mask_n)
+    m1, c1, s1 = _fetch_controls(p_m, p_c, t, L, False)
+    b_zr1, b_zi1 = _fetch_pair(p_x, t, L, N, mask_n)
     for k in tl.range(K, loop_unroll_factor=U):
         valid = t < L
-        m0, a0, b0, zr0, zi0 = m1, a1, b1, zr1, zi1
-        m1, a1, b1 = _fetch_controls(p_m, p_c, t + 1, L, False)
-        zr1, zi1 = _fetch_pair(p_x + D, t + 1, L, N, mask_n)
+        m0, c0, s0, b_zr0, b_zi0 = m1, c1, s1, b_zr1, b_zi1
+        m1, c1, s1 = _fetch_controls(p_m, p_c, t + 1, L, False)
+        b_zr1, b_zi1 = _fetch_pair(p_x + D, t + 1, L, N, mask_n)
         if VARLEN:
             opens = valid & opens_at(w, w_next, k, K)
             if HAS_H0 or HAS_FINAL:
                 n = sequence_after(n, opens, k)
             b_hr, b_hi = _restart(opens, n, h0, b_hr, b_hi, i_n, N, D, mask_n, HAS_H0)
-        _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_of(m0, a0, b0, zr0, zi0, valid, b_rate, b_ch, b_cl, b_sh, b_sl)
+        _, _, b_lr, b_li, b_g, b_zr, b_zi = _input_of(m0, c0, s0, b_zr0, b_zi0, valid, b_rate, b_ch, b_cl, b_sh, b_sl)
         b_hr, b_hi = _cfma(b_lr, b_li, b_hr, b_hi, b_g * b_zr, b_g * b_zi)
         _store_pair(p_y, 0, N, b_hr, b_hi, _both(mask_n, valid))
         if VARLEN:
@@ -412,7 +403,7 @@ def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, word
 
 
 def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *, K, BN, G,
-        num_warps=1, unroll=1, want_final=True, empty=torch.empty, words=None, n_seqs=None):
+        unroll, num_warps=1, want_final=True, empty=torch.empty, words=None, n_seqs=None):
     """Forward pass. Returns y [B, L, D] (x.dtype), final [B, D] fp32 (or None), and the saved
     tensors for backward: ctl [B, 4, L], rnorm [2], bound [B, nC, D] (spec §3.1's list).
 
