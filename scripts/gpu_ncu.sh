@@ -16,6 +16,7 @@ OP=${1:?usage: gpu_ncu.sh OP BACKEND B,L,D KERNEL...}
 BACKEND=${2:?usage: gpu_ncu.sh OP BACKEND B,L,D KERNEL...}
 SHAPE=${3:?usage: gpu_ncu.sh OP BACKEND B,L,D KERNEL...}
 shift 3
+[ $# -gt 0 ] || { echo "usage: gpu_ncu.sh OP BACKEND B,L,D KERNEL..."; exit 2; }
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT/ncu"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
@@ -28,12 +29,13 @@ for _ in range(3):
     fb()
     for t in leaves: t.grad = None
 torch.cuda.synchronize()"
+failed=0
 for kernel in "$@"; do
   echo "=== $kernel"
   if ! timeout 240 "$NCU" --clock-control none --set full --import-source no -k "regex:^${kernel}\$" --launch-skip 2 \
       --launch-count 1 -f -o "$OUT/ncu/$kernel" python3 -c "$DRIVER" > "$OUT/ncu/$kernel.log" 2>&1 \
       || [ ! -f "$OUT/ncu/$kernel.ncu-rep" ]; then
-    echo "ncu failed for $kernel:"; tail -5 "$OUT/ncu/$kernel.log"; continue
+    echo "ncu failed for $kernel:"; tail -5 "$OUT/ncu/$kernel.log"; failed=$((failed + 1)); continue
   fi
   tail -2 "$OUT/ncu/$kernel.log"
   "$NCU" --import "$OUT/ncu/$kernel.ncu-rep" --page details > "$OUT/ncu/$kernel.txt" 2>&1
@@ -43,3 +45,4 @@ for kernel in "$@"; do
 done
 rm -f "$OUT"/ncu/*.ncu-rep
 tar -czf "$OUT/ncu.tar.gz" -C "$OUT" ncu
+[ "$failed" -eq 0 ] || { echo "$failed of $# kernels not profiled"; exit 1; }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A change to the SAMU kernels judged on one H200 in one device call (~2.5 minutes without OLD, ~3.5 with;
-# the stages' limits add up to the call's 10):
+# A change to the SAMU kernels judged on one H200 in one device call (gates and profile took ~2.5 minutes on
+# 2026-12-02 with 7 of the tests, ~3.5 with OLD; the stages' limits add up to 9 minutes). Exits 1 when a test
+# or a gate failed or a gate run was cut short:
 #
 #   OLD_COMMIT=<hex> bash scripts/gpu_samu_change.sh [OLD]
 #       OLD: a copy of an earlier checkout to time beside this one (e.g. `git archive <commit> samu scripts
@@ -51,7 +52,7 @@ SHAPES="1,8192,1024;4,2048,2048;1,32768,2048"
 profile() {  # profile TAG DIR COMMIT
   mkdir -p "$W/profile-$1"
   for backend in triton_grouped triton_serial; do
-    (cd "$2" && PYTHONPATH="$PWD" SAMU_GIT_COMMIT="$3" stage profile 60 $PY scripts/gpu_profile.py --op samu \
+    (cd "$2" && PYTHONPATH="$PWD" SAMU_GIT_COMMIT="$3" stage profile 50 $PY scripts/gpu_profile.py --op samu \
       --backend $backend --out "$W/profile-$1" --shapes "$SHAPES")
   done
 }
@@ -61,15 +62,22 @@ if [ -n "$OLD" ]; then profile old "$OLD" "$OLD_COMMIT"; profile new-2 . "$NEW_C
 save
 echo "=== digest"
 $PY - "$W" <<'EOF'
-import glob, json, sys
+import glob, json, re, sys
+bad = 0
+tests = open(sys.argv[1] + "/tests.log").read() if glob.glob(sys.argv[1] + "/tests.log") else ""
+if not re.search(r"=== tests: exit 0 ", tests):
+    print("tests: failed or not run (tests.log)")
+    bad += 1
 for path in sorted(glob.glob(sys.argv[1] + "/gates-*.json")):
     try:
         record = json.load(open(path))
     except (OSError, ValueError) as e:
         print(path.rsplit("/", 1)[-1], "unreadable:", e)
+        bad += 1
         continue
     rows = record["rows"]
     failed = [(r["backend"], r["dtype"], r["shape"]) for r in rows if not r["pass"]]
+    bad += bool(failed) + (not record.get("complete"))
     print(path.rsplit("/", 1)[-1], f"{sum(r['pass'] for r in rows)}/{len(rows)} pass",
           "" if record.get("complete") else "INCOMPLETE (cut short)", failed[:6])
 for path in sorted(glob.glob(sys.argv[1] + "/profile-*/*.json")):
@@ -77,4 +85,5 @@ for path in sorted(glob.glob(sys.argv[1] + "/profile-*/*.json")):
     for s in rec["rows"]:
         print(f"{path.split('/')[-2]:12s} {rec['backend']:15s} {str(s['shape']):18s} fb graph {s['fb_graph_ms']:.3f} ms,"
               f" do_bench {s['fb_bench_ms']:.3f} ms, host {s['fb_host_ms']:.3f} ms")
+sys.exit(1 if bad else 0)
 EOF

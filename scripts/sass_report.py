@@ -1,6 +1,10 @@
 """Compile the SAMU kernels for sm_90 on this machine (no GPU needed) and report, per kernel:
 registers, spills, and the SASS instruction count of each loop body (innermost first).
 
+It compiles each kernel from the signatures written out below (unpacked, no states), not from a launch, so
+its counts are a guide to a loop body's size; the registers of the kernels a call launches are
+`scripts/offline_regs.py`'s, and their exact SASS `scripts/sass_same.py`'s.
+
 Usage: python scripts/sass_report.py [--K 32] [--BN 64] [--warps 1] [--dtype bf16] [--unroll 2]
 Needs triton's bundled ptxas/cuobjdump (the Linux x86-64 wheel has them).
 """

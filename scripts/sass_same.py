@@ -1,13 +1,15 @@
 """Whether a change leaves every SAMU kernel's machine code as it was: the SASS of each kernel launch the
-SAMU variants make (both variants; packed and not; with and without states; bf16, fp16, fp32; two shapes),
-compiled for the H200 (sm_90) on this machine, without a GPU (tests/sm90.py's compiler).
+SAMU variants make, compiled for the H200 (sm_90) on this machine without a GPU (tests/sm90.py's compiler),
+over both variants, three dtypes, packed and not, every combination of initial state and final-state
+cotangent, and shapes that give the integer arguments each specialisation Triton makes (SHAPES).
 
-Unchanged SASS computes the same bits, so the gate records of the code before still speak for the code
-after (a rename or a refactor needs no device call); any difference, even in register allocation, needs
-the gates again.
+Unchanged SASS computes the same bits, so the gate records of the code before still speak for a change
+made inside the kernels (@triton.jit functions) with the host code unchanged; any difference, even in
+register allocation, needs the gates again. It cannot see host-side changes (grids, argument values,
+buffers): those need the gates too.
 
-Usage: python scripts/sass_same.py dump FILE.json          (the checkout as it is; ~3 minutes; without
-                                                           TRITON_INTERPRET)
+Usage: python scripts/sass_same.py dump FILE.json          (the checkout as it is, without TRITON_INTERPRET;
+                                                           ~10 minutes)
        python scripts/sass_same.py compare A.json B.json   (exit 1 where any kernel differs)
 """
 
@@ -28,6 +30,9 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
 import tests.sm90 as sm90  # noqa: E402
+from samu.gates.inputs import document_offsets  # noqa: E402
+from samu.ops import dispatch  # noqa: E402
+from tests.helpers import randn, samu_params  # noqa: E402
 
 
 class Dumper(sm90.Compiler):
@@ -55,15 +60,36 @@ class Dumper(sm90.Compiler):
                           for m in re.finditer(r"^\s+/\*[0-9a-f]{4,}\*/\s+([^;]*;)", out, re.M)]
 
 
+# Shapes whose integer arguments take every specialisation Triton makes (values of 1, multiples of 16, neither):
+# the gate shapes (L and D multiples of 16; one chunk, tile or group), long ones (G >= 16), narrow ones (mode
+# tiles below 64) and odd ones
+SHAPES = ((1, 16, 1664), (1, 512, 1664), (1, 8192, 1024), (1, 32768, 2048), (1, 131072, 1024), (2, 4096, 2560),
+          (4, 2048, 1664), (16, 256, 128), (64, 16, 1664), (1, 300, 256), (2, 1000, 250), (1, 63, 10),
+          (2, 100, 64))
+# (initial state, final-state cotangent): both, neither, and each alone
+STATES = ((True, True), (False, False), (True, False), (False, True))
+
+
+def _case(variant, shape, dtype, documents, has_h0, has_df):
+    B, L, D = shape
+    x = randn(shape, 0, dtype=dtype).requires_grad_(True)
+    params = [p.requires_grad_(True) for p in samu_params(D, 1)]
+    cu = torch.tensor(document_offsets(L, documents, 1), dtype=torch.int32) if documents else None
+    h0 = randn((documents or B, D), 2).requires_grad_(True) if has_h0 else None
+    y, h = dispatch.variants("samu")[variant].run(x, *params, h0, 2.0, cu_seqlens=cu)
+    outputs = [y, h] if has_df else [y]
+    torch.autograd.backward(outputs, [torch.zeros_like(o) for o in outputs])
+
+
 def dump(path):
     dumper = Dumper()
     sm90.patch(dumper)
     for variant in ("triton_grouped", "triton_serial"):
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
-            for shape in ((1, 300, 256), (2, 1000, 250)):
-                for documents in ((0, 5) if shape[0] == 1 else (0,)):
-                    for with_state in (False, True):
-                        sm90.run_case("samu", variant, shape, dtype, documents, with_state=with_state)
+            for shape in SHAPES:
+                for documents in ((0, 5) if shape[0] == 1 and shape[1] >= 300 else (0,)):
+                    for has_h0, has_df in STATES:
+                        _case(variant, shape, dtype, documents, has_h0, has_df)
     with open(path, "w") as f:
         json.dump(dumper.sass, f)
     print(f"{len(dumper.sass)} kernel launches dumped to {path}")

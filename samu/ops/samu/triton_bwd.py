@@ -210,8 +210,8 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
             b_wg = tl.where(b_w > 0.0, b_w / tl.where(b_w > 0.0, b_g, 1.0), 0.0)
             b_wdw = tl.where(ok, -b_w * b_vlr + b_wg * b_rho * b_rho * (b_dr * b_zr + b_di * b_zi), 0.0)
             # the per-token sums over the tile's modes wait in the slot row delta_t came from, summed after the
-            # walk, off its serial path. No barrier: with 32 * num_warps <= BN (every dispatched config) each
-            # element is one thread's; smaller test tiles are copies across the lanes of one warp, in step
+            # walk, off its serial path. No barrier: with BN >= 32 * num_warps (D >= 64 as dispatched) each
+            # element is one thread's; smaller tiles are copies across the lanes of one warp, in step
             tl.store(p_slot, b_wdw)
             tl.store(p_slot + BN, b_dpsi)
             b_snu += b_wdw
@@ -306,16 +306,16 @@ def _dx_kernel(x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, d
     mr, cr, sr = _fetch_controls(p_m, p_c, t + 1, L, False)
     m1, c1, s1, b_gr1, b_gi1 = _fetch_token(p_g, p_m, p_c, t, L, N, mask_n, False)
     b_xr1, b_xi1 = _fetch_pair(p_x, t, L, N, mask_n)
-    dp0_1, dp1_1, proj0_1, proj1_1 = _fetch_projections(p_p, p_dp, t, L)
+    dp0_1, dp1_1, p0_1, p1_1 = _fetch_projections(p_p, p_dp, t, L)
     for j in tl.range(K, loop_unroll_factor=U):
         k = K - 1 - j
         valid = t < L
         ok = _both(mask_n, valid)
         m0, c0, s0, b_gr0, b_gi0, b_xr0, b_xi0 = m1, c1, s1, b_gr1, b_gi1, b_xr1, b_xi1
-        dp0, dp1, p0, p1 = dp0_1, dp1_1, proj0_1, proj1_1
+        dp0, dp1, p0, p1 = dp0_1, dp1_1, p0_1, p1_1
         m1, c1, s1, b_gr1, b_gi1 = _fetch_token(p_g - D, p_m, p_c, t - 1, L, N, mask_n, False)
         b_xr1, b_xi1 = _fetch_pair(p_x - D, t - 1, L, N, mask_n)
-        dp0_1, dp1_1, proj0_1, proj1_1 = _fetch_projections(p_p, p_dp, t - 1, L)
+        dp0_1, dp1_1, p0_1, p1_1 = _fetch_projections(p_p, p_dp, t - 1, L)
         b_ar, b_ai, b_gr, b_gi = _adjoint_of(mr, cr, sr, b_gr0, b_gi0, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl,
                                              False, w, w_next, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
         mr, cr, sr = m0, c0, s0
@@ -423,12 +423,11 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
            dh0 if has_h0 else rows, words_arg, df_arg, h0 if varlen and has_h0 else rows, L, D, N, n_chunks, n_groups,
            n_tiles, n_items, K=K, BN=BN, U=unroll, G=G, HAS_H0=has_h0, VARLEN=varlen, HAS_DF=has_df,
            num_warps=num_warps)
-    BT = CONTROLLER_TOKENS
-    n_tb = cdiv(L, BT)
+    n_tb = cdiv(L, CONTROLLER_TOKENS)
     dp = empty(B, 2, L, **f32)
     dA_rows = empty(B * n_tb, 4, **f32)
-    launch(_controller_kernel, (n_tb, B), ctl, amplitudes, part, dp, dA_rows, L, n_tiles, float(radial_bound), BT=BT,
-           num_warps=1)
+    launch(_controller_kernel, (n_tb, B), ctl, amplitudes, part, dp, dA_rows, L, n_tiles, float(radial_bound),
+           BT=CONTROLLER_TOKENS, num_warps=1)
     dx = empty(B, L, D, device=x.device, dtype=x.dtype)
     launch(_dx_kernel, (n_chunks, n_tiles, B), x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, dp, dx,
            rows, words_arg, df_arg, L, D, N, n_chunks, n_groups, K=K, BN=BN, U=unroll, G=G, VARLEN=varlen,

@@ -375,6 +375,7 @@ def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, word
     if VARLEN:
         w, w_next = chunk_bits(words, i_c, n_chunks)
         n = first_sequence(words, i_c, n_chunks)
+    # the two fetches apart, not through _fetch_token: that changed this kernel's SASS (scripts/sass_same.py)
     m1, c1, s1 = _fetch_controls(p_m, p_c, t, L, False)
     b_zr1, b_zi1 = _fetch_pair(p_x, t, L, N, mask_n)
     for k in tl.range(K, loop_unroll_factor=U):
