@@ -16,15 +16,10 @@
 # Set SAMU_GIT_COMMIT when .git does not travel. NCCL_NVLS_ENABLE=0: leave NVLink multicast off.
 set -u
 cd "$(dirname "$0")/.."
-OUT="${OUT:-$PWD/out}"
-W="$OUT/w"
-mkdir -p "$W"
-STAGES="${*:-tests ddp sp}"
-PY="${PYTHON:-python3}"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" NCCL_NVLS_ENABLE=0
-exec > >(tee -a "$OUT/multi.log") 2>&1
-
 . scripts/stage.sh
+STAGES="${*:-tests ddp sp}"
+workspace multi.log
+export NCCL_NVLS_ENABLE=0
 
 RUN="$PY -m torch.distributed.run --standalone"
 TRAIN=(-m samu.cli train --preset 400m --steps 40 --batch-size 4 --seq-len 2048 --eval-every 1000 --eval-batches 1
@@ -45,7 +40,7 @@ stage longest 240 $RUN --nproc-per-node 2 scripts/gpu_sp.py --ops samu --length 
 stage gates 420 $PY -m samu.cli gate --quiet --ops samu,rglru --shapes 1x262144x1024,1x262144x2048 --dtypes bf16 \
   --backends variants --out "$W/gates-262k.json"
 
-tar -czf "$OUT/results.tar.gz" -C "$W" .
+save
 echo "=== digest"
 $PY - "$W" <<'EOF'
 import json, sys

@@ -20,16 +20,9 @@
 # with the records and logs. Set SAMU_GIT_COMMIT when .git does not travel.
 set -u
 cd "$(dirname "$0")/.."
-OUT="${OUT:-$PWD/out}"
-W="$OUT/w"
-mkdir -p "$W"
-STAGES="${*:-tests gates bench}"
-PY="${PYTHON:-python3}"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
-exec > >(tee -a "$OUT/packed.log") 2>&1
-
 . scripts/stage.sh
-save() { tar -czf "$OUT/results.tar.gz" -C "$W" .; }
+STAGES="${*:-tests gates bench}"
+workspace packed.log
 
 stage tests 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/ops/test_packing.py \
   tests/ops/test_glue.py tests/models/test_generate.py -k "packed or pack or different_lengths"

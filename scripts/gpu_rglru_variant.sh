@@ -16,16 +16,9 @@ set -u
 cd "$(dirname "$0")/.."
 VARIANT=${1:?usage: gpu_rglru_variant.sh VARIANT [BASELINE]}
 BASELINE=${2:-triton_chunked}
-OUT="${OUT:-$PWD/out}"
-W="$OUT/w"
-mkdir -p "$W"
-STAGES="${STAGES:-gates bench profile}"
-PY="${PYTHON:-python3}"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
-exec > >(tee -a "$OUT/variant.log") 2>&1
-
 . scripts/stage.sh
-save() { tar -czf "$OUT/results.tar.gz" -C "$W" .; }
+STAGES="${STAGES:-gates bench profile}"
+workspace variant.log
 GATE=($PY -m samu.cli gate --ops rglru --quiet --no-status)
 
 # side by side; waited for by their process ids (a bare `wait` would also wait for the log's tee)

@@ -24,16 +24,9 @@ if [ -n "$OLD" ]; then
   OLD=$(cd "$OLD" && pwd) || exit 1
   : "${OLD_COMMIT:?set OLD_COMMIT to the commit OLD was taken from}"
 fi
-OUT=$(mkdir -p "${OUT:-$PWD/out}" && cd "${OUT:-$PWD/out}" && pwd)
-W="$OUT/w"
-mkdir -p "$W"
-STAGES="${STAGES:-tests gates profile}"
-PY="${PYTHON:-python3}"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
-exec > >(tee -a "$OUT/change.log") 2>&1
-
 . scripts/stage.sh
-save() { tar -czf "$OUT/results.tar.gz" -C "$W" .; }
+STAGES="${STAGES:-tests gates profile}"
+workspace change.log
 GATE=($PY -m samu.cli gate --ops samu --quiet --no-status --backends triton_serial,triton_grouped)
 
 # side by side; waited for by their process ids (a bare `wait` would also wait for the log's tee)

@@ -25,39 +25,25 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import torch  # noqa: E402
-import triton  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
 import tests.sm90 as sm90  # noqa: E402
-from samu.gates.inputs import document_offsets  # noqa: E402
-from samu.ops import dispatch  # noqa: E402
-from tests.helpers import randn, samu_params  # noqa: E402
 
 
 class Dumper(sm90.Compiler):
-    """A stand-in for ``launch`` that keeps each distinct launch's SASS, addresses stripped."""
+    """tests/sm90.py's compiler, keeping each distinct launch's SASS (addresses stripped) in ``rows``, keyed by
+    everything its code depends on: the integer arguments' specialisations (signature, attrs) too."""
 
-    def __init__(self):
-        super().__init__()
-        self.sass = {}
+    def key(self, kernel, constexprs, signature, attrs, options):
+        return repr((kernel.fn.__name__, sorted((str(k), str(v)) for k, v in constexprs.items()), str(signature),
+                     str(attrs), options.num_warps))
 
-    def __call__(self, kernel, grid, *args, **kwargs):
-        binder = create_function_from_signature(kernel.signature, kernel.params, sm90._BACKEND)
-        bound, spec, opts = binder(*args, **kwargs)
-        options, signature, constexprs, attrs = kernel._pack_args(sm90._BACKEND, kwargs, bound, spec, opts)
-        key = repr((kernel.fn.__name__, sorted((str(k), str(v)) for k, v in constexprs.items()), str(signature),
-                    str(attrs), options.num_warps))
-        if key in self.sass:
-            return
-        compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=sm90.TARGET,
-                                  options=options.__dict__)
+    def record(self, kernel, constexprs, options, compiled):
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(compiled.asm["cubin"])
             f.flush()
             out = subprocess.run([sm90._CUOBJDUMP, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-        self.sass[key] = [re.sub(r"/\*[0-9a-f]+\*/", "", m.group(1)).strip()
-                          for m in re.finditer(r"^\s+/\*[0-9a-f]{4,}\*/\s+([^;]*;)", out, re.M)]
+        return [re.sub(r"/\*[0-9a-f]+\*/", "", m.group(1)).strip()
+                for m in re.finditer(r"^\s+/\*[0-9a-f]{4,}\*/\s+([^;]*;)", out, re.M)]
 
 
 # Shapes whose integer arguments take every specialisation Triton makes (values of 1, multiples of 16, neither):
@@ -70,17 +56,6 @@ SHAPES = ((1, 16, 1664), (1, 512, 1664), (1, 8192, 1024), (1, 32768, 2048), (1, 
 STATES = ((True, True), (False, False), (True, False), (False, True))
 
 
-def _case(variant, shape, dtype, documents, has_h0, has_df):
-    B, L, D = shape
-    x = randn(shape, 0, dtype=dtype).requires_grad_(True)
-    params = [p.requires_grad_(True) for p in samu_params(D, 1)]
-    cu = torch.tensor(document_offsets(L, documents, 1), dtype=torch.int32) if documents else None
-    h0 = randn((documents or B, D), 2).requires_grad_(True) if has_h0 else None
-    y, h = dispatch.variants("samu")[variant].run(x, *params, h0, 2.0, cu_seqlens=cu)
-    outputs = [y, h] if has_df else [y]
-    torch.autograd.backward(outputs, [torch.zeros_like(o) for o in outputs])
-
-
 def dump(path):
     dumper = Dumper()
     sm90.patch(dumper)
@@ -89,10 +64,11 @@ def dump(path):
             for shape in SHAPES:
                 for documents in ((0, 5) if shape[0] == 1 and shape[1] >= 300 else (0,)):
                     for has_h0, has_df in STATES:
-                        _case(variant, shape, dtype, documents, has_h0, has_df)
+                        sm90.run_case("samu", variant, shape, dtype, documents, with_state=has_h0,
+                                      final_grad=has_df)
     with open(path, "w") as f:
-        json.dump(dumper.sass, f)
-    print(f"{len(dumper.sass)} kernel launches dumped to {path}")
+        json.dump(dumper.rows, f)
+    print(f"{len(dumper.rows)} kernel launches dumped to {path}")
 
 
 def compare(a_path, b_path):

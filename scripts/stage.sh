@@ -9,3 +9,17 @@ stage() {
   timeout --signal=INT --kill-after=15 "$limit" "$@"
   echo "=== $name: exit $? after $((SECONDS - start))s"
 }
+
+# `workspace LOG`: the call's folders and log. OUT (absolute; default ./out) and W = $OUT/w for the records,
+# PY, unbuffered Python with this checkout on PYTHONPATH, and everything printed from here on also
+# appended to $OUT/LOG; `save` packs W into $OUT/results.tar.gz (what a call cut short still returns).
+workspace() {
+  OUT=$(mkdir -p "${OUT:-$PWD/out}" && cd "${OUT:-$PWD/out}" && pwd)
+  W="$OUT/w"
+  mkdir -p "$W"
+  PY="${PYTHON:-python3}"
+  export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
+  exec > >(tee -a "$OUT/$1") 2>&1
+}
+
+save() { tar -czf "$OUT/results.tar.gz" -C "$W" .; }

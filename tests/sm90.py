@@ -46,24 +46,31 @@ def _usage(cubin: bytes) -> dict:
 
 class Compiler:
     """A stand-in for samu's ``launch``: compiles each distinct launch for sm_90 and records its usage
-    (``rows``, keyed by kernel, constexprs and warps)."""
+    (``rows``, keyed by kernel, constexprs and warps). Subclasses change what a launch is keyed by and what is
+    recorded of it (``key``, ``record``)."""
 
     def __init__(self):
         self.rows = {}
+
+    def key(self, kernel, constexprs, signature, attrs, options):
+        return kernel.fn.__name__, tuple(sorted((str(k), str(v)) for k, v in constexprs.items())), options.num_warps
+
+    def record(self, kernel, constexprs, options, compiled):
+        flags = {kernel.params[path[0]].name: value for path, value in constexprs.items()
+                 if kernel.params[path[0]].name in FLAGS}
+        usage = _usage(compiled.asm["cubin"])
+        return dict(kernel=kernel.fn.__name__, flags=flags, warps=options.num_warps, regs=usage["reg"],
+                    spills=(usage["stack"] + usage["local"]) // 4, shared=compiled.metadata.shared)
 
     def __call__(self, kernel, grid, *args, **kwargs):
         binder = create_function_from_signature(kernel.signature, kernel.params, _BACKEND)
         bound, spec, opts = binder(*args, **kwargs)
         options, signature, constexprs, attrs = kernel._pack_args(_BACKEND, kwargs, bound, spec, opts)
-        flags = {kernel.params[path[0]].name: value for path, value in constexprs.items()
-                 if kernel.params[path[0]].name in FLAGS}
-        key = (kernel.fn.__name__, tuple(sorted((str(k), str(v)) for k, v in constexprs.items())), options.num_warps)
+        key = self.key(kernel, constexprs, signature, attrs, options)
         if key not in self.rows:
             compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=TARGET,
                                       options=options.__dict__)
-            usage = _usage(compiled.asm["cubin"])
-            self.rows[key] = dict(kernel=key[0], flags=flags, warps=options.num_warps, regs=usage["reg"],
-                                  spills=(usage["stack"] + usage["local"]) // 4, shared=compiled.metadata.shared)
+            self.rows[key] = self.record(kernel, constexprs, options, compiled)
 
 
 def patch(compiler):
@@ -73,9 +80,10 @@ def patch(compiler):
         setattr(module, name, compiler)
 
 
-def run_case(op, variant, shape, dtype, documents, rglru_config=None, with_state=False):
+def run_case(op, variant, shape, dtype, documents, rglru_config=None, with_state=False, final_grad=None):
     """One forward + backward of a variant (or, for RG-LRU, of ``rglru_config`` = (K, WC)); with_state: an
-    initial state and a final-state cotangent (what the gates run), else neither (what training runs)."""
+    initial state and a final-state cotangent (what the gates run), else neither (what training runs);
+    ``final_grad`` (default: with_state) sets the final-state cotangent apart."""
     B, L, D = shape
     x = randn(shape, 0, dtype=dtype).requires_grad_(True)
     if op == "samu":
@@ -90,7 +98,7 @@ def run_case(op, variant, shape, dtype, documents, rglru_config=None, with_state
         y, h = rglru_run(x, *params, *extra, Config(*rglru_config), cu_seqlens=cu)
     else:
         y, h = dispatch.variants(op)[variant].run(x, *params, *extra, cu_seqlens=cu)
-    outputs = [y, h] if with_state else [y]
+    outputs = [y, h] if (with_state if final_grad is None else final_grad) else [y]
     torch.autograd.backward(outputs, [torch.zeros_like(o) for o in outputs])
 
 
