@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from samu.models.config import TransformerConfig
 from samu.models.model import CausalLM
-from samu.modules.layers import RMSNorm, lecun_normal_
+from samu.modules.layers import RMSNorm, lecun_normal_, product_dtype
 from samu.ops.packing import sequence_offsets
 
 
@@ -40,12 +40,14 @@ class _AttentionLayer(nn.Module):
 
     def forward(self, x, cos, sin):
         B, L, W = x.shape
-        q, k, v = self.qkv(self.attn_norm(x)).view(B, L, 3, self.heads, W // self.heads).unbind(2)
+        # the same norms as the recurrent layers' (samu.modules.block.ResidualLayer)
+        dtype = product_dtype(x)
+        q, k, v = self.qkv(self.attn_norm(x, dtype)).view(B, L, 3, self.heads, W // self.heads).unbind(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(B, L, W))
-        return x + self.down(F.gelu(self.up(self.mlp_norm(x)), approximate="tanh"))
+        x, u = self.mlp_norm.add_norm(x, self.proj(a.transpose(1, 2).reshape(B, L, W)), dtype)
+        return x + self.down(F.gelu(self.up(u), approximate="tanh"))
 
 
 class TransformerLM(CausalLM):
@@ -81,4 +83,4 @@ class TransformerLM(CausalLM):
         recompute = self.activation_checkpointing and torch.is_grad_enabled()
         for layer in self.layers:
             x = checkpoint(layer, x, cos, sin, use_reentrant=False) if recompute else layer(x, cos, sin)
-        return F.linear(self.final_norm(x), self.embed.weight), None
+        return F.linear(self.final_norm(x, product_dtype(x)), self.embed.weight), None

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from samu.modules.layers import (Conv1D, GatedMLP, RMSNorm, check_sequence, check_tensor, check_token, lecun_normal_,
-                                 linear_onto)
+                                 linear_onto, product_dtype)
 from samu.modules.mixers import RGLRUMixer, SAMUMixer
 from samu.ops.glue import conv_gelu, fused_backend
 from samu.ops.packing import sequence_offsets
@@ -179,9 +179,12 @@ class ResidualLayer(nn.Module):
 
     def forward(self, x, state=None, return_state=False, cu_seqlens=None):
         check_sequence("x", x, self.block.width)
-        h, state = self.block(self.temporal_norm(x), state, return_state, cu_seqlens)
-        x = x + h
-        return x + self.mlp(self.mlp_norm(x)), state
+        # the norms feed only products: under autocast they write its dtype, and the first sum joins the second
+        # norm's pass (x stays in its own dtype: the residual stream)
+        dtype = product_dtype(x)
+        h, state = self.block(self.temporal_norm(x, dtype), state, return_state, cu_seqlens)
+        x, v = self.mlp_norm.add_norm(x, h, dtype)
+        return x + self.mlp(v), state
 
     def init_state(self, batch: int, device=None, dtype=None) -> BlockState:
         return self.block.init_state(batch, device, dtype)

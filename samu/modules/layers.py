@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from samu.ops.geglu import geglu
 from samu.ops.glue import GLUE_BACKENDS, causal_conv
-from samu.ops.rmsnorm import rms_norm, rms_norm_shifted
+from samu.ops.rmsnorm import add_rms_norm, rms_norm, rms_norm_shifted
 from samu.validate import finite_number, positive_int
 
 
@@ -108,8 +108,11 @@ class Conv1D(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 and returned in x's dtype (samu.ops.rmsnorm:
-    one fused kernel each way on CUDA; ``backend`` "auto", "torch" or "triton")."""
+    """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 and returned in x's dtype or ``dtype``
+    (samu.ops.rmsnorm: one fused kernel each way on CUDA; ``backend`` "auto", "torch" or "triton").
+
+    forward(x [..., width], dtype=None) -> the norm; add_norm(x, h, dtype=None) -> (x + h, norm of x + h)
+    """
 
     def __init__(self, width: int, eps: float = 1e-6, *, backend: str = "auto", device=None, dtype=None):
         super().__init__()
@@ -121,11 +124,23 @@ class RMSNorm(nn.Module):
     def reset_parameters(self):
         nn.init.ones_(self.weight)
 
-    def forward(self, x):
+    def _check(self, name, x):
         if not isinstance(x, torch.Tensor) or x.shape[-1:] != (self.width,):
             shape = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"x must have shape [..., {self.width}], got {shape}")
-        return rms_norm(x, self.weight, self.eps, self.backend)
+            raise ValueError(f"{name} must have shape [..., {self.width}], got {shape}")
+
+    def forward(self, x, dtype=None):
+        self._check("x", x)
+        return rms_norm(x, self.weight, self.eps, self.backend, dtype)
+
+    def add_norm(self, x, h, dtype=None):
+        """(x + h, its norm in ``dtype`` or the sum's): a residual stream's update and the norm after it, in
+        one pass each way on CUDA (samu.ops.rmsnorm.add_rms_norm)."""
+        self._check("x", x)
+        if not isinstance(h, torch.Tensor) or h.shape != x.shape:
+            shape = list(h.shape) if isinstance(h, torch.Tensor) else type(h).__name__
+            raise ValueError(f"h must have x's shape {list(x.shape)}, got {shape}")
+        return add_rms_norm(x, h, self.weight, self.eps, self.backend, dtype)
 
     def decode(self, x_t, shift):
         """(RMSNorm(x_t), x_t + shift) in one pass, unchecked: the decoding step's norm (rms_norm_shifted)."""
@@ -133,6 +148,14 @@ class RMSNorm(nn.Module):
 
     def extra_repr(self):
         return f"width={self.width}, eps={self.eps}" + _backend_repr(self.backend)
+
+
+def product_dtype(x: torch.Tensor):
+    """The dtype a product under autocast takes fp32 ``x`` in (autocast's, where it is on for x's device), or
+    None: a norm that feeds only products writes its output in it, so that no cast follows it."""
+    if x.dtype == torch.float32 and torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return None
 
 
 def _backend_repr(backend: str) -> str:

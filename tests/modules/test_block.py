@@ -85,6 +85,32 @@ def test_residual_layer_step_and_split(kw):
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
 
 
+@pytest.mark.parametrize("kw", CASES)
+def test_residual_layer_under_autocast_is_its_ops_one_after_another(kw):
+    """Under autocast the layer's norms write the products' dtype and its first sum joins the second norm
+    (samu.ops.rmsnorm.add_rms_norm): the same bits as the norm, the block, the sum, the norm and the MLP as
+    separate ops, forward and every gradient."""
+    torch.manual_seed(6)
+    layer = ResidualLayer(9, **kw)
+    x = torch.randn(2, 10, 9)
+
+    def apart(x):
+        h, _ = layer.block(layer.temporal_norm(x))
+        x = x + h
+        return x + layer.mlp(layer.mlp_norm(x))
+
+    results = []
+    for fn in (lambda x: layer(x)[0], apart):
+        xg = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = fn(xg)
+        grads = torch.autograd.grad(out.square().sum(), [xg, *layer.parameters()])
+        results.append([out, *grads])
+    assert results[0][0].dtype == torch.float32
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
 def test_block_state_is_constant_size():
     block = _block(**CASES[0])
     _, short = block(torch.randn(2, 3, 9), return_state=True)

@@ -20,7 +20,7 @@ PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 pytestmark = pytest.mark.skipif(not os.path.exists(PTXAS), reason="this triton wheel carries no ptxas")
 
 # pointers to I/O tensors in the storage dtype; every other pointer is fp32, every other scalar i32
-IO = {"z", "state", "xc", "a", "dxc", "da", "dz", "x", "y", "dy", "dx", "cw", "cb", "shift", "shifted"}
+IO = {"z", "state", "xc", "a", "dxc", "da", "dz", "x", "y", "dy", "dx", "cw", "cb", "shift", "shifted", "add", "dadd"}
 SCALARS = ("L", "E", "R", "W", "n_l", "N", "D", "HD", "sx", "B", "H")
 
 
@@ -50,9 +50,12 @@ def _cases():
             yield g._conv_gelu_bwd, {}, dict(K=K, HAS_STATE=state, ROWS=g.ROWS, BL=g.BWD_BL, BE=g.BWD_BE), 4
     for BW in (1024, 2048):
         for rows in (1, r.ROWS):   # one row a program (decoding) or many
-            for shift in (False, True):   # the decoding step's norm also writes x + shift
-                yield r._rmsnorm_fwd, ("eps",), dict(BW=BW, ROWS=rows, HAS_SHIFT=shift), 4 if BW <= 2048 else 8
-        yield r._rmsnorm_bwd, (), dict(BW=BW, ROWS=r.ROWS), 4
+            # the decoding step's norm also writes x + shift; a residual sum's norm (add_rms_norm) writes the sum
+            for add, shift in ((False, False), (False, True), (True, False)):
+                yield (r._rmsnorm_fwd, ("eps",), dict(BW=BW, ROWS=rows, HAS_ADD=add, HAS_SHIFT=shift),
+                       4 if BW <= 2048 else 8)
+        for dtotal in (False, True):
+            yield r._rmsnorm_bwd, (), dict(BW=BW, ROWS=r.ROWS, HAS_DTOTAL=dtotal, HAS_DADD=dtotal), 4
     for block in (gg.BLOCK, gg.FEW_BLOCK):
         yield gg._geglu_fwd, (), dict(BLOCK=block), 4
         yield gg._geglu_bwd, (), dict(BLOCK=block), 4

@@ -2,14 +2,16 @@
 
 Rule, declared before any run: in fp32 y, dx and dweight are within 1e-6 (relative Frobenius) of
 float64; in bf16 the fused result is no further from float64 than the PyTorch ops in bf16, or within
-one bf16 rounding (eps / 2), whichever is larger; two backward calls give the same bits.
+one bf16 rounding (eps / 2), whichever is larger; two backward calls give the same bits. A norm written
+in another dtype, and a residual sum with its norm (add_rms_norm), equal the same ops one after another:
+the forward to the bit, the backward to the bit where no sum joins it, else within 1e-6 of float64 in fp32.
 """
 
 import pytest
 import torch
 
 from samu.ops import dispatch
-from samu.ops.rmsnorm import rms_norm, rms_norm_shifted
+from samu.ops.rmsnorm import add_rms_norm, rms_norm, rms_norm_shifted
 from tests.helpers import poison_allocations, rel_err
 
 pytestmark = pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
@@ -78,3 +80,73 @@ def test_shifted_norm_also_writes_x_plus_shift(dtype, rows):
     assert shifted.dtype == dtype and torch.equal(shifted.cpu(), (x.float() + b.float()).to(dtype))
     y_torch, shifted_torch = rms_norm_shifted(x, w, 1e-6, b, "torch")
     assert torch.equal(y_torch, rms_norm(x, w, 1e-6, "torch")) and torch.equal(shifted_torch, shifted.cpu())
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_norm_in_another_dtype_is_the_norm_then_the_cast(backend):
+    g = torch.Generator().manual_seed(7)
+    x, w, dy = torch.randn(3, 5, 40, generator=g), torch.randn(40, generator=g), torch.randn(3, 5, 40, generator=g)
+    dy = dy.bfloat16()
+    direct = _grads(lambda a, b: rms_norm(a, b, 1e-6, backend, torch.bfloat16), x, w, dy, DEVICE)
+    cast = _grads(lambda a, b: rms_norm(a, b, 1e-6, backend).bfloat16(), x, w, dy, DEVICE)
+    assert direct[0].dtype == torch.bfloat16
+    for name, a, b in zip(("y", "dx", "dweight"), direct, cast):
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+
+
+def _add_grads(fn, x, h, w, dt, dy, device):
+    x, h, w = (t.to(device).requires_grad_() for t in (x, h, w))
+    total, y = fn(x, h, w)
+    grads = torch.autograd.grad([total, y], [x, h, w], [dt.to(device, total.dtype), dy.to(device, y.dtype)])
+    return [total, y, *grads]
+
+
+@pytest.mark.parametrize("rows", [1, 6])
+def test_add_norm_fp32_matches_float64(rows):
+    g = torch.Generator().manual_seed(rows)
+    x, h, w = torch.randn(rows, 3, 24, generator=g), torch.randn(rows, 3, 24, generator=g), torch.randn(24, generator=g)
+    dt, dy = torch.randn(rows, 3, 24, generator=g), torch.randn(rows, 3, 24, generator=g)
+
+    def exact(a, b, c):
+        total = a + b
+        return total, _exact(total, c, 1e-6)
+
+    want = _add_grads(exact, *(t.double() for t in (x, h, w)), dt, dy, "cpu")
+    got = _add_grads(lambda a, b, c: add_rms_norm(a, b, c, 1e-6, "triton"), x, h, w, dt, dy, DEVICE)
+    for name, a, e in zip(("total", "y", "dx", "dh", "dweight"), got, want):
+        assert a.dtype == torch.float32 and rel_err(a.cpu(), e) < 1e-6, name
+
+
+@pytest.mark.parametrize("h_dtype,y_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float32, None),
+                                             (torch.bfloat16, None)])
+def test_add_norm_equals_the_sum_then_the_norm(h_dtype, y_dtype):
+    """The residual stream (fp32) plus a block's output (bf16 under autocast), normalised for a product:
+    the fused op against the sum and the norm as two ops, forward and backward, and deterministic."""
+    g = torch.Generator().manual_seed(11)
+    x, w = torch.randn(4, 5, 48, generator=g), torch.randn(48, generator=g)
+    h = torch.randn(4, 5, 48, generator=g).to(h_dtype)
+    dt, dy = torch.randn(4, 5, 48, generator=g), torch.randn(4, 5, 48, generator=g)
+
+    def two_ops(backend):
+        def fn(a, b, c):
+            total = a + b
+            return total, rms_norm(total, c, 1e-6, backend, y_dtype)
+        return fn
+
+    fused = _add_grads(lambda a, b, c: add_rms_norm(a, b, c, 1e-6, "triton", y_dtype), x, h, w, dt, dy, DEVICE)
+    again = _add_grads(lambda a, b, c: add_rms_norm(a, b, c, 1e-6, "triton", y_dtype), x, h, w, dt, dy, DEVICE)
+    apart = _add_grads(two_ops("triton"), x, h, w, dt, dy, DEVICE)
+    torch_ops = _add_grads(lambda a, b, c: add_rms_norm(a, b, c, 1e-6, "torch", y_dtype), x, h, w, dt, dy, "cpu")
+    torch_apart = _add_grads(two_ops("torch"), x, h, w, dt, dy, "cpu")
+    exact = _add_grads(two_ops("torch"), x.double(), h.double(), w.double(), dt, dy, "cpu")
+    names = ("total", "y", "dx", "dh", "dweight")
+    for name, f, f2, a, t, ta, e in zip(names, fused, again, apart, torch_ops, torch_apart, exact):
+        assert f.dtype == a.dtype == t.dtype, name
+        assert torch.equal(f, f2) and torch.equal(t, ta), name
+        if name in ("total", "y", "dweight"):
+            assert torch.equal(f, a), name
+        else:
+            # the sum's cotangent joins the norm's inside the kernel (one rounding fewer, or a fused multiply-add)
+            assert rel_err(f.cpu(), e) <= max(rel_err(a.cpu(), e), 1e-6 if f.dtype == torch.float32 else
+                                              torch.finfo(f.dtype).eps / 2), name
+    assert fused[3].dtype == h_dtype and fused[2].dtype == torch.float32
