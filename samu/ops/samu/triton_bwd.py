@@ -28,8 +28,8 @@ import triton.language as tl
 
 from samu.ops.packing_triton import chunk_bits, first_sequence, last_sequence, opens_at, sequence_after, sequence_before
 from samu.ops.samu.triton_fwd import (CTL, _both, _cfma, _clamp, _controls_of, _entering, _fetch_controls, _fetch_pair,
-                                      _fetch_token, _gamma, _input_of, _load_pair, _mode_row, _restart, _store_pair,
-                                      _store_quad, _transition, prefix)
+                                      _fetch_token, _gamma, _input_of, _load_pair, _mode_row, _prefetch_chunk, _restart,
+                                      _store_pair, _store_quad, _transition, prefix)
 from samu.ops.triton_utils import cdiv, launch, tanh
 
 
@@ -85,6 +85,7 @@ def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, words, dfinal, L
     The forward's trig planes are not saved (spec §3.1): this walk evaluates cos and sin of phi
     itself, and the first mode tile's program rebuilds trig for its chunk for the later kernels."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    _prefetch_chunk(dy, i_b, i_c * K, i_j, L, N, D, K, BN)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
     b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
@@ -145,6 +146,8 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
         b_dr, b_di = _entering(rck, right, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G)
         t = i_c * K + K - 1
         p_g = dy + (i_b.to(tl.int64) * L + t) * D + i_n
+        # the chunk's x tile into L2 for the walk after this one
+        _prefetch_chunk(x, i_b, i_c * K, i_j, L, N, D, K, BN)
         p_slot = p_slot0 + (K - 1) * 2 * BN
         w, w_next, n = _walk_words(words, i_c, n_chunks, VARLEN)
         # token t + 1's controls (mr, cr, sr: for lambda_{t+1}); token t's controls and dy fetched two tokens ahead
@@ -176,6 +179,10 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
         t = i_c * K
         p_x = x + (i_b.to(tl.int64) * L + t) * D + i_n
         p_part = part + (i_b.to(tl.int64) * 2 * n_tiles + i_j) * L + t
+        # the next item's dy tile into L2 for its adjoint walk
+        nxt = tl.minimum(item + tl.num_programs(0), n_items - 1)
+        _prefetch_chunk(dy, nxt // (n_tiles * n_chunks), ((nxt // n_tiles) % n_chunks) * K, nxt % n_tiles, L, N, D,
+                        K, BN)
         p_slot = p_slot0
         if VARLEN:
             n = first_sequence(words, i_c, n_chunks)
@@ -279,6 +286,8 @@ def _dx_kernel(x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, d
                VARLEN: tl.constexpr, HAS_DF: tl.constexpr):
     """dx = gamma delta + sum_j dp_j u_hat_j, and partials of sum_t dp_j (x_t - p_j u_hat_j)."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    _prefetch_chunk(dy, i_b, i_c * K, i_j, L, N, D, K, BN)
+    _prefetch_chunk(x, i_b, i_c * K, i_j, L, N, D, K, BN)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
     b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)

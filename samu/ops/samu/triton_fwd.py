@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from samu.ops.packing_triton import chunk_bits, first_sequence, opens_at, sequence_after
-from samu.ops.triton_utils import cast_to, cdiv, launch, next_power_of_2, one_minus_exp_neg, tanh
+from samu.ops.triton_utils import cast_to, cdiv, launch, next_power_of_2, one_minus_exp_neg, prefetch_l2, tanh
 
 CTL = tl.constexpr(4)  # planes of ctl: p0, p1, m, phi
 
@@ -117,6 +117,20 @@ def _fetch_pair(p, t, L, N, mask_n):
     """Token t's complex [BN] tile from its row pointer p, as stored (zeros outside [0, L))."""
     ok = _both(mask_n, (t >= 0) & (t < L))
     return tl.load(p, mask=ok, other=0.0), tl.load(p + N, mask=ok, other=0.0)
+
+
+@triton.jit
+def _prefetch_chunk(x, i_b, t, i_j, L, N, D, K: tl.constexpr, BN: tl.constexpr):
+    """Tokens t .. t + K - 1 of batch row i_b's mode tile i_j of x (fused coordinates) into L2 before a walk over
+    them (README.md, "Chunks"): each 128-byte line of their real and imaginary parts, one token a lane, tokens
+    clamped into [0, L) and lines cut at the tile's last mode."""
+    LINE: tl.constexpr = 1024 // x.dtype.element_ty.primitive_bitwidth   # elements a line
+    p = x + (i_b.to(tl.int64) * L + _clamp(t + tl.arange(0, K), L)) * D + i_j * BN   # [K]
+    last = tl.minimum(BN, N - i_j * BN) - 1
+    for j in tl.static_range(0, BN, LINE):
+        q = p + tl.minimum(j, last)
+        prefetch_l2(q)
+        prefetch_l2(q + N)
 
 
 @triton.jit
@@ -230,6 +244,7 @@ def _summary_kernel(x, ctl, trig, nu, theta_log, csum, words, h0, L, D, N, n_chu
     """(prod lambda, state reached from zero) of one chunk, for one mode tile. Packed (VARLEN), where a
     sequence opens the product restarts from zero and the state from that sequence's initial state."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    _prefetch_chunk(x, i_b, i_c * K, i_j, L, N, D, K, BN)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
     b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
@@ -359,6 +374,7 @@ def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, word
     """Rerun each chunk from its entering state and write y (and the final state; packed, each
     sequence's final state where it closes)."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    _prefetch_chunk(x, i_b, i_c * K, i_j, L, N, D, K, BN)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
     b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
