@@ -27,9 +27,9 @@ import triton
 import triton.language as tl
 
 from samu.ops.packing_triton import chunk_bits, first_sequence, last_sequence, opens_at, sequence_after, sequence_before
-from samu.ops.samu.triton_fwd import (CTL, _both, _cfma, _clamp, _controls_of, _entering, _fetch_controls, _fetch_pair,
-                                      _fetch_token, _gamma, _input_of, _load_pair, _mode_row, _prefetch_chunk, _restart,
-                                      _store_pair, _store_quad, _transition, prefix)
+from samu.ops.samu.triton_fwd import (CTL, PREFETCH_AHEAD, _both, _cfma, _clamp, _controls_of, _entering,
+                                      _fetch_controls, _fetch_pair, _fetch_token, _gamma, _input_of, _load_pair, _mode_row,
+                                      _prefetch_token, _restart, _store_pair, _store_quad, _transition, prefix)
 from samu.ops.triton_utils import cdiv, launch, tanh
 
 
@@ -85,7 +85,6 @@ def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, words, dfinal, L
     The forward's trig planes are not saved (spec §3.1): this walk evaluates cos and sin of phi
     itself, and the first mode tile's program rebuilds trig for its chunk for the later kernels."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    _prefetch_chunk(dy, i_b, i_c * K, i_j, L, N, D, K, BN)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
     b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
@@ -146,8 +145,6 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
         b_dr, b_di = _entering(rck, right, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G)
         t = i_c * K + K - 1
         p_g = dy + (i_b.to(tl.int64) * L + t) * D + i_n
-        # the chunk's x tile into L2 for the walk after this one
-        _prefetch_chunk(x, i_b, i_c * K, i_j, L, N, D, K, BN)
         p_slot = p_slot0 + (K - 1) * 2 * BN
         w, w_next, n = _walk_words(words, i_c, n_chunks, VARLEN)
         # token t + 1's controls (mr, cr, sr: for lambda_{t+1}); token t's controls and dy fetched two tokens ahead
@@ -159,6 +156,7 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
             m0, c0, s0, b_gr0, b_gi0 = m1, c1, s1, b_gr1, b_gi1
             m1, c1, s1, b_gr1, b_gi1 = m2, c2, s2, b_gr2, b_gi2
             m2, c2, s2, b_gr2, b_gi2 = _fetch_token(p_g - 2 * D, p_m, p_c, t - 2, L, N, mask_n, False)
+            _prefetch_token(dy, i_b, t - PREFETCH_AHEAD, i_j, L, N, D, BN)
             b_ar, b_ai, b_gr, b_gi = _adjoint_of(mr, cr, sr, b_gr0, b_gi0, t, L, mask_n, b_rate, b_ch, b_cl, b_sh,
                                                  b_sl, False, w, w_next, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
             mr, cr, sr = m0, c0, s0
@@ -179,10 +177,6 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
         t = i_c * K
         p_x = x + (i_b.to(tl.int64) * L + t) * D + i_n
         p_part = part + (i_b.to(tl.int64) * 2 * n_tiles + i_j) * L + t
-        # the next item's dy tile into L2 for its adjoint walk
-        nxt = tl.minimum(item + tl.num_programs(0), n_items - 1)
-        _prefetch_chunk(dy, nxt // (n_tiles * n_chunks), ((nxt // n_tiles) % n_chunks) * K, nxt % n_tiles, L, N, D,
-                        K, BN)
         p_slot = p_slot0
         if VARLEN:
             n = first_sequence(words, i_c, n_chunks)
@@ -196,6 +190,7 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
             m0, c0, s0, b_zr0, b_zi0, b_dr, b_di = m1, c1, s1, b_zr1, b_zi1, b_dr1, b_di1
             m1, c1, s1, b_zr1, b_zi1 = m2, c2, s2, b_zr2, b_zi2
             m2, c2, s2, b_zr2, b_zi2 = _fetch_token(p_x + 2 * D, p_m, p_c, t + 2, L, N, mask_n, False)
+            _prefetch_token(x, i_b, t + PREFETCH_AHEAD, i_j, L, N, D, BN)
             # delta_{t+1}, from cache (past the slot's end at the chunk's last token: its own row again, unused)
             p_next = p_slot + tl.where(k + 1 < K, 2 * BN, 0)
             b_dr1 = tl.load(p_next)
@@ -286,8 +281,6 @@ def _dx_kernel(x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, d
                VARLEN: tl.constexpr, HAS_DF: tl.constexpr):
     """dx = gamma delta + sum_j dp_j u_hat_j, and partials of sum_t dp_j (x_t - p_j u_hat_j)."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    _prefetch_chunk(dy, i_b, i_c * K, i_j, L, N, D, K, BN)
-    _prefetch_chunk(x, i_b, i_c * K, i_j, L, N, D, K, BN)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
     b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)

@@ -119,13 +119,16 @@ def _fetch_pair(p, t, L, N, mask_n):
     return tl.load(p, mask=ok, other=0.0), tl.load(p + N, mask=ok, other=0.0)
 
 
+# tokens between a prefetch into L2 (_prefetch_token) and the walk's load of the same tile
+PREFETCH_AHEAD = tl.constexpr(8)
+
+
 @triton.jit
-def _prefetch_chunk(x, i_b, t, i_j, L, N, D, K: tl.constexpr, BN: tl.constexpr):
-    """Tokens t .. t + K - 1 of batch row i_b's mode tile i_j of x (fused coordinates) into L2 before a walk over
-    them (README.md, "Chunks"): each 128-byte line of their real and imaginary parts, one token a lane, tokens
-    clamped into [0, L) and lines cut at the tile's last mode."""
+def _prefetch_token(x, i_b, t, i_j, L, N, D, BN: tl.constexpr):
+    """Token t's complex tile (batch row i_b, mode tile i_j of x, fused coordinates; t clamped into [0, L)) into
+    L2, PREFETCH_AHEAD tokens before a walk loads it: one prefetch a 128-byte line, cut at the tile's last mode."""
     LINE: tl.constexpr = 1024 // x.dtype.element_ty.primitive_bitwidth   # elements a line
-    p = x + (i_b.to(tl.int64) * L + _clamp(t + tl.arange(0, K), L)) * D + i_j * BN   # [K]
+    p = x + (i_b.to(tl.int64) * L + _clamp(t, L)) * D + i_j * BN
     last = tl.minimum(BN, N - i_j * BN) - 1
     for j in tl.static_range(0, BN, LINE):
         q = p + tl.minimum(j, last)
@@ -244,7 +247,6 @@ def _summary_kernel(x, ctl, trig, nu, theta_log, csum, words, h0, L, D, N, n_chu
     """(prod lambda, state reached from zero) of one chunk, for one mode tile. Packed (VARLEN), where a
     sequence opens the product restarts from zero and the state from that sequence's initial state."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    _prefetch_chunk(x, i_b, i_c * K, i_j, L, N, D, K, BN)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
     b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
@@ -374,7 +376,6 @@ def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, word
     """Rerun each chunk from its entering state and write y (and the final state; packed, each
     sequence's final state where it closes)."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    _prefetch_chunk(x, i_b, i_c * K, i_j, L, N, D, K, BN)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
     b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
