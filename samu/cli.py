@@ -88,6 +88,9 @@ def _add_train_args(p):
                    help="train eagerly (the default on CPU)")
     g.add_argument("--activation-checkpointing", action="store_const", const=True, default=None,
                    help="recompute each layer's activations in the backward: less memory, ~1/3 more compute")
+    g.add_argument("--no-deterministic", action="store_const", const=False, dest="deterministic",
+                   help="without PyTorch's deterministic algorithms: maybe faster, but a compiled run resumed on CUDA "
+                        "no longer equals an uninterrupted one to the bit")
     g.add_argument("--data-parallel", choices=("ddp", "fsdp"),
                    help="under torchrun: ddp (default) keeps the whole model in each process, fsdp shards every "
                         "layer's parameters, gradients and optimizer state over them (FSDP2)")
@@ -107,7 +110,7 @@ MODEL_KEYS = ("mixer", "width", "num_layers", "lru_width", "num_heads", "vocab_s
 TRAIN_KEYS = ("data", "data_format", "steps", "batch_size", "seq_len", "grad_accum", "lr", "min_lr",
               "warmup_steps", "weight_decay", "grad_clip", "eval_every", "eval_batches", "checkpoint_every",
               "keep", "seed", "autocast", "backend", "device", "threads", "compile", "activation_checkpointing",
-              "data_parallel", "pack")
+              "deterministic", "data_parallel", "pack")
 
 
 # Names that messages from below the CLI may use, shown there as the flags that set them.

@@ -100,6 +100,10 @@ class TrainConfig:
     compile: str = "auto"
     # recompute each layer's activations in the backward instead of keeping them (less memory, ~1/3 more compute)
     activation_checkpointing: bool = False
+    # PyTorch's deterministic algorithms for the run (warn-only where an op has none): compiled on CUDA, a resumed
+    # run then equals an uninterrupted one to the bit (without them Inductor's benchmarked reduction settings and
+    # its scatter-add for the embedding's gradient vary between processes, results/dev/issue10/resume_check_1.txt)
+    deterministic: bool = True
     # several processes (torchrun): "ddp" replicates the model in each, "fsdp" shards every layer's parameters,
     # gradients and optimizer state over them (FSDP2's fully_shard); the same training either way
     data_parallel: str = "ddp"
@@ -140,7 +144,7 @@ class TrainConfig:
             raise ValueError(f"compile must be one of {', '.join(COMPILE)}, got {self.compile!r}")
         if self.data_parallel not in DATA_PARALLEL:
             raise ValueError(f"data_parallel must be one of {', '.join(DATA_PARALLEL)}, got {self.data_parallel!r}")
-        for name in ("activation_checkpointing", "pack"):
+        for name in ("activation_checkpointing", "deterministic", "pack"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
@@ -705,6 +709,11 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
     # the run checks its parameters once per log step (and its loss and gradient norm every step, on the
     # device), so the mixers' per-call finiteness check, a host synchronisation each, is off for it
     check = set_check_finite(False)
+    determinism = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    if config.deterministic:
+        # cuBLAS repeats itself only with a fixed workspace, read when its first handle is made
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
     ctx = _Dist()
     try:
         ctx, device = _setup_distributed(config, payload is not None)
@@ -713,6 +722,7 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
     finally:
         torch.set_num_threads(threads)
         set_check_finite(check)
+        torch.use_deterministic_algorithms(determinism[0], warn_only=determinism[1])
         if ctx.owns_group:
             dist.destroy_process_group()
 

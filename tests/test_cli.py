@@ -60,6 +60,12 @@ def test_train_resume_generate(tmp_path, corpus, capsys):
     assert "prefill: 7 tokens" in captured.err and "decode: 6 tokens" in captured.err and "batch 2" in captured.err
 
 
+def test_no_deterministic_reaches_the_run(tmp_path, corpus):
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(corpus), "--out", str(out), "--steps", "1", "--no-deterministic", *TINY]) == 0
+    assert json.loads((out / "log.json").read_text())["config"]["deterministic"] is False
+
+
 def test_train_on_a_token_file(tmp_path, capsys):
     tokens = tmp_path / "tokens.bin"
     (np.arange(3000) % 97).astype(np.uint16).tofile(tokens)

@@ -92,6 +92,27 @@ def test_resume_continues_exactly(tmp_path, grad_accum):
     assert resumed.log["resumed_env"][0]["git_commit"] == resumed.log["env"]["git_commit"]
 
 
+def test_a_run_uses_deterministic_algorithms_and_restores_the_setting(tmp_path, monkeypatch):
+    """On by default (a compiled run resumed on CUDA equals an uninterrupted one only with them,
+    results/dev/issue10/resume_check_1.txt); the caller's setting is back after the run either way."""
+    import samu.train as training
+
+    seen, run = [], training._run
+
+    def spy(*args, **kwargs):
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(training, "_run", spy)
+    data = text_corpus(_text(tmp_path))
+    before = torch.are_deterministic_algorithms_enabled()
+    train(_config(tmp_path, "on", steps=1), data=data)
+    train(_config(tmp_path, "off", steps=1, deterministic=False), data=data)
+    assert seen == [True, before] and torch.are_deterministic_algorithms_enabled() == before
+    with pytest.raises(ValueError, match="deterministic must be true or false"):
+        _config(tmp_path, deterministic="yes")
+
+
 def test_refuses_to_overwrite_or_resume_a_different_run(tmp_path):
     data = text_corpus(_text(tmp_path))
     config = _config(tmp_path, steps=3)
