@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 10's measurements on one H200 through the device tool, in stages that each fit one call:
 #
-#   bash scripts/gpu_model.sh STAGE ...    stages: glue block model2k train model32k profile
+#   bash scripts/gpu_model.sh STAGE ...    stages: glue block model2k train determinism model32k profile
 #
 #   glue      the fused glue's and the block's tests on the GPU (pytest, the CUDA path of the CPU tests)
 #   block     scripts/gpu_block.py (CUDA graph and eager, fused and PyTorch-op glue, GEMMs alone) and
@@ -9,6 +9,8 @@
 #   model2k   `samu bench --scopes model --impls auto,compiled` at 4 x 2048 (preset 400m): samu's LMs
 #             and the model peers (SDPA transformer, fla HGRN and GLA when installed), eager and compiled
 #   train     `samu train --preset 400m` at 4 x 2048: SAMU eager (30 steps), SAMU and RG-LRU compiled (60)
+#   determinism  the SAMU LM compiled as in train, 40 steps each, with PyTorch's deterministic algorithms (the
+#             default) and with --no-deterministic: what exact resumption costs
 #   model32k  the model bench at 1 x 32768
 #   profile   scripts/gpu_model_profile.py: where a training step's time goes (kernels by kind): the SAMU LM
 #             compiled and the SDPA transformer compiled at 4 x 2048, the SAMU LM compiled at 1 x 32768 and
@@ -16,7 +18,7 @@
 #
 # Writes $OUT/model.log and $OUT/results.tar.gz (every record of the stages run) and prints a digest.
 # Peers: wheels in .whl/ (carry it) are installed to /tmp/peers. Stage limits sum to under 9.5 minutes
-# for any two stages but train + model32k; set SAMU_GIT_COMMIT when .git does not travel.
+# for any two stages but train + model32k or train + determinism; set SAMU_GIT_COMMIT when .git does not travel.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
@@ -56,6 +58,13 @@ case " $STAGES " in *" train "*)
   timeout 180 bash -c "$(declare -f train_run); PY=$PY W=$W; train_run samu-compiled 60"
   timeout 180 bash -c "$(declare -f train_run); PY=$PY W=$W; train_run rglru-compiled 60 --mixer rglru"
   echo "=== train: after $((SECONDS - start))s" ;;
+esac
+case " $STAGES " in *" determinism "*)
+  echo "=== determinism"
+  start=$SECONDS
+  timeout 200 bash -c "$(declare -f train_run); PY=$PY W=$W; train_run samu-compiled-deterministic 40"
+  timeout 200 bash -c "$(declare -f train_run); PY=$PY W=$W; train_run samu-compiled-nondeterministic 40 --no-deterministic"
+  echo "=== determinism: after $((SECONDS - start))s" ;;
 esac
 stage model32k 560 $PY -m samu.cli bench --scopes model --impls auto,compiled --shapes 1x32768x1664 \
   --out "$W/bench-model-32k.json" --quiet
