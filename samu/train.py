@@ -709,11 +709,15 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
     # the run checks its parameters once per log step (and its loss and gradient norm every step, on the
     # device), so the mixers' per-call finiteness check, a host synchronisation each, is off for it
     check = set_check_finite(False)
-    determinism = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    determinism = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                   torch.utils.deterministic.fill_uninitialized_memory)
     if config.deterministic:
         # cuBLAS repeats itself only with a fixed workspace, read when its first handle is made
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
+        # but no NaN fill of every torch.empty (a pass over memory each): samu's kernels write their outputs whole
+        # (their tests fill outputs with NaN first to show it)
+        torch.utils.deterministic.fill_uninitialized_memory = False
     ctx = _Dist()
     try:
         ctx, device = _setup_distributed(config, payload is not None)
@@ -723,6 +727,7 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
         torch.set_num_threads(threads)
         set_check_finite(check)
         torch.use_deterministic_algorithms(determinism[0], warn_only=determinism[1])
+        torch.utils.deterministic.fill_uninitialized_memory = determinism[2]
         if ctx.owns_group:
             dist.destroy_process_group()
 
