@@ -101,8 +101,9 @@ class TrainConfig:
     # recompute each layer's activations in the backward instead of keeping them (less memory, ~1/3 more compute)
     activation_checkpointing: bool = False
     # PyTorch's deterministic algorithms for the run (warn-only where an op has none): compiled on CUDA, a resumed
-    # run then equals an uninterrupted one to the bit (without them Inductor's benchmarked reduction settings and
-    # its scatter-add for the embedding's gradient vary between processes, results/dev/issue10/resume_check_1.txt)
+    # run equals an uninterrupted one to the bit only with them (results/dev/issue10/resume_check_1.txt: Inductor's
+    # kernels, the embedding gradient's scatter-add among them, differ from run to run otherwise); False leaves
+    # PyTorch's setting as the caller has it
     deterministic: bool = True
     # several processes (torchrun): "ddp" replicates the model in each, "fsdp" shards every layer's parameters,
     # gradients and optimizer state over them (FSDP2's fully_shard); the same training either way
@@ -710,16 +711,11 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
     # device), so the mixers' per-call finiteness check, a host synchronisation each, is off for it
     check = set_check_finite(False)
     determinism = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-                   torch.utils.deterministic.fill_uninitialized_memory)
-    if config.deterministic:
-        # cuBLAS repeats itself only with a fixed workspace, read when its first handle is made
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        # but no NaN fill of every torch.empty (a pass over memory each): samu's kernels write their outputs whole
-        # (their tests fill outputs with NaN first to show it)
-        torch.utils.deterministic.fill_uninitialized_memory = False
+                   torch.utils.deterministic.fill_uninitialized_memory, os.environ.get(_CUBLAS_WORKSPACE))
     ctx = _Dist()
     try:
+        if config.deterministic:
+            _deterministic(strict=determinism[0] and not determinism[1])
         ctx, device = _setup_distributed(config, payload is not None)
         with _Signals() as signals:
             return _run(config, data, identity, payload, ctx, device, folder, signals)
@@ -728,8 +724,28 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
         set_check_finite(check)
         torch.use_deterministic_algorithms(determinism[0], warn_only=determinism[1])
         torch.utils.deterministic.fill_uninitialized_memory = determinism[2]
+        if determinism[3] is None:
+            os.environ.pop(_CUBLAS_WORKSPACE, None)
+        else:
+            os.environ[_CUBLAS_WORKSPACE] = determinism[3]
         if ctx.owns_group:
             dist.destroy_process_group()
+
+
+_CUBLAS_WORKSPACE = "CUBLAS_WORKSPACE_CONFIG"
+
+
+def _deterministic(strict: bool) -> None:
+    """PyTorch's deterministic algorithms for a run (TrainConfig.deterministic): warn-only where an op has none,
+    unless the caller already had them strict."""
+    if not torch.cuda.is_initialized():
+        # cuBLAS repeats itself only with a fixed workspace, which it reads when its first handle is made: a
+        # caller that used CUDA before has to set it itself (PyTorch then warns at the first product)
+        os.environ.setdefault(_CUBLAS_WORKSPACE, ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=not strict)
+    # but no NaN fill of every torch.empty (a pass over memory each): samu's kernels write their outputs whole
+    # (their tests fill outputs with NaN first to show it)
+    torch.utils.deterministic.fill_uninitialized_memory = False
 
 
 def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder, signals: _Signals) -> TrainResult:

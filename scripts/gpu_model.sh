@@ -9,9 +9,10 @@
 #   model2k   `samu bench --scopes model --impls auto,compiled` at 4 x 2048 (preset 400m): samu's LMs
 #             and the model peers (SDPA transformer, fla HGRN and GLA when installed), eager and compiled
 #   train     `samu train --preset 400m` at 4 x 2048: SAMU eager (30 steps), SAMU and RG-LRU compiled (60)
-#   determinism  the resume tests on the GPU (compiled there: a resumed run must equal an uninterrupted one to
-#             the bit), then the SAMU LM compiled as in train, 40 steps each, with PyTorch's deterministic
-#             algorithms (the default) and with --no-deterministic: what exact resumption costs
+#   determinism  the resume tests on the GPU (compiled there, some through `samu train` in a fresh process: a
+#             resumed run must equal an uninterrupted one to the bit), then the SAMU LM compiled as in train,
+#             40 steps, with PyTorch's deterministic algorithms (the default, D) and with --no-deterministic (N)
+#             in the order D N N D: what exact resumption costs
 #   model32k  the model bench at 1 x 32768
 #   profile   scripts/gpu_model_profile.py: where a training step's time goes (kernels by kind): the SAMU LM
 #             compiled and the SDPA transformer compiled at 4 x 2048, the SAMU LM compiled at 1 x 32768 and
@@ -63,10 +64,14 @@ esac
 case " $STAGES " in *" determinism "*)
   echo "=== determinism"
   start=$SECONDS
-  timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/test_train.py \
-    tests/models/test_transformer.py -k "resume" 2>&1 | tail -5
-  timeout 200 bash -c "$(declare -f train_run); PY=$PY W=$W; train_run samu-compiled-deterministic 40"
-  timeout 200 bash -c "$(declare -f train_run); PY=$PY W=$W; train_run samu-compiled-nondeterministic 40 --no-deterministic"
+  timeout 120 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/test_train.py tests/test_runs.py \
+    tests/models/test_transformer.py -k "resume" > "$W/resume-tests.log" 2>&1
+  tail -5 "$W/resume-tests.log"
+  for run in "deterministic-1" "nondeterministic-1 --no-deterministic" "nondeterministic-2 --no-deterministic" \
+             "deterministic-2"; do
+    set -- $run
+    timeout 110 bash -c "$(declare -f train_run); PY=$PY W=$W; train_run samu-compiled-$1 40 ${2:-}"
+  done
   echo "=== determinism: after $((SECONDS - start))s" ;;
 esac
 stage model32k 560 $PY -m samu.cli bench --scopes model --impls auto,compiled --shapes 1x32768x1664 \

@@ -94,23 +94,39 @@ def test_resume_continues_exactly(tmp_path, grad_accum):
 
 def test_a_run_uses_deterministic_algorithms_and_restores_the_setting(tmp_path, monkeypatch):
     """On by default (a compiled run resumed on CUDA equals an uninterrupted one only with them,
-    results/dev/issue10/resume_check_1.txt); the caller's setting is back after the run either way."""
+    results/dev/issue10/resume_check_1.txt), warn-only unless the caller had them strict, without the NaN fill
+    of every allocation; the caller's settings are back after the run, a failed one too."""
     import samu.train as training
 
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     seen, run = [], training._run
 
+    def state():
+        return (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                torch.utils.deterministic.fill_uninitialized_memory)
+
     def spy(*args, **kwargs):
-        seen.append((torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory))
+        seen.append((*state(), os.environ.get("CUBLAS_WORKSPACE_CONFIG")))
+        if len(seen) == 4:
+            raise RuntimeError("a run that fails")
         return run(*args, **kwargs)
 
     monkeypatch.setattr(training, "_run", spy)
     data = text_corpus(_text(tmp_path))
-    before = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
+    before = state()
     train(_config(tmp_path, "on", steps=1), data=data)
     train(_config(tmp_path, "off", steps=1, deterministic=False), data=data)
-    # on: without the NaN fill of every allocation (a memory pass each)
-    assert seen == [(True, False), before]
-    assert (torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory) == before
+    assert seen[0][:3] == (True, True, False) and seen[1] == (*before, None)
+    assert state() == before and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    # a caller's strict setting stays strict, and comes back after a run that raises
+    torch.use_deterministic_algorithms(True)
+    try:
+        train(_config(tmp_path, "strict", steps=1), data=data)
+        with pytest.raises(RuntimeError, match="a run that fails"):
+            train(_config(tmp_path, "fails", steps=1), data=data)
+        assert seen[2][:2] == (True, False) and state()[:2] == (True, False)
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
     with pytest.raises(ValueError, match="deterministic must be true or false"):
         _config(tmp_path, deterministic="yes")
 

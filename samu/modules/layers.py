@@ -111,7 +111,7 @@ class RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 and returned in x's dtype or ``dtype``
     (samu.ops.rmsnorm: one fused kernel each way on CUDA; ``backend`` "auto", "torch" or "triton").
 
-    forward(x [..., width], dtype=None) -> the norm; add_norm(x, h, dtype=None) -> (x + h, norm of x + h)
+    forward(x [..., width], dtype=None) -> the norm; add_norm(x, add, dtype=None) -> (x + add, norm of x + add)
     """
 
     def __init__(self, width: int, eps: float = 1e-6, *, backend: str = "auto", device=None, dtype=None):
@@ -133,14 +133,11 @@ class RMSNorm(nn.Module):
         self._check("x", x)
         return rms_norm(x, self.weight, self.eps, self.backend, dtype)
 
-    def add_norm(self, x, h, dtype=None):
-        """(x + h, its norm in ``dtype`` or the sum's): a residual stream's update and the norm after it, in
-        one pass each way on CUDA (samu.ops.rmsnorm.add_rms_norm)."""
+    def add_norm(self, x, add, dtype=None):
+        """(x + add, its norm in ``dtype`` or the sum's): a residual stream's update and the norm after it, in
+        one pass each way on CUDA (samu.ops.rmsnorm.add_rms_norm, which checks ``add``)."""
         self._check("x", x)
-        if not isinstance(h, torch.Tensor) or h.shape != x.shape:
-            shape = list(h.shape) if isinstance(h, torch.Tensor) else type(h).__name__
-            raise ValueError(f"h must have x's shape {list(x.shape)}, got {shape}")
-        return add_rms_norm(x, h, self.weight, self.eps, self.backend, dtype)
+        return add_rms_norm(x, add, self.weight, self.eps, self.backend, dtype)
 
     def decode(self, x_t, shift):
         """(RMSNorm(x_t), x_t + shift) in one pass, unchecked: the decoding step's norm (rms_norm_shifted)."""
@@ -153,8 +150,9 @@ class RMSNorm(nn.Module):
 def product_dtype(x: torch.Tensor):
     """The dtype a product under autocast takes fp32 ``x`` in (autocast's, where it is on for x's device), or
     None: a norm that feeds only products writes its output in it, so that no cast follows it."""
-    if x.dtype == torch.float32 and torch.is_autocast_enabled(x.device.type):
-        return torch.get_autocast_dtype(x.device.type)
+    kind = x.device.type
+    if x.dtype == torch.float32 and torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
     return None
 
 

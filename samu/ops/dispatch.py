@@ -221,6 +221,9 @@ def triton_unusable(device: torch.device) -> "str | None":
         return "triton is not installed"
     if device.type != "cuda" and not interpreting():
         return f"tensors are on {device.type} (Triton needs CUDA, or TRITON_INTERPRET=1 on CPU)"
+    if device.type == "cuda" and torch.version.hip:
+        # some kernels carry NVIDIA PTX (prefetch, fast math), and none was gated on AMD GPUs
+        return "this is a ROCm build of PyTorch; samu's kernels are written and gated for NVIDIA GPUs"
     return None
 
 

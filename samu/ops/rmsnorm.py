@@ -54,20 +54,34 @@ class _AddRMSNorm(torch.autograd.Function):
         return dt.to(x_dtype), dt if dadd is None else dadd, dw.to(weight.dtype), None, None
 
 
+def _check_dtype(dtype) -> None:
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype or None, got {dtype!r}")
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "auto", dtype=None) -> torch.Tensor:
     """RMSNorm of x [..., W] with weight [W] over the last dimension, in ``dtype`` (default: x's); backend
-    "auto" (fused kernels on CUDA), "torch" or "triton" (samu.ops.glue.fused_kernels decides)."""
-    if not fused_kernels(x, backend):
+    "auto" (fused kernels on CUDA), "torch" or "triton" (samu.ops.glue.fused_kernels decides; float64 output
+    takes the PyTorch ops)."""
+    _check_dtype(dtype)
+    if dtype == torch.float64 or not fused_kernels(x, backend):
         return rms_norm_torch(x, weight, eps, dtype)
     return _RMSNorm.apply(x.contiguous(), weight, eps, dtype)
 
 
 def add_rms_norm(x: torch.Tensor, add: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "auto",
                  dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + add, RMSNorm(x + add)) for x and add [..., W] of one shape: the sum in their promoted dtype, as
-    PyTorch's add gives it, and its norm (of the sum as stored) in ``dtype`` (default: the sum's). A residual
-    stream's update and the next norm in one pass each way on CUDA; backends as rms_norm."""
-    if not fused_kernels(x, backend):
+    """(x + add, RMSNorm(x + add)) for x and add [..., W] of one shape on one device: the sum in their promoted
+    dtype, as PyTorch's add gives it, and its norm (of the sum as stored) in ``dtype`` (default: the sum's). A
+    residual stream's update and the next norm in one pass each way on CUDA; backends as rms_norm (each tensor
+    must suit the fused kernels for them to run)."""
+    if not isinstance(add, torch.Tensor) or add.shape != x.shape or add.device != x.device:
+        got = f"{list(add.shape)} on {add.device}" if isinstance(add, torch.Tensor) else type(add).__name__
+        raise ValueError(f"add must be a tensor of x's shape {list(x.shape)} on {x.device}, got {got}")
+    if not add.is_floating_point():
+        raise TypeError(f"add must be a floating-point tensor, got {add.dtype}")
+    _check_dtype(dtype)
+    if dtype == torch.float64 or not (fused_kernels(x, backend) and fused_kernels(add, backend)):
         total = x + add
         return total, rms_norm_torch(total, weight, eps, dtype)
     return _AddRMSNorm.apply(x.contiguous(), add.contiguous(), weight, eps, dtype)

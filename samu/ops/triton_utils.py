@@ -173,7 +173,8 @@ def cast_to(x, dtype: tl.constexpr):
 @triton.jit
 def prefetch_l2(p):
     """Ask the L2 cache for the lines at pointers ``p`` (any shape) ahead of the loads that will read them: no
-    register waits for it and no value changes (PTX ``prefetch.global.L2``; nothing in the interpreter)."""
+    register waits for the line and no value changes (PTX ``prefetch.global.L2``, NVIDIA GPUs only, as
+    dispatch.triton_unusable says; nothing in the interpreter)."""
     if not _INTERPRETED:
         tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [p], dtype=tl.int32,
                                   is_pure=False, pack=1)

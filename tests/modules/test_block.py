@@ -6,6 +6,8 @@ import torch.nn.functional as F
 
 import samu
 from samu.modules import BlockState, RecurrentBlock, ResidualLayer
+from samu.modules.layers import product_dtype
+from samu.ops import dispatch
 from tests.helpers import rel_err
 
 CASES = [dict(mixer="samu", lru_width=10), dict(mixer="rglru", lru_width=12, num_heads=3)]
@@ -85,14 +87,22 @@ def test_residual_layer_step_and_split(kw):
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
 
 
+@pytest.mark.parametrize("backend", ["auto", "triton"])
 @pytest.mark.parametrize("kw", CASES)
-def test_residual_layer_under_autocast_is_its_ops_one_after_another(kw):
+def test_residual_layer_under_autocast_is_its_ops_one_after_another(kw, backend):
     """Under autocast the layer's norms write the products' dtype and its first sum joins the second norm
-    (samu.ops.rmsnorm.add_rms_norm): the same bits as the norm, the block, the sum, the norm and the MLP as
-    separate ops, forward and every gradient."""
+    (samu.ops.rmsnorm.add_rms_norm): the values of the norm, the block, the sum, the norm and the MLP as
+    separate ops, forward and every gradient (the fused kernels through the interpreter on CPU, compiled on
+    CUDA, where the sum's cotangent joining inside the kernel may round differently: fp32's rule there)."""
+    if backend == "triton":
+        if not dispatch.triton_available():
+            pytest.skip("triton is not installed")
+        # a named variant: gated or not, and the fused norms, glue and GeGLU beside it
+        backend = {"samu": "triton_serial", "rglru": "triton_chunked"}[kw["mixer"]]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(6)
-    layer = ResidualLayer(9, **kw)
-    x = torch.randn(2, 10, 9)
+    layer = ResidualLayer(9, **kw, backend=backend, device=device)
+    x = torch.randn(2, 10, 9, device=device)
 
     def apart(x):
         h, _ = layer.block(layer.temporal_norm(x))
@@ -102,13 +112,24 @@ def test_residual_layer_under_autocast_is_its_ops_one_after_another(kw):
     results = []
     for fn in (lambda x: layer(x)[0], apart):
         xg = x.clone().requires_grad_()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(device, dtype=torch.bfloat16):
+            assert product_dtype(xg) == torch.bfloat16
             out = fn(xg)
         grads = torch.autograd.grad(out.square().sum(), [xg, *layer.parameters()])
         results.append([out, *grads])
-    assert results[0][0].dtype == torch.float32
-    for a, b in zip(*results):
-        assert torch.equal(a, b)
+    assert results[0][0].dtype == torch.float32 and torch.equal(results[0][0], results[1][0])
+    for a, b in zip(results[0][1:], results[1][1:]):
+        assert torch.equal(a, b) if device == "cpu" else rel_err(a, b) < 1e-6
+
+
+def test_product_dtype_is_autocasts_for_fp32_only():
+    x = torch.randn(2, 3)
+    assert product_dtype(x) is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert product_dtype(x) == torch.bfloat16
+        assert product_dtype(x.double()) is None and product_dtype(x.half()) is None
+        # a device type autocast does not know: no cast to save
+        assert product_dtype(torch.empty(2, 3, device="meta")) is None
 
 
 def test_block_state_is_constant_size():

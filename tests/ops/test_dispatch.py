@@ -25,6 +25,12 @@ def test_triton_backend_needs_cuda_or_interpreter(monkeypatch):
         samu.samu_mixer(*_samu_args(), backend="triton")
 
 
+def test_rocm_is_not_offered_the_kernels(monkeypatch):
+    monkeypatch.setattr(dispatch, "triton_available", lambda: True)
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert "ROCm build" in dispatch.triton_unusable(torch.device("cuda"))
+
+
 def test_float64_is_torch_or_reference_only():
     args = [a.double() for a in _samu_args()]
     args[1:] = [a.float() for a in args[1:]]

@@ -24,9 +24,12 @@ IO = {"z", "state", "xc", "a", "dxc", "da", "dz", "x", "y", "dy", "dx", "cw", "c
 SCALARS = ("L", "E", "R", "W", "n_l", "N", "D", "HD", "sx", "B", "H")
 
 
-def _signature(fn, floats=()):
-    out = {}
+def _signature(fn, floats=(), types=None):
+    """Each argument's type: ``types`` where it names one, else by the rules above."""
+    out = dict(types or {})
     for p in fn.params:
+        if p.name in out:
+            continue
         if p.is_constexpr:
             out[p.name] = "constexpr"
         elif p.name in floats:
@@ -56,6 +59,11 @@ def _cases():
                        4 if BW <= 2048 else 8)
         for dtotal in (False, True):
             yield r._rmsnorm_bwd, (), dict(BW=BW, ROWS=r.ROWS, HAS_DTOTAL=dtotal, HAS_DADD=dtotal), 4
+        # the language model's case under autocast: the fp32 residual stream plus a bf16 block output
+        yield (r._rmsnorm_fwd, ("eps",), dict(BW=BW, ROWS=r.ROWS, HAS_ADD=True, HAS_SHIFT=False), 4,
+               {"x": "*fp32", "add": "*bf16", "total": "*fp32", "y": "*bf16"})
+        yield (r._rmsnorm_bwd, (), dict(BW=BW, ROWS=r.ROWS, HAS_DTOTAL=True, HAS_DADD=True), 4,
+               {"dy": "*bf16", "x": "*fp32", "dtotal": "*fp32", "dx": "*fp32", "dadd": "*bf16"})
     for block in (gg.BLOCK, gg.FEW_BLOCK):
         yield gg._geglu_fwd, (), dict(BLOCK=block), 4
         yield gg._geglu_bwd, (), dict(BLOCK=block), 4
@@ -69,8 +77,8 @@ def _cases():
 
 
 def compile_all():
-    for fn, floats, constexprs, warps in _cases():   # each with the warps it launches with
-        source = ASTSource(fn=fn, signature=_signature(fn, floats), constexprs=constexprs)
+    for fn, floats, constexprs, warps, *types in _cases():   # each with the warps it launches with
+        source = ASTSource(fn=fn, signature=_signature(fn, floats, *types), constexprs=constexprs)
         triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     print("compiled")
 

@@ -138,7 +138,12 @@ def test_add_norm_equals_the_sum_then_the_norm(h_dtype, y_dtype):
     apart = _add_grads(two_ops("triton"), x, h, w, dt, dy, DEVICE)
     torch_ops = _add_grads(lambda a, b, c: add_rms_norm(a, b, c, 1e-6, "torch", y_dtype), x, h, w, dt, dy, "cpu")
     torch_apart = _add_grads(two_ops("torch"), x, h, w, dt, dy, "cpu")
-    exact = _add_grads(two_ops("torch"), x.double(), h.double(), w.double(), dt, dy, "cpu")
+
+    def exact_ops(a, b, c):
+        total = a + b
+        return total, _exact(total, c, 1e-6)
+
+    exact = _add_grads(exact_ops, x.double(), h.double(), w.double(), dt, dy, "cpu")
     names = ("total", "y", "dx", "dh", "dweight")
     for name, f, f2, a, t, ta, e in zip(names, fused, again, apart, torch_ops, torch_apart, exact):
         assert f.dtype == a.dtype == t.dtype, name
@@ -150,3 +155,22 @@ def test_add_norm_equals_the_sum_then_the_norm(h_dtype, y_dtype):
             assert rel_err(f.cpu(), e) <= max(rel_err(a.cpu(), e), 1e-6 if f.dtype == torch.float32 else
                                               torch.finfo(f.dtype).eps / 2), name
     assert fused[3].dtype == h_dtype and fused[2].dtype == torch.float32
+
+
+def test_add_norm_refuses_what_it_cannot_add():
+    x, w = torch.randn(2, 3, 8), torch.ones(8)
+    with pytest.raises(ValueError, match=r"add must be a tensor of x's shape \[2, 3, 8\] on cpu, got \[8\]"):
+        add_rms_norm(x, torch.randn(8), w, 1e-6, "triton")
+    with pytest.raises(ValueError, match="add must be a tensor of x's shape"):
+        add_rms_norm(x, [1.0], w, 1e-6)
+    with pytest.raises(TypeError, match="add must be a floating-point tensor, got torch.int64"):
+        add_rms_norm(x, torch.ones(2, 3, 8, dtype=torch.int64), w, 1e-6)
+    with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype or None, got torch.int32"):
+        add_rms_norm(x, x, w, 1e-6, dtype=torch.int32)
+    with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype or None, got 'bf16'"):
+        rms_norm(x, w, 1e-6, dtype="bf16")
+    # float64 anywhere takes the PyTorch ops (the kernels compute in fp32), and the fused backend says so
+    total, y = add_rms_norm(x, x.double(), w, 1e-6)
+    assert total.dtype == y.dtype == torch.float64
+    with pytest.raises(TypeError, match="take bf16, fp16 or fp32"):
+        add_rms_norm(x, x.double(), w, 1e-6, "triton")

@@ -27,10 +27,28 @@ import triton
 import triton.language as tl
 
 from samu.ops.packing_triton import chunk_bits, first_sequence, last_sequence, opens_at, sequence_after, sequence_before
-from samu.ops.samu.triton_fwd import (CTL, PREFETCH_AHEAD, _both, _cfma, _clamp, _controls_of, _entering,
-                                      _fetch_controls, _fetch_pair, _fetch_token, _gamma, _input_of, _load_pair, _mode_row,
-                                      _prefetch_token, _restart, _store_pair, _store_quad, _transition, prefix)
-from samu.ops.triton_utils import cdiv, launch, tanh
+from samu.ops.samu.triton_fwd import (CTL, _both, _cfma, _clamp, _controls_of, _entering, _fetch_controls, _fetch_pair,
+                                      _fetch_token, _gamma, _input_of, _load_pair, _mode_row, _restart, _store_pair,
+                                      _store_quad, _transition, prefix)
+from samu.ops.triton_utils import cdiv, launch, prefetch_l2, tanh
+
+
+# tokens between a prefetch into L2 (_prefetch_token) and the walk's load of the same tile
+PREFETCH_AHEAD = tl.constexpr(8)
+
+
+@triton.jit
+def _prefetch_token(x, i_b, t, i_j, L, N, D, BN: tl.constexpr):
+    """Token t's complex tile (batch row i_b, mode tile i_j of x, fused coordinates; t clamped into [0, L)) into
+    L2, PREFETCH_AHEAD tokens before the main backward's walks load it: one prefetch a 128-byte line, cut at the
+    tile's last mode."""
+    LINE: tl.constexpr = 1024 // x.dtype.element_ty.primitive_bitwidth   # elements a line
+    p = x + (i_b.to(tl.int64) * L + _clamp(t, L)) * D + i_j * BN
+    last = tl.minimum(BN, N - i_j * BN) - 1
+    for j in tl.static_range(0, BN, LINE):
+        q = p + tl.minimum(j, last)
+        prefetch_l2(q)
+        prefetch_l2(q + N)
 
 
 @triton.jit

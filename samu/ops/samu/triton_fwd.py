@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from samu.ops.packing_triton import chunk_bits, first_sequence, opens_at, sequence_after
-from samu.ops.triton_utils import cast_to, cdiv, launch, next_power_of_2, one_minus_exp_neg, prefetch_l2, tanh
+from samu.ops.triton_utils import cast_to, cdiv, launch, next_power_of_2, one_minus_exp_neg, tanh
 
 CTL = tl.constexpr(4)  # planes of ctl: p0, p1, m, phi
 
@@ -117,23 +117,6 @@ def _fetch_pair(p, t, L, N, mask_n):
     """Token t's complex [BN] tile from its row pointer p, as stored (zeros outside [0, L))."""
     ok = _both(mask_n, (t >= 0) & (t < L))
     return tl.load(p, mask=ok, other=0.0), tl.load(p + N, mask=ok, other=0.0)
-
-
-# tokens between a prefetch into L2 (_prefetch_token) and the walk's load of the same tile
-PREFETCH_AHEAD = tl.constexpr(8)
-
-
-@triton.jit
-def _prefetch_token(x, i_b, t, i_j, L, N, D, BN: tl.constexpr):
-    """Token t's complex tile (batch row i_b, mode tile i_j of x, fused coordinates; t clamped into [0, L)) into
-    L2, PREFETCH_AHEAD tokens before a walk loads it: one prefetch a 128-byte line, cut at the tile's last mode."""
-    LINE: tl.constexpr = 1024 // x.dtype.element_ty.primitive_bitwidth   # elements a line
-    p = x + (i_b.to(tl.int64) * L + _clamp(t, L)) * D + i_j * BN
-    last = tl.minimum(BN, N - i_j * BN) - 1
-    for j in tl.static_range(0, BN, LINE):
-        q = p + tl.minimum(j, last)
-        prefetch_l2(q)
-        prefetch_l2(q + N)
 
 
 @triton.jit
