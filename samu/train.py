@@ -63,6 +63,8 @@ COMPILE = ("auto", "on", "off")
 # grad_accum, the micro-batches of a step).
 RUN_FIELDS = ("model", "data", "data_format", "steps", "batch_size", "seq_len", "lr",
               "min_lr", "warmup_steps", "weight_decay", "betas", "grad_clip", "seed", "pack")
+# cuBLAS's workspace setting, which its products need to repeat themselves bit for bit (TrainConfig.deterministic)
+_CUBLAS_WORKSPACE = "CUBLAS_WORKSPACE_CONFIG"
 
 
 @dataclass
@@ -730,9 +732,6 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
             os.environ[_CUBLAS_WORKSPACE] = determinism[3]
         if ctx.owns_group:
             dist.destroy_process_group()
-
-
-_CUBLAS_WORKSPACE = "CUBLAS_WORKSPACE_CONFIG"
 
 
 def _deterministic(strict: bool) -> None:
