@@ -712,39 +712,44 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
     # the run checks its parameters once per log step (and its loss and gradient norm every step, on the
     # device), so the mixers' per-call finiteness check, a host synchronisation each, is off for it
     check = set_check_finite(False)
-    determinism = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-                   torch.utils.deterministic.fill_uninitialized_memory, os.environ.get(_CUBLAS_WORKSPACE))
     ctx = _Dist()
     try:
-        if config.deterministic:
-            _deterministic(strict=determinism[0] and not determinism[1])
-        ctx, device = _setup_distributed(config, payload is not None)
-        with _Signals() as signals:
-            return _run(config, data, identity, payload, ctx, device, folder, signals)
+        with _deterministic(config.deterministic):
+            ctx, device = _setup_distributed(config, payload is not None)
+            with _Signals() as signals:
+                return _run(config, data, identity, payload, ctx, device, folder, signals)
     finally:
         torch.set_num_threads(threads)
         set_check_finite(check)
-        torch.use_deterministic_algorithms(determinism[0], warn_only=determinism[1])
-        torch.utils.deterministic.fill_uninitialized_memory = determinism[2]
-        if determinism[3] is None:
-            os.environ.pop(_CUBLAS_WORKSPACE, None)
-        else:
-            os.environ[_CUBLAS_WORKSPACE] = determinism[3]
         if ctx.owns_group:
             dist.destroy_process_group()
 
 
-def _deterministic(strict: bool) -> None:
-    """PyTorch's deterministic algorithms for a run (TrainConfig.deterministic): warn-only where an op has none,
-    unless the caller already had them strict."""
-    if not torch.cuda.is_initialized():
-        # cuBLAS repeats itself only with a fixed workspace, which it reads when its first handle is made: a
-        # caller that used CUDA before has to set it itself (PyTorch then warns at the first product)
-        os.environ.setdefault(_CUBLAS_WORKSPACE, ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=not strict)
-    # but no NaN fill of every torch.empty (a pass over memory each): samu's kernels write their outputs whole
-    # (their tests fill outputs with NaN first to show it)
-    torch.utils.deterministic.fill_uninitialized_memory = False
+@contextlib.contextmanager
+def _deterministic(enabled: bool):
+    """PyTorch's deterministic algorithms for a run (TrainConfig.deterministic), warn-only where an op has none
+    unless the caller already had them strict; the caller's settings come back afterwards, whatever happened."""
+    strict = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    fill, workspace = torch.utils.deterministic.fill_uninitialized_memory, os.environ.get(_CUBLAS_WORKSPACE)
+    try:
+        if enabled:
+            if not torch.cuda.is_initialized():
+                # cuBLAS repeats itself only with a fixed workspace, which it reads when its first handle is made:
+                # a caller that used CUDA before has to set it itself (PyTorch then warns at the first product)
+                os.environ.setdefault(_CUBLAS_WORKSPACE, ":4096:8")
+            torch.use_deterministic_algorithms(True, warn_only=warn_only or not strict)
+            # but no NaN fill of every torch.empty (a pass over memory each): samu's kernels write their outputs
+            # whole (their tests fill outputs with NaN first to show it)
+            torch.utils.deterministic.fill_uninitialized_memory = False
+        yield
+    finally:
+        torch.use_deterministic_algorithms(strict, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+        if workspace is None:
+            os.environ.pop(_CUBLAS_WORKSPACE, None)
+        else:
+            os.environ[_CUBLAS_WORKSPACE] = workspace
 
 
 def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder, signals: _Signals) -> TrainResult:

@@ -94,6 +94,11 @@ def test_norm_in_another_dtype_is_the_norm_then_the_cast(backend):
         assert a.dtype == b.dtype and torch.equal(a, b), name
 
 
+def _exact_add(x, h, w):
+    total = x + h
+    return total, _exact(total, w, 1e-6)
+
+
 def _add_grads(fn, x, h, w, dt, dy, device):
     x, h, w = (t.to(device).requires_grad_() for t in (x, h, w))
     total, y = fn(x, h, w)
@@ -106,12 +111,7 @@ def test_add_norm_fp32_matches_float64(rows):
     g = torch.Generator().manual_seed(rows)
     x, h, w = torch.randn(rows, 3, 24, generator=g), torch.randn(rows, 3, 24, generator=g), torch.randn(24, generator=g)
     dt, dy = torch.randn(rows, 3, 24, generator=g), torch.randn(rows, 3, 24, generator=g)
-
-    def exact(a, b, c):
-        total = a + b
-        return total, _exact(total, c, 1e-6)
-
-    want = _add_grads(exact, *(t.double() for t in (x, h, w)), dt, dy, "cpu")
+    want = _add_grads(_exact_add, *(t.double() for t in (x, h, w)), dt, dy, "cpu")
     got = _add_grads(lambda a, b, c: add_rms_norm(a, b, c, 1e-6, "triton"), x, h, w, dt, dy, DEVICE)
     for name, a, e in zip(("total", "y", "dx", "dh", "dweight"), got, want):
         assert a.dtype == torch.float32 and rel_err(a.cpu(), e) < 1e-6, name
@@ -138,12 +138,7 @@ def test_add_norm_equals_the_sum_then_the_norm(h_dtype, y_dtype):
     apart = _add_grads(two_ops("triton"), x, h, w, dt, dy, DEVICE)
     torch_ops = _add_grads(lambda a, b, c: add_rms_norm(a, b, c, 1e-6, "torch", y_dtype), x, h, w, dt, dy, "cpu")
     torch_apart = _add_grads(two_ops("torch"), x, h, w, dt, dy, "cpu")
-
-    def exact_ops(a, b, c):
-        total = a + b
-        return total, _exact(total, c, 1e-6)
-
-    exact = _add_grads(exact_ops, x.double(), h.double(), w.double(), dt, dy, "cpu")
+    exact = _add_grads(_exact_add, x.double(), h.double(), w.double(), dt, dy, "cpu")
     names = ("total", "y", "dx", "dh", "dweight")
     for name, f, f2, a, t, ta, e in zip(names, fused, again, apart, torch_ops, torch_apart, exact):
         assert f.dtype == a.dtype == t.dtype, name
