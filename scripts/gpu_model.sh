@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 10's measurements on one H200 through the device tool, in stages that each fit one call:
 #
-#   bash scripts/gpu_model.sh STAGE ...    stages: glue block model2k train determinism model32k profile
+#   bash scripts/gpu_model.sh STAGE ...    stages: glue block model2k train resume determinism model32k profile
+#                                          detprofile
 #
 #   glue      the fused glue's and the block's tests on the GPU (pytest, the CUDA path of the CPU tests)
 #   block     scripts/gpu_block.py (CUDA graph and eager, fused and PyTorch-op glue, GEMMs alone) and
@@ -9,18 +10,21 @@
 #   model2k   `samu bench --scopes model --impls auto,compiled` at 4 x 2048 (preset 400m): samu's LMs
 #             and the model peers (SDPA transformer, fla HGRN and GLA when installed), eager and compiled
 #   train     `samu train --preset 400m` at 4 x 2048: SAMU eager (30 steps), SAMU and RG-LRU compiled (60)
-#   determinism  the resume tests on the GPU (compiled there, some through `samu train` in a fresh process: a
-#             resumed run must equal an uninterrupted one to the bit), then the SAMU LM compiled as in train,
-#             40 steps, with PyTorch's deterministic algorithms (the default, D) and with --no-deterministic (N)
-#             in the order D N N D: what exact resumption costs
+#   resume    the resume tests on the GPU (compiled there, some through `samu train` in a fresh process: a
+#             resumed run must equal an uninterrupted one to the bit), failures with their tracebacks
+#   determinism  the SAMU LM compiled as in train, 40 steps, with PyTorch's deterministic algorithms (the
+#             default, D) and with --no-deterministic (N) in the order D N N D: what exact resumption costs
 #   model32k  the model bench at 1 x 32768
 #   profile   scripts/gpu_model_profile.py: where a training step's time goes (kernels by kind): the SAMU LM
 #             compiled and the SDPA transformer compiled at 4 x 2048, the SAMU LM compiled at 1 x 32768 and
 #             eager at 4 x 2048
+#   detprofile  the SAMU LM compiled at 4 x 2048 profiled as in profile, without and with the deterministic
+#             settings `samu train` runs with by default (gpu_model_profile.py --deterministic)
 #
 # Writes $OUT/model.log and $OUT/results.tar.gz (every record of the stages run) and prints a digest.
-# Peers: wheels in .whl/ (carry it) are installed to /tmp/peers. Stage limits sum to under 9.5 minutes
-# for any two stages but train + model32k or train + determinism; set SAMU_GIT_COMMIT when .git does not travel.
+# Peers: wheels in .whl/ (carry it) are installed to /tmp/peers. Stages' limits (s): glue 150, block 420, model2k
+# 560, train 460, resume 280, determinism 440, model32k 560, profile 420, detprofile 210; put stages in one call
+# only where theirs add up to under 570. Set SAMU_GIT_COMMIT when .git does not travel.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
@@ -61,12 +65,11 @@ case " $STAGES " in *" train "*)
   timeout 180 bash -c "$(declare -f train_run); PY=$PY W=$W; train_run rglru-compiled 60 --mixer rglru"
   echo "=== train: after $((SECONDS - start))s" ;;
 esac
+stage resume 280 $PY -m pytest -q -rf --tb=short -p no:cacheprovider -m "gpu or not gpu" tests/test_train.py \
+  tests/test_runs.py tests/models/test_transformer.py -k "resume"
 case " $STAGES " in *" determinism "*)
   echo "=== determinism"
   start=$SECONDS
-  timeout 120 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/test_train.py tests/test_runs.py \
-    tests/models/test_transformer.py -k "resume" > "$W/resume-tests.log" 2>&1
-  tail -5 "$W/resume-tests.log"
   for run in "deterministic-1" "nondeterministic-1 --no-deterministic" "nondeterministic-2 --no-deterministic" \
              "deterministic-2"; do
     set -- $run
@@ -81,6 +84,9 @@ for run in "samu compiled 4x2048x1664" "sdpa-transformer compiled 4x2048x1664" "
            "samu auto 4x2048x1664"; do
   set -- $run
   stage profile 105 $PY scripts/gpu_model_profile.py --model "$1" --impl "$2" --shape "$3" --out "$W"
+done
+for flag in "" --deterministic; do
+  stage detprofile 105 $PY scripts/gpu_model_profile.py --model samu --impl compiled --shape 4x2048x1664 --out "$W" $flag
 done
 
 tar -czf "$OUT/results.tar.gz" -C "$W" .

@@ -1,13 +1,15 @@
 """Where a training step's time goes: one model of the bench's model scope, per kernel and per kind.
 
 Usage: python scripts/gpu_model_profile.py --model samu|rglru|sdpa-transformer --impl compiled|auto
-       [--shape 4x2048x1664] [--preset 400m] [--steps 10] [--device cuda] [--out DIR]
+       [--shape 4x2048x1664] [--preset 400m] [--steps 10] [--device cuda] [--deterministic] [--out DIR]
 
 Builds the candidate the bench times (``samu.bench.scopes.module_candidate``: the same model, bf16 autocast,
 fused AdamW, one step = forward, loss, backward, optimizer step), times ``--steps`` steps with CUDA events
 after warm-ups, profiles 3 more, and sorts every kernel into a kind (GEMM, attention, the mixers' kernels,
 the block's glue, norms, Inductor-generated, optimizer, other). Writes DIR/model_profile_<model>_<impl>_<shape>.json
-and prints the kinds and the top kernels.
+and prints the kinds and the top kernels. ``--deterministic`` runs it all under the settings `samu train` runs with
+by default (samu.train's _deterministic: PyTorch's deterministic algorithms, cuBLAS's fixed workspace); its
+file's name ends in _deterministic.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import samu  # noqa: E402
 from samu.environment import environment  # noqa: E402
 from samu.bench.scopes import module_candidate  # noqa: E402
 from samu.bench.shapes import parse_shapes  # noqa: E402
+from samu.train import _deterministic  # noqa: E402
 
 # first match wins; the names are the kernels' own (Triton jit names, cuBLAS/CUTLASS, Inductor's triton_*)
 KINDS = (
@@ -60,8 +63,14 @@ def main():
     ap.add_argument("--preset", default="400m")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
+    with _deterministic(args.deterministic):
+        profile(args)
+
+
+def profile(args):
     cuda = args.device == "cuda"
 
     def sync():
@@ -104,15 +113,17 @@ def main():
     tokens = shape[0] * shape[1]
     flops = 6 * cand.params * tokens
     record = {"env": environment(args.device), "command": " ".join(sys.argv), "model": args.model, "impl": args.impl,
+              "deterministic": args.deterministic,
               "shape": shape, "preset": args.preset, "params": cand.params, "warmup_s": warm_s,
               "step_ms": step_ms, "tokens_per_s": tokens / step_ms * 1e3,
               "mfu": flops / (step_ms / 1e3) / 989e12 if cuda else None, "kernel_ms": sum(kinds.values()),
               "kinds_ms": dict(sorted(kinds.items(), key=lambda kv: -kv[1])), "kernels": kernels}
-    name = f"model_profile_{args.model}_{args.impl}_{'x'.join(map(str, shape))}.json"
+    name = (f"model_profile_{args.model}_{args.impl}_{'x'.join(map(str, shape))}"
+            f"{'_deterministic' if args.deterministic else ''}.json")
     with open(os.path.join(args.out, name), "w") as f:
         json.dump(record, f, indent=1)
-    print(f"{args.model} {args.impl} {shape}: step {step_ms:.2f} ms, {record['tokens_per_s'] / 1e3:.1f}K tok/s, "
-          f"MFU {record['mfu'] or 0:.1%}, kernels {record['kernel_ms']:.2f} ms (warm-up {warm_s:.0f} s)")
+    print(f"{args.model} {args.impl} {shape}{' deterministic' if args.deterministic else ''}: step {step_ms:.2f} ms, "
+          f"{record['tokens_per_s'] / 1e3:.1f}K tok/s, MFU {record['mfu'] or 0:.1%}, kernels {record['kernel_ms']:.2f} ms (warm-up {warm_s:.0f} s)")
     for kind, ms in record["kinds_ms"].items():
         print(f"    {kind:16s} {ms:8.2f} ms")
     for k in kernels[:25]:

@@ -5,7 +5,7 @@ It compiles each kernel from the signatures written out below (unpacked, no stat
 its counts are a guide to a loop body's size; the registers of the kernels a call launches are
 `scripts/offline_regs.py`'s, and their exact SASS `scripts/sass_same.py`'s.
 
-Usage: python scripts/sass_report.py [--K 32] [--BN 64] [--warps 1] [--dtype bf16] [--unroll 2]
+Usage: python scripts/sass_report.py [--K 32] [--BN 64] [--warps 1] [--dtype bf16] [--unroll 2] [--dump DIR]
 Needs triton's bundled ptxas/cuobjdump (the Linux x86-64 wheel has them).
 """
 
@@ -77,12 +77,13 @@ def main():
     ap.add_argument("--warps", type=int, default=1)
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--unroll", type=int, default=2)
+    ap.add_argument("--dump", default=None, help="a folder to write each kernel's SASS into (KERNEL.sass)")
     args = ap.parse_args()
     target = GPUTarget("cuda", 90, 32)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=os.path.dirname(__file__)).stdout.strip()
+                            cwd=os.path.join(os.path.dirname(__file__), "..")).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--", "samu"], capture_output=True, text=True,
-                           cwd=os.path.dirname(__file__)).stdout.strip()
+                           cwd=os.path.join(os.path.dirname(__file__), "..")).stdout.strip()
     print(f"# python scripts/sass_report.py {' '.join(sys.argv[1:])} | triton {triton.__version__} | commit "
           f"{commit}{' (samu/ modified)' if dirty else ''} | offline sm_90a build, static counts")
     for fn, sig, consts in kernels(f"*{args.dtype}"):
@@ -96,6 +97,9 @@ def main():
                                   capture_output=True, text=True).stderr
             sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", cubin], capture_output=True,
                                   text=True).stdout
+        if args.dump:
+            os.makedirs(args.dump, exist_ok=True)
+            open(os.path.join(args.dump, fn.__name__ + ".sass"), "w").write(sass)
         regs = re.search(r"Used (\d+) registers", info)
         spills = re.search(r"(\d+) bytes spill stores", info)
         mufu = len(re.findall(r"MUFU", sass))

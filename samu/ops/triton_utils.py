@@ -178,3 +178,15 @@ def prefetch_l2(p):
     if not _INTERPRETED:
         tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [p], dtype=tl.int32,
                                   is_pure=False, pack=1)
+
+
+@triton.jit
+def exp_flushed(x):
+    """exp(x) as tl.exp computes it on NVIDIA GPUs (ex2.approx of x log2 e, the same instruction and the same
+    fp32 factor), with results below 2^-126 flushed to zero: the flushing form (``.ftz``) is one instruction
+    where the other is four (ptxas's rescaling around it for subnormal results). The interpreter takes tl.exp."""
+    if _INTERPRETED:
+        return tl.exp(x)
+    else:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * 1.4426950408889634],
+                                         dtype=tl.float32, is_pure=True, pack=1)

@@ -28,9 +28,9 @@ import triton.language as tl
 
 from samu.ops.packing_triton import chunk_bits, first_sequence, last_sequence, opens_at, sequence_after, sequence_before
 from samu.ops.samu.triton_fwd import (CTL, _both, _cfma, _clamp, _controls_of, _entering, _fetch_controls, _fetch_pair,
-                                      _fetch_token, _gamma, _input_of, _load_pair, _mode_row, _restart, _store_pair,
+                                      _fetch_token, _gamma, _gamma_squared, _input_of, _load_pair, _mode_row, _restart, _store_pair,
                                       _store_quad, _transition, prefix)
-from samu.ops.triton_utils import cdiv, launch, prefetch_l2, tanh
+from samu.ops.triton_utils import cdiv, exp_flushed, launch, prefetch_l2, tanh
 
 
 # tokens between a prefetch into L2 (_prefetch_token) and the walk's load of the same tile
@@ -52,14 +52,14 @@ def _prefetch_token(x, i_b, t, i_j, L, N, D, BN: tl.constexpr):
 
 
 @triton.jit
-def _adjoint_of(m, c, s, b_gr, b_gi, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl, FROM_PHI: tl.constexpr,
+def _adjoint_of(m, c, s, b_gr, b_gi, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl,
                 w, w_next, k, n, dfinal, i_n, N, D, K: tl.constexpr, VARLEN: tl.constexpr, HAS_DF: tl.constexpr):
     """conj(lambda_{t+1}) (identity from L on) and g_t, from token t + 1's fetched controls and token t's
     fetched dy tile (triton_fwd._fetch_controls, _fetch_pair). Packed (VARLEN; token t is token k of its
     chunk, whose words are w and w_next, and belongs to sequence n): zero where token t + 1 opens a
     sequence, and g_t gains the final-state cotangent of the sequence token t closes."""
     nxt = t + 1 < L
-    m, cphi, sphi = _controls_of(m, c, s, nxt, FROM_PHI)
+    m, cphi, sphi = _controls_of(m, c, s, nxt)
     _, _, b_lr, b_li = _transition(m, cphi, sphi, b_rate, b_ch, b_cl, b_sh, b_sl)
     b_ar = tl.where(nxt, b_lr, 1.0)
     b_ai = tl.where(nxt, -b_li, 0.0)
@@ -100,20 +100,23 @@ def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, words, dfinal, L
                             BN: tl.constexpr, U: tl.constexpr, VARLEN: tl.constexpr, HAS_DF: tl.constexpr):
     """Map (Q, F) from the adjoint entering chunk i_c from its right to the adjoint at its first token.
 
-    The forward's trig planes are not saved (spec §3.1): this walk evaluates cos and sin of phi
-    itself, and the first mode tile's program rebuilds trig for its chunk for the later kernels."""
+    The forward's trig planes are not saved (spec §3.1): every program evaluates cos and sin of phi for the K
+    tokens whose lambda its walk takes (the chunk's second token to the next chunk's first), one token a lane,
+    and writes them to trig, for its own walk after a barrier and for the later kernels; lanes past L take
+    token 0, which no walk of this kernel needs. The programs of a chunk's mode tiles write the same values:
+    the controller's functions on the same fp32 phi, so the values the forward used."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
     b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
     p_m = ctl + i_b.to(tl.int64) * CTL * L + 2 * L
-    if i_j == 0:
-        i_t = i_c * K + tl.arange(0, K)
-        mask_t = i_t < L
-        b_phi = tl.load(p_m + L + i_t, mask=mask_t, other=0.0)
-        p_trig = trig + i_b.to(tl.int64) * 2 * L + i_t
-        tl.store(p_trig, tl.cos(b_phi), mask=mask_t)
-        tl.store(p_trig + L, tl.sin(b_phi), mask=mask_t)
+    p_c = trig + i_b.to(tl.int64) * 2 * L
+    i_t = i_c * K + 1 + tl.arange(0, K)
+    i_t = tl.where(i_t < L, i_t, 0)
+    b_phi = tl.load(p_m + L + i_t)
+    tl.store(p_c + i_t, tl.cos(b_phi))
+    tl.store(p_c + L + i_t, tl.sin(b_phi))
+    tl.debug_barrier()  # this program's trig stores seen by all its threads' loads below
     t = i_c * K + K - 1
     p_g = dy + (i_b.to(tl.int64) * L + t) * D + i_n
     b_qr = tl.full([BN], 1.0, dtype=tl.float32)
@@ -122,14 +125,14 @@ def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, words, dfinal, L
     b_fi = tl.zeros([BN], dtype=tl.float32)
     w, w_next, n = _walk_words(words, i_c, n_chunks, VARLEN)
     # token t + 1's controls (mr, cr, sr: for lambda_{t+1}); token t's controls and dy fetched a token ahead
-    mr, cr, sr = _fetch_controls(p_m, p_m, t + 1, L, True)
-    m1, c1, s1, b_gr1, b_gi1 = _fetch_token(p_g, p_m, p_m, t, L, N, mask_n, True)
+    mr, cr, sr = _fetch_controls(p_m, p_c, t + 1, L)
+    m1, c1, s1, b_gr1, b_gi1 = _fetch_token(p_g, p_m, p_c, t, L, N, mask_n)
     for j in tl.range(K, loop_unroll_factor=U):
         k = K - 1 - j
         m0, c0, s0, b_gr0, b_gi0 = m1, c1, s1, b_gr1, b_gi1
-        m1, c1, s1, b_gr1, b_gi1 = _fetch_token(p_g - D, p_m, p_m, t - 1, L, N, mask_n, True)
+        m1, c1, s1, b_gr1, b_gi1 = _fetch_token(p_g - D, p_m, p_c, t - 1, L, N, mask_n)
         b_ar, b_ai, b_gr, b_gi = _adjoint_of(mr, cr, sr, b_gr0, b_gi0, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl,
-                                             True, w, w_next, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
+                                             w, w_next, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
         mr, cr, sr = m0, c0, s0
         if VARLEN:
             if HAS_DF:
@@ -166,17 +169,17 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
         p_slot = p_slot0 + (K - 1) * 2 * BN
         w, w_next, n = _walk_words(words, i_c, n_chunks, VARLEN)
         # token t + 1's controls (mr, cr, sr: for lambda_{t+1}); token t's controls and dy fetched two tokens ahead
-        mr, cr, sr = _fetch_controls(p_m, p_c, t + 1, L, False)
-        m1, c1, s1, b_gr1, b_gi1 = _fetch_token(p_g, p_m, p_c, t, L, N, mask_n, False)
-        m2, c2, s2, b_gr2, b_gi2 = _fetch_token(p_g - D, p_m, p_c, t - 1, L, N, mask_n, False)
+        mr, cr, sr = _fetch_controls(p_m, p_c, t + 1, L)
+        m1, c1, s1, b_gr1, b_gi1 = _fetch_token(p_g, p_m, p_c, t, L, N, mask_n)
+        m2, c2, s2, b_gr2, b_gi2 = _fetch_token(p_g - D, p_m, p_c, t - 1, L, N, mask_n)
         for j in tl.range(K, loop_unroll_factor=U):
             k = K - 1 - j
             m0, c0, s0, b_gr0, b_gi0 = m1, c1, s1, b_gr1, b_gi1
             m1, c1, s1, b_gr1, b_gi1 = m2, c2, s2, b_gr2, b_gi2
-            m2, c2, s2, b_gr2, b_gi2 = _fetch_token(p_g - 2 * D, p_m, p_c, t - 2, L, N, mask_n, False)
+            m2, c2, s2, b_gr2, b_gi2 = _fetch_token(p_g - 2 * D, p_m, p_c, t - 2, L, N, mask_n)
             _prefetch_token(dy, i_b, t - PREFETCH_AHEAD, i_j, L, N, D, BN)
             b_ar, b_ai, b_gr, b_gi = _adjoint_of(mr, cr, sr, b_gr0, b_gi0, t, L, mask_n, b_rate, b_ch, b_cl, b_sh,
-                                                 b_sl, False, w, w_next, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
+                                                 b_sl, w, w_next, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
             mr, cr, sr = m0, c0, s0
             if VARLEN:
                 if HAS_DF:
@@ -198,8 +201,8 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
         p_slot = p_slot0
         if VARLEN:
             n = first_sequence(words, i_c, n_chunks)
-        m1, c1, s1, b_zr1, b_zi1 = _fetch_token(p_x, p_m, p_c, t, L, N, mask_n, False)
-        m2, c2, s2, b_zr2, b_zi2 = _fetch_token(p_x + D, p_m, p_c, t + 1, L, N, mask_n, False)
+        m1, c1, s1, b_zr1, b_zi1 = _fetch_token(p_x, p_m, p_c, t, L, N, mask_n)
+        m2, c2, s2, b_zr2, b_zi2 = _fetch_token(p_x + D, p_m, p_c, t + 1, L, N, mask_n)
         b_dr1 = tl.load(p_slot)
         b_di1 = tl.load(p_slot + BN)
         for k in tl.range(K, loop_unroll_factor=U):
@@ -207,7 +210,7 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
             ok = _both(mask_n, valid)
             m0, c0, s0, b_zr0, b_zi0, b_dr, b_di = m1, c1, s1, b_zr1, b_zi1, b_dr1, b_di1
             m1, c1, s1, b_zr1, b_zi1 = m2, c2, s2, b_zr2, b_zi2
-            m2, c2, s2, b_zr2, b_zi2 = _fetch_token(p_x + 2 * D, p_m, p_c, t + 2, L, N, mask_n, False)
+            m2, c2, s2, b_zr2, b_zi2 = _fetch_token(p_x + 2 * D, p_m, p_c, t + 2, L, N, mask_n)
             _prefetch_token(x, i_b, t + PREFETCH_AHEAD, i_j, L, N, D, BN)
             # delta_{t+1}, from cache (past the slot's end at the chunk's last token: its own row again, unused)
             p_next = p_slot + tl.where(k + 1 < K, 2 * BN, 0)
@@ -227,7 +230,7 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
             b_vli = b_vr * b_li + b_vi * b_lr
             b_dpsi = tl.where(ok, -b_vli, 0.0)
             # w dL/dw = -w rho dL/drho + (w / gamma) rho^2 dL/dgamma; w / gamma -> 0 as w -> 0
-            b_wg = tl.where(b_w > 0.0, b_w / tl.where(b_w > 0.0, b_g, 1.0), 0.0)
+            b_wg = tl.where(b_w > 0.0, b_w * tl.math.rsqrt(_gamma_squared(b_w, b_rho)), 0.0)
             b_wdw = tl.where(ok, -b_w * b_vlr + b_wg * b_rho * b_rho * (b_dr * b_zr + b_di * b_zi), 0.0)
             # the per-token sums over the tile's modes wait in the slot row delta_t came from, summed after the
             # walk, off its serial path. No barrier: with BN >= 32 * num_warps (D >= 64 as dispatched) each
@@ -323,8 +326,8 @@ def _dx_kernel(x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, d
     # token t + 1's controls (mr, cr, sr: for lambda_{t+1}); token t's controls, dy, x, dp and p (the
     # projections) fetched a token ahead
     p_m = p_p + 2 * L
-    mr, cr, sr = _fetch_controls(p_m, p_c, t + 1, L, False)
-    m1, c1, s1, b_gr1, b_gi1 = _fetch_token(p_g, p_m, p_c, t, L, N, mask_n, False)
+    mr, cr, sr = _fetch_controls(p_m, p_c, t + 1, L)
+    m1, c1, s1, b_gr1, b_gi1 = _fetch_token(p_g, p_m, p_c, t, L, N, mask_n)
     b_xr1, b_xi1 = _fetch_pair(p_x, t, L, N, mask_n)
     dp0_1, dp1_1, p0_1, p1_1 = _fetch_projections(p_p, p_dp, t, L)
     for j in tl.range(K, loop_unroll_factor=U):
@@ -333,17 +336,18 @@ def _dx_kernel(x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, d
         ok = _both(mask_n, valid)
         m0, c0, s0, b_gr0, b_gi0, b_xr0, b_xi0 = m1, c1, s1, b_gr1, b_gi1, b_xr1, b_xi1
         dp0, dp1, p0, p1 = dp0_1, dp1_1, p0_1, p1_1
-        m1, c1, s1, b_gr1, b_gi1 = _fetch_token(p_g - D, p_m, p_c, t - 1, L, N, mask_n, False)
+        m1, c1, s1, b_gr1, b_gi1 = _fetch_token(p_g - D, p_m, p_c, t - 1, L, N, mask_n)
         b_xr1, b_xi1 = _fetch_pair(p_x - D, t - 1, L, N, mask_n)
         dp0_1, dp1_1, p0_1, p1_1 = _fetch_projections(p_p, p_dp, t - 1, L)
         b_ar, b_ai, b_gr, b_gi = _adjoint_of(mr, cr, sr, b_gr0, b_gi0, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl,
-                                             False, w, w_next, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
+                                             w, w_next, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
         mr, cr, sr = m0, c0, s0
         if VARLEN:
             if HAS_DF:
                 n = sequence_before(n, opens_at(w, w_next, k, K), k)
         b_dr, b_di = _cfma(b_ar, b_ai, b_dr, b_di, b_gr, b_gi)
-        b_g = _gamma(m0 * b_rate)
+        b_w = m0 * b_rate
+        b_g = _gamma(b_w, exp_flushed(-b_w))
         dp0 = tl.where(valid, dp0, 0.0)
         dp1 = tl.where(valid, dp1, 0.0)
         _store_pair(p_dx, 0, N, b_g * b_dr + dp0 * b_u0r + dp1 * b_u1r, b_g * b_di + dp0 * b_u0i + dp1 * b_u1i, ok)

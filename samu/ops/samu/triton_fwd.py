@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from samu.ops.packing_triton import chunk_bits, first_sequence, opens_at, sequence_after
-from samu.ops.triton_utils import cast_to, cdiv, launch, next_power_of_2, one_minus_exp_neg, tanh
+from samu.ops.triton_utils import cast_to, cdiv, exp_flushed, launch, next_power_of_2, one_minus_exp_neg_small, tanh
 
 CTL = tl.constexpr(4)  # planes of ctl: p0, p1, m, phi
 
@@ -72,44 +72,27 @@ def _both(mask_n, valid):
 
 
 @triton.jit
-def _fetch_controls(p_m, p_c, t, L, FROM_PHI: tl.constexpr):
-    """Token t's controls as loaded, from a clamped index: m and (cos phi, sin phi) from trig, or with
-    FROM_PHI m and (phi, phi); pointers to the batch row's m plane of ctl and cos plane of trig. The walks
-    fetch a token's loads a token or two before they use them, with no arithmetic on them until then
-    (_controls_of), so the serial chain does not wait for the loads (README.md, "Chunks")."""
+def _fetch_controls(p_m, p_c, t, L):
+    """Token t's controls as loaded, from a clamped index: m, cos phi and sin phi (pointers to the batch row's
+    m plane of ctl and cos plane of trig). The walks fetch a token's loads a token or two before they use
+    them, with no arithmetic on them until then (_controls_of), so the serial chain does not wait for the
+    loads (README.md, "Chunks")."""
     tc = _clamp(t, L)
-    m = tl.load(p_m + tc)
-    if FROM_PHI:
-        c = tl.load(p_m + L + tc)
-        s = c
-    else:
-        c = tl.load(p_c + tc)
-        s = tl.load(p_c + L + tc)
-    return m, c, s
+    return tl.load(p_m + tc), tl.load(p_c + tc), tl.load(p_c + L + tc)
 
 
 @triton.jit
-def _fetch_token(p, p_m, p_c, t, L, N, mask_n, FROM_PHI: tl.constexpr):
+def _fetch_token(p, p_m, p_c, t, L, N, mask_n):
     """_fetch_controls and _fetch_pair of token t (p: its row of x or dy)."""
-    m, c, s = _fetch_controls(p_m, p_c, t, L, FROM_PHI)
+    m, c, s = _fetch_controls(p_m, p_c, t, L)
     b_zr, b_zi = _fetch_pair(p, t, L, N, mask_n)
     return m, c, s, b_zr, b_zi
 
 
 @triton.jit
-def _controls_of(m, c, s, valid, FROM_PHI: tl.constexpr):
-    """m, cos phi, sin phi from _fetch_controls' values (m = 0, phi = 0 where not valid). FROM_PHI
-    evaluates cos and sin of the saved phi: the controller's functions on the same fp32 phi, so the
-    values the forward used."""
-    m = tl.where(valid, m, 0.0)
-    if FROM_PHI:
-        phi = tl.where(valid, c, 0.0)
-        c = tl.cos(phi)
-        s = tl.sin(phi)
-    else:
-        c = tl.where(valid, c, 1.0)
-        s = tl.where(valid, s, 0.0)
-    return m, c, s
+def _controls_of(m, c, s, valid):
+    """m, cos phi, sin phi from _fetch_controls' values (m = 0, phi = 0 where not valid)."""
+    return tl.where(valid, m, 0.0), tl.where(valid, c, 1.0), tl.where(valid, s, 0.0)
 
 
 @triton.jit
@@ -123,7 +106,7 @@ def _fetch_pair(p, t, L, N, mask_n):
 def _transition(m, cphi, sphi, b_rate, b_ch, b_cl, b_sh, b_sl):
     """w = m exp(nu), rho = exp(-w) and lambda = rho exp(i(theta + phi)) for one token, [BN]."""
     b_w = m * b_rate
-    b_rho = tl.exp(-b_w)
+    b_rho = exp_flushed(-b_w)
     # the lo parts join the smaller product first, so the sum keeps them through its last rounding
     b_lr = b_rho * (b_ch * cphi + ((b_cl * cphi - b_sl * sphi) - b_sh * sphi))
     b_li = b_rho * (b_ch * sphi + ((b_sl * cphi + b_cl * sphi) + b_sh * cphi))
@@ -131,9 +114,17 @@ def _transition(m, cphi, sphi, b_rate, b_ch, b_cl, b_sh, b_sl):
 
 
 @triton.jit
-def _gamma(b_w):
-    # gamma = sqrt(1 - rho^2) = sqrt(-expm1(-2 w)), accurate as w -> 0 (1 - rho * rho loses bits there)
-    return tl.sqrt(one_minus_exp_neg(2.0 * b_w))
+def _gamma_squared(b_w, b_rho):
+    """1 - rho^2 for rho = exp(-w): 1 - rho * rho where 2 w >= 0.5 (rho^2 <= e^-0.5: it loses under two bits
+    there), the Taylor polynomial of 1 - exp(-2 w) below, where 1 - rho * rho cancels."""
+    b_2w = 2.0 * b_w
+    return tl.where(b_2w < 0.5, one_minus_exp_neg_small(b_2w), 1.0 - b_rho * b_rho)
+
+
+@triton.jit
+def _gamma(b_w, b_rho):
+    """gamma = sqrt(1 - rho^2)."""
+    return tl.sqrt(_gamma_squared(b_w, b_rho))
 
 
 @triton.jit
@@ -174,11 +165,11 @@ def _restart(opens, n, h0, b_hr, b_hi, i_n, N, D, mask_n, HAS_H0: tl.constexpr):
 def _input_of(m, c, s, b_zr, b_zi, valid, b_rate, b_ch, b_cl, b_sh, b_sl):
     """Transition and input of one token, [BN] each, from its fetched controls (_fetch_controls) and x
     tile (_fetch_pair); identity (lambda = 1, input 0) where not valid (past L)."""
-    m, cphi, sphi = _controls_of(m, c, s, valid, False)
+    m, cphi, sphi = _controls_of(m, c, s, valid)
     b_w, b_rho, b_lr, b_li = _transition(m, cphi, sphi, b_rate, b_ch, b_cl, b_sh, b_sl)
     b_lr = tl.where(valid, b_lr, 1.0)
     b_li = tl.where(valid, b_li, 0.0)
-    return b_w, b_rho, b_lr, b_li, _gamma(b_w), b_zr.to(tl.float32), b_zi.to(tl.float32)
+    return b_w, b_rho, b_lr, b_li, _gamma(b_w, b_rho), b_zr.to(tl.float32), b_zi.to(tl.float32)
 
 
 @triton.jit
@@ -244,10 +235,10 @@ def _summary_kernel(x, ctl, trig, nu, theta_log, csum, words, h0, L, D, N, n_chu
     if VARLEN:
         w, w_next = chunk_bits(words, i_c, n_chunks)
         n = first_sequence(words, i_c, n_chunks)
-    m1, c1, s1, b_zr1, b_zi1 = _fetch_token(p_x, p_m, p_c, t, L, N, mask_n, False)
+    m1, c1, s1, b_zr1, b_zi1 = _fetch_token(p_x, p_m, p_c, t, L, N, mask_n)
     for k in tl.range(K, loop_unroll_factor=U):
         m0, c0, s0, b_zr0, b_zi0 = m1, c1, s1, b_zr1, b_zi1
-        m1, c1, s1, b_zr1, b_zi1 = _fetch_token(p_x + D, p_m, p_c, t + 1, L, N, mask_n, False)
+        m1, c1, s1, b_zr1, b_zi1 = _fetch_token(p_x + D, p_m, p_c, t + 1, L, N, mask_n)
         if VARLEN:
             # n: the sequence of token t
             opens = (t < L) & opens_at(w, w_next, k, K)
@@ -376,12 +367,12 @@ def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, word
         w, w_next = chunk_bits(words, i_c, n_chunks)
         n = first_sequence(words, i_c, n_chunks)
     # the two fetches apart, not through _fetch_token: that changed this kernel's SASS (scripts/sass_same.py)
-    m1, c1, s1 = _fetch_controls(p_m, p_c, t, L, False)
+    m1, c1, s1 = _fetch_controls(p_m, p_c, t, L)
     b_zr1, b_zi1 = _fetch_pair(p_x, t, L, N, mask_n)
     for k in tl.range(K, loop_unroll_factor=U):
         valid = t < L
         m0, c0, s0, b_zr0, b_zi0 = m1, c1, s1, b_zr1, b_zi1
-        m1, c1, s1 = _fetch_controls(p_m, p_c, t + 1, L, False)
+        m1, c1, s1 = _fetch_controls(p_m, p_c, t + 1, L)
         b_zr1, b_zi1 = _fetch_pair(p_x + D, t + 1, L, N, mask_n)
         if VARLEN:
             opens = valid & opens_at(w, w_next, k, K)
