@@ -1,7 +1,8 @@
 """Where a training step's time goes: one model of the bench's model scope, per kernel and per kind.
 
 Usage: python scripts/gpu_model_profile.py --model samu|rglru|sdpa-transformer --impl compiled|auto
-       [--shape 4x2048x1664] [--preset 400m] [--steps 10] [--device cuda] [--deterministic] [--out DIR]
+       [--shape 4x2048x1664] [--preset 400m] [--steps 10] [--device cuda] [--deterministic] [--host]
+       [--out DIR]
 
 Builds the candidate the bench times (``samu.bench.scopes.module_candidate``: the same model, bf16 autocast,
 fused AdamW, one step = forward, loss, backward, optimizer step), times ``--steps`` steps with CUDA events
@@ -9,7 +10,8 @@ after warm-ups, profiles 3 more, and sorts every kernel into a kind (GEMM, atten
 the block's glue, norms, Inductor-generated, optimizer, other). Writes DIR/model_profile_<model>_<impl>_<shape>.json
 and prints the kinds and the top kernels. ``--deterministic`` runs it all under the settings `samu train` runs with
 by default (samu.train's _deterministic: PyTorch's deterministic algorithms, cuBLAS's fixed workspace); its
-file's name ends in _deterministic.
+file's name ends in _deterministic. ``--host`` profiles the host too and adds its ops by self time (``host_ops``:
+where a step waits on the GPU shows as a synchronising call); the file's name ends in _host.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--host", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     with _deterministic(args.deterministic):
@@ -93,8 +96,10 @@ def profile(args):
         cand.run()
     sync()
     step_ms = (time.perf_counter() - t0) / args.steps * 1e3
-    activity = torch.profiler.ProfilerActivity.CUDA if cuda else torch.profiler.ProfilerActivity.CPU
-    with torch.profiler.profile(activities=[activity]) as prof:
+    activities = [torch.profiler.ProfilerActivity.CUDA] if cuda else []
+    if args.host or not cuda:
+        activities.append(torch.profiler.ProfilerActivity.CPU)
+    with torch.profiler.profile(activities=activities) as prof:
         for _ in range(3):
             cand.run()
         sync()
@@ -103,9 +108,12 @@ def profile(args):
         if not cuda and e.self_cpu_time_total > 0:  # a smoke run on the CPU: its ops, self time
             kernels.append({"name": e.key[:120], "kind": kind_of(e.key), "per_step": e.count / 3,
                             "ms_per_step": e.self_cpu_time_total / 3 / 1e3})
-        elif cuda and e.device_time_total > 0:
+        elif cuda and e.self_device_time_total > 0:  # kernels (a host op's device time is its kernels')
             kernels.append({"name": e.key[:120], "kind": kind_of(e.key), "per_step": e.count / 3,
-                            "ms_per_step": e.device_time_total / 3 / 1e3})
+                            "ms_per_step": e.self_device_time_total / 3 / 1e3})
+    host_ops = sorted(({"name": e.key[:120], "per_step": e.count / 3, "ms_per_step": e.self_cpu_time_total / 3 / 1e3}
+                       for e in prof.key_averages() if cuda and args.host and e.self_cpu_time_total > 0),
+                      key=lambda h: -h["ms_per_step"])[:40]
     kernels.sort(key=lambda k: -k["ms_per_step"])
     kinds: dict = {}
     for k in kernels:
@@ -117,9 +125,9 @@ def profile(args):
               "shape": shape, "preset": args.preset, "params": cand.params, "warmup_s": warm_s,
               "step_ms": step_ms, "tokens_per_s": tokens / step_ms * 1e3,
               "mfu": flops / (step_ms / 1e3) / 989e12 if cuda else None, "kernel_ms": sum(kinds.values()),
-              "kinds_ms": dict(sorted(kinds.items(), key=lambda kv: -kv[1])), "kernels": kernels}
+              "kinds_ms": dict(sorted(kinds.items(), key=lambda kv: -kv[1])), "kernels": kernels, "host_ops": host_ops}
     name = (f"model_profile_{args.model}_{args.impl}_{'x'.join(map(str, shape))}"
-            f"{'_deterministic' if args.deterministic else ''}.json")
+            f"{'_deterministic' if args.deterministic else ''}{'_host' if args.host else ''}.json")
     with open(os.path.join(args.out, name), "w") as f:
         json.dump(record, f, indent=1)
     print(f"{args.model} {args.impl} {shape}{' deterministic' if args.deterministic else ''}: step {step_ms:.2f} ms, "
@@ -128,6 +136,8 @@ def profile(args):
         print(f"    {kind:16s} {ms:8.2f} ms")
     for k in kernels[:25]:
         print(f"    {k['ms_per_step']:8.3f} ms x{k['per_step']:<5.0f} {k['kind']:12s} {k['name'][:70]}")
+    for h in host_ops[:25]:
+        print(f"    host {h['ms_per_step']:8.3f} ms x{h['per_step']:<6.0f} {h['name'][:70]}")
 
 
 if __name__ == "__main__":
