@@ -108,11 +108,12 @@ def profile(args):
         if not cuda and e.self_cpu_time_total > 0:  # a smoke run on the CPU: its ops, self time
             kernels.append({"name": e.key[:120], "kind": kind_of(e.key), "per_step": e.count / 3,
                             "ms_per_step": e.self_cpu_time_total / 3 / 1e3})
-        elif cuda and e.self_device_time_total > 0:  # kernels (a host op's device time is its kernels')
+        elif cuda and e.device_type != torch.autograd.DeviceType.CPU and e.self_device_time_total > 0:  # kernels
             kernels.append({"name": e.key[:120], "kind": kind_of(e.key), "per_step": e.count / 3,
                             "ms_per_step": e.self_device_time_total / 3 / 1e3})
     host_ops = sorted(({"name": e.key[:120], "per_step": e.count / 3, "ms_per_step": e.self_cpu_time_total / 3 / 1e3}
-                       for e in prof.key_averages() if cuda and args.host and e.self_cpu_time_total > 0),
+                       for e in prof.key_averages()
+                       if cuda and args.host and e.device_type == torch.autograd.DeviceType.CPU and e.self_cpu_time_total > 0),
                       key=lambda h: -h["ms_per_step"])[:40]
     kernels.sort(key=lambda k: -k["ms_per_step"])
     kinds: dict = {}
