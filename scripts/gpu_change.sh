@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# A change to one mixer's kernels judged on one H200 in one device call (SAMU: gates and profile took ~2.5
-# minutes on 2026-12-02 with 7 of the tests, ~3.5 with OLD; the stages' limits add up to 9 minutes). Exits 1
-# when a test or a gate failed or a gate run was cut short:
+# A change to one mixer's kernels judged on one H200 in one device call (SAMU with OLD on 2026-12-02: tests 187 s
+# beside gates 104 s, then six profiles of 12-25 s; limits: tests and gates 240 s side by side (RG-LRU 300), each
+# profile 50 s, so 540 s for SAMU with OLD and 450 for RG-LRU, plus up to 15 s a stage to stop). Exits 1 when a
+# test or a gate failed or a gate run was cut short:
 #
 #   OLD_COMMIT=<hex> bash scripts/gpu_change.sh OP [OLD]        OP: samu or rglru
 #       OLD: a copy of an earlier checkout to time beside this one (e.g. `git archive <commit> samu scripts
 #       tests | tar -x -C ab/old`, an untracked folder inside the tree so that it travels); OLD_COMMIT: that
 #       commit, which OLD's records then name (they would name this checkout's otherwise)
 #
-#   tests    every kernel test of OP on the GPU (tests/ops/test_samu_triton.py or test_rglru_triton.py: the
+#   tests    every kernel test of OP on the GPU (tests/ops/test_samu_triton.py and test_triton_utils.py, or
+#            test_rglru_triton.py: the
 #            gpu-marked ones and the small odd shapes the CPU suite runs through the interpreter, here compiled)
 #   gates    OP's Triton variants' gates at every gate shape in bf16, fp16 and fp32 (one process per dtype,
 #            side by side) and packed (`--documents 16`, bf16 and fp32), beside the tests; RG-LRU, whose gate
 #            classes name the head dim, also at the model shapes outside the gate set (prefill: 64x512x1664 and
 #            1x32768x1664 in every dtype; the small preset's 16x2048x512 and 4x8192x512 in bf16)
-#   profile  scripts/gpu_profile.py of OP's variants (RG-LRU: the default one), this checkout and OLD alternating (this, OLD, this), so
-#            the drift between runs shows next to the difference
+#   profile  scripts/gpu_profile.py of OP's variants (RG-LRU: the default one), this checkout and OLD alternating
+#            (this, OLD, this), so the drift between runs shows next to the difference
 #
 # Writes $OUT/change.log and $OUT/results.tar.gz (after the gates and again after the profiles: a call cut
 # short keeps what finished). Set SAMU_GIT_COMMIT when .git does not travel.
@@ -24,8 +26,10 @@ cd "$(dirname "$0")/.."
 OP=${1:?usage: gpu_change.sh samu|rglru [OLD]}
 OLD=${2:-}
 case $OP in
-  samu) TESTS=tests/ops/test_samu_triton.py; VARIANTS=(triton_grouped triton_serial); PROFILED=("${VARIANTS[@]}") ;;
-  rglru) TESTS=tests/ops/test_rglru_triton.py; VARIANTS=(triton_chunked triton_chunked_precise); PROFILED=(triton_chunked) ;;
+  samu) TESTS=(tests/ops/test_samu_triton.py tests/ops/test_triton_utils.py); VARIANTS=(triton_grouped triton_serial)
+        PROFILED=("${VARIANTS[@]}"); LIMIT=240 ;;
+  rglru) TESTS=(tests/ops/test_rglru_triton.py); VARIANTS=(triton_chunked triton_chunked_precise)
+         PROFILED=(triton_chunked); LIMIT=300 ;;
   *) echo "OP: samu or rglru, not $OP"; exit 2 ;;
 esac
 if [ -n "$OLD" ]; then
@@ -39,16 +43,16 @@ BACKENDS=$(IFS=,; echo "${VARIANTS[*]}")
 GATE=($PY -m samu.cli gate --ops "$OP" --quiet --no-status --backends "$BACKENDS")
 
 pids=()
-stage tests 240 $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" "$TESTS" > "$W/tests.log" 2>&1 &
+stage tests $LIMIT $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" "${TESTS[@]}" > "$W/tests.log" 2>&1 &
 pids+=($!)
 for dtype in bf16 fp16 fp32; do
-  stage gates 240 "${GATE[@]}" --shapes gate --dtypes $dtype --out "$W/gates-$OP-$dtype.json" & pids+=($!)
+  stage gates $LIMIT "${GATE[@]}" --shapes gate --dtypes $dtype --out "$W/gates-$OP-$dtype.json" & pids+=($!)
 done
-stage gates 240 "${GATE[@]}" --shapes packed --dtypes bf16,fp32 --documents 16 --out "$W/gates-$OP-packed.json" &
+stage gates $LIMIT "${GATE[@]}" --shapes packed --dtypes bf16,fp32 --documents 16 --out "$W/gates-$OP-packed.json" &
 pids+=($!)
 if [ "$OP" = rglru ]; then
-  stage gates 240 "${GATE[@]}" --shapes 64x512x1664,1x32768x1664 --out "$W/gates-$OP-prefill.json" & pids+=($!)
-  stage gates 240 "${GATE[@]}" --shapes 16x2048x512,4x8192x512 --dtypes bf16 --out "$W/gates-$OP-small.json" &
+  stage gates $LIMIT "${GATE[@]}" --shapes 64x512x1664,1x32768x1664 --out "$W/gates-$OP-prefill.json" & pids+=($!)
+  stage gates $LIMIT "${GATE[@]}" --shapes 16x2048x512,4x8192x512 --dtypes bf16 --out "$W/gates-$OP-small.json" &
   pids+=($!)
 fi
 wait "${pids[@]}"

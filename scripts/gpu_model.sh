@@ -18,19 +18,21 @@
 #   profile   scripts/gpu_model_profile.py: where a training step's time goes (kernels by kind): the SAMU LM
 #             compiled and the SDPA transformer compiled at 4 x 2048, the SAMU LM compiled at 1 x 32768 and
 #             eager at 4 x 2048
-#   detprofile  the SAMU LM compiled at 4 x 2048 profiled as in profile, without and with the deterministic
-#             settings `samu train` runs with by default (gpu_model_profile.py --deterministic)
+#   detprofile  the SAMU LM compiled at 4 x 2048 profiled as in profile, host included, without (N) and with (D)
+#             the deterministic settings `samu train` runs with by default (gpu_model_profile.py --deterministic
+#             --host), in the order N D D N
 #
 # Writes $OUT/model.log and $OUT/results.tar.gz (every record of the stages run) and prints a digest.
 # Peers: wheels in .whl/ (carry it) are installed to /tmp/peers. Stages' limits (s): glue 150, block 420, model2k
-# 560, train 460, resume 280, determinism 440, model32k 560, profile 420, detprofile 210; put stages in one call
-# only where theirs add up to under 570. Set SAMU_GIT_COMMIT when .git does not travel.
+# 560, train 460, resume 280, determinism 440, model32k 560, profile 420, detprofile 400; put stages in one call
+# only where theirs, with 15 s a command to stop, add up to under 570. Set SAMU_GIT_COMMIT when .git does not
+# travel.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
 W="$OUT/w"
 mkdir -p "$W"
-STAGES="${*:-glue block}"
+STAGES="${*:-glue}"
 PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -85,8 +87,12 @@ for run in "samu compiled 4x2048x1664" "sdpa-transformer compiled 4x2048x1664" "
   set -- $run
   stage profile 105 $PY scripts/gpu_model_profile.py --model "$1" --impl "$2" --shape "$3" --out "$W"
 done
-for flag in "" --deterministic; do
-  stage detprofile 105 $PY scripts/gpu_model_profile.py --model samu --impl compiled --shape 4x2048x1664 --out "$W" $flag
+i=0
+for flag in "" --deterministic --deterministic ""; do  # N D D N: the order's own drift shows
+  i=$((i + 1))
+  mkdir -p "$W/detprofile-$i"
+  stage detprofile 100 $PY scripts/gpu_model_profile.py --model samu --impl compiled --shape 4x2048x1664 --host \
+    --out "$W/detprofile-$i" $flag
 done
 
 tar -czf "$OUT/results.tar.gz" -C "$W" .

@@ -111,10 +111,9 @@ def profile(args):
         elif cuda and e.device_type != torch.autograd.DeviceType.CPU and e.self_device_time_total > 0:  # kernels
             kernels.append({"name": e.key[:120], "kind": kind_of(e.key), "per_step": e.count / 3,
                             "ms_per_step": e.self_device_time_total / 3 / 1e3})
+    host = [e for e in prof.key_averages() if cuda and args.host and e.device_type == torch.autograd.DeviceType.CPU]
     host_ops = sorted(({"name": e.key[:120], "per_step": e.count / 3, "ms_per_step": e.self_cpu_time_total / 3 / 1e3}
-                       for e in prof.key_averages()
-                       if cuda and args.host and e.device_type == torch.autograd.DeviceType.CPU and e.self_cpu_time_total > 0),
-                      key=lambda h: -h["ms_per_step"])[:40]
+                       for e in host if e.self_cpu_time_total > 0), key=lambda h: -h["ms_per_step"])[:40]
     kernels.sort(key=lambda k: -k["ms_per_step"])
     kinds: dict = {}
     for k in kernels:
@@ -132,7 +131,8 @@ def profile(args):
     with open(os.path.join(args.out, name), "w") as f:
         json.dump(record, f, indent=1)
     print(f"{args.model} {args.impl} {shape}{' deterministic' if args.deterministic else ''}: step {step_ms:.2f} ms, "
-          f"{record['tokens_per_s'] / 1e3:.1f}K tok/s, MFU {record['mfu'] or 0:.1%}, kernels {record['kernel_ms']:.2f} ms (warm-up {warm_s:.0f} s)")
+          f"{record['tokens_per_s'] / 1e3:.1f}K tok/s, MFU {record['mfu'] or 0:.1%}, kernels {record['kernel_ms']:.2f} ms "
+          f"(warm-up {warm_s:.0f} s)")
     for kind, ms in record["kinds_ms"].items():
         print(f"    {kind:16s} {ms:8.2f} ms")
     for k in kernels[:25]:

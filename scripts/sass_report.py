@@ -99,7 +99,8 @@ def main():
                                   text=True).stdout
         if args.dump:
             os.makedirs(args.dump, exist_ok=True)
-            open(os.path.join(args.dump, fn.__name__ + ".sass"), "w").write(sass)
+            with open(os.path.join(args.dump, fn.__name__ + ".sass"), "w") as f:
+                f.write(sass)
         regs = re.search(r"Used (\d+) registers", info)
         spills = re.search(r"(\d+) bytes spill stores", info)
         mufu = len(re.findall(r"MUFU", sass))

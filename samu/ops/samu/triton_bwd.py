@@ -28,8 +28,8 @@ import triton.language as tl
 
 from samu.ops.packing_triton import chunk_bits, first_sequence, last_sequence, opens_at, sequence_after, sequence_before
 from samu.ops.samu.triton_fwd import (CTL, _both, _cfma, _clamp, _controls_of, _entering, _fetch_controls, _fetch_pair,
-                                      _fetch_token, _gamma, _gamma_squared, _input_of, _load_pair, _mode_row, _restart, _store_pair,
-                                      _store_quad, _transition, prefix)
+                                      _fetch_token, _gamma, _gamma_squared, _input_of, _load_pair, _mode_row, _restart,
+                                      _store_pair, _store_quad, _transition, prefix)
 from samu.ops.triton_utils import cdiv, exp_flushed, launch, prefetch_l2, tanh
 
 
@@ -102,9 +102,11 @@ def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, words, dfinal, L
 
     The forward's trig planes are not saved (spec §3.1): every program evaluates cos and sin of phi for the K
     tokens whose lambda its walk takes (the chunk's second token to the next chunk's first), one token a lane,
-    and writes them to trig, for its own walk after a barrier and for the later kernels; lanes past L take
-    token 0, which no walk of this kernel needs. The programs of a chunk's mode tiles write the same values:
-    the controller's functions on the same fp32 phi, so the values the forward used."""
+    and writes them to trig, for its own walk after a barrier and for the later kernels. Lanes past L take
+    token 0: no walk of this kernel needs it, but the main backward and dx do (lambda_0), and only those lanes
+    write it (the last chunk always has one, as n_chunks * K >= L). The programs of a chunk's mode tiles write
+    the same values: the controller's functions on the same fp32 phi, so the values the forward used. The walk
+    also fetches tokens another program writes (its chunk's first token and the one before), never using them."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
@@ -229,7 +231,8 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
             b_vlr = b_vr * b_lr - b_vi * b_li
             b_vli = b_vr * b_li + b_vi * b_lr
             b_dpsi = tl.where(ok, -b_vli, 0.0)
-            # w dL/dw = -w rho dL/drho + (w / gamma) rho^2 dL/dgamma; w / gamma -> 0 as w -> 0
+            # w dL/dw = -w rho dL/drho + (w / gamma) rho^2 dL/dgamma; w / gamma -> 0 as w -> 0 (at w = 0, past L,
+            # the product is 0 * inf, which the where discards; the interpreter warns of the division by zero)
             b_wg = tl.where(b_w > 0.0, b_w * tl.math.rsqrt(_gamma_squared(b_w, b_rho)), 0.0)
             b_wdw = tl.where(ok, -b_w * b_vlr + b_wg * b_rho * b_rho * (b_dr * b_zr + b_di * b_zi), 0.0)
             # the per-token sums over the tile's modes wait in the slot row delta_t came from, summed after the
