@@ -8,6 +8,8 @@ this one process, and prints which parameters differ. --mode says how determinis
   inductor    as none, with torch._inductor.config.deterministic = True (Inductor's benchmarking off)
   algorithms  as none, with torch.use_deterministic_algorithms(True, warn_only=True) and a fixed cuBLAS workspace
               set here for the whole process
+  flag-only   as algorithms without the cuBLAS workspace setting (that setting makes every product dear on the host:
+              results/dev/issue10/determinism_4/; PyTorch's warning about it is filtered here)
   default     TrainConfig's defaults: samu train as it ships
 
 results/dev/issue10/resume_check_1.txt holds calls of modes none (both --compile values), inductor and algorithms.
@@ -30,12 +32,18 @@ import torch  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=("none", "inductor", "algorithms", "default"), required=True)
+    ap.add_argument("--mode", choices=("none", "inductor", "algorithms", "flag-only", "default"), required=True)
     ap.add_argument("--compile", default="on", help="comma-separated: off, on")
     args = ap.parse_args()
     if args.mode == "algorithms":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    if args.mode in ("algorithms", "flag-only"):
         torch.use_deterministic_algorithms(True, warn_only=True)
+    if args.mode == "flag-only":
+        import warnings
+
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        warnings.filterwarnings("ignore", message=".*CUBLAS_WORKSPACE_CONFIG.*")
     if args.mode == "inductor":
         import torch._inductor.config as inductor_config
 
@@ -63,7 +71,8 @@ def main():
                       if not torch.equal(a, b)]
             losses = [(a["loss"], b["loss"]) for a, b in zip(whole.log["train"], resumed.log["train"])
                       if a["loss"] != b["loss"]]
-            print(f"{name} compile={compile} mode={args.mode}: {'EXACT' if not differ else 'DIFFERS'} {differ[:3]} "
+            print(f"{name} compile={compile} mode={args.mode}: {'EXACT' if not differ else 'DIFFERS'} "
+                  f"{len(differ)} of {len(whole.model.state_dict())} tensors, first {differ[:3]} "
                   f"first differing losses {losses[:2]}", flush=True)
 
 
