@@ -763,7 +763,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         raise ValueError("data_parallel is fsdp, which cannot run the transformer's packed batches (one call per "
                          "document, a different number on each rank): train it with ddp, or unpacked")
     if shard:
-        _fully_shard(model, device)
+        _fully_shard(model, device, ctx.world)
     # a run with a process group (several processes, or one that shards) saves sharded checkpoints, through
     # torch.distributed.checkpoint
     sharded = ctx.grouped
@@ -1024,7 +1024,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
     return TrainResult(model, log)
 
 
-def _fully_shard(model: CausalLM, device: torch.device) -> None:
+def _fully_shard(model: CausalLM, device: torch.device, world: int) -> None:
     """Shard the model's parameters over the process group (FSDP2): each residual layer its own unit, whose
     parameters are gathered for its forward and backward only, then the embedding, final norm and tied head.
     The mesh is the run's device type's (FSDP's default takes CUDA's wherever CUDA exists, and a CPU run's rank
@@ -1032,7 +1032,7 @@ def _fully_shard(model: CausalLM, device: torch.device) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mesh = init_device_mesh(device.type, (world,))
     for layer in model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)

@@ -103,15 +103,16 @@ def profile(args):
         for _ in range(3):
             cand.run()
         sync()
+    averages = prof.key_averages()
     kernels = []
-    for e in prof.key_averages():
+    for e in averages:
         if not cuda and e.self_cpu_time_total > 0:  # a smoke run on the CPU: its ops, self time
             kernels.append({"name": e.key[:120], "kind": kind_of(e.key), "per_step": e.count / 3,
                             "ms_per_step": e.self_cpu_time_total / 3 / 1e3})
         elif cuda and e.device_type != torch.autograd.DeviceType.CPU and e.self_device_time_total > 0:  # kernels
             kernels.append({"name": e.key[:120], "kind": kind_of(e.key), "per_step": e.count / 3,
                             "ms_per_step": e.self_device_time_total / 3 / 1e3})
-    host = [e for e in prof.key_averages() if cuda and args.host and e.device_type == torch.autograd.DeviceType.CPU]
+    host = [e for e in averages if cuda and args.host and e.device_type == torch.autograd.DeviceType.CPU]
     host_ops = sorted(({"name": e.key[:120], "per_step": e.count / 3, "ms_per_step": e.self_cpu_time_total / 3 / 1e3}
                        for e in host if e.self_cpu_time_total > 0), key=lambda h: -h["ms_per_step"])[:40]
     kernels.sort(key=lambda k: -k["ms_per_step"])
