@@ -158,9 +158,11 @@ class Config:
     def steps_per_program(self, B: int, L: int, tiles: int, grouped: bool = True, WC: int = 0) -> int:
         """Steps of WC chunks (default self.WC) per program when ``tiles`` programs share each batch
         row's steps; grouped programs (those that carry compositions) are at most MAX_GROUPS per row
-        and tile."""
+        and tile. Groups are counted with a floor, so a launch has at most target_programs programs
+        (528 = two whole waves of two programs on 132 multiprocessors) rather than a partial third
+        wave (results/dev/issue13/ncu_1)."""
         n_steps = cdiv(cdiv(L, self.K), WC or self.WC)
-        n_groups = max(1, min(n_steps, cdiv(self.target_programs, B * tiles)))
+        n_groups = max(1, min(n_steps, self.target_programs // (B * tiles)))
         if grouped:
             n_groups = min(n_groups, MAX_GROUPS)
         return cdiv(n_steps, n_groups)
