@@ -10,6 +10,8 @@ this one process, and prints which parameters differ. --mode says how determinis
               set here for the whole process
   flag-only   as algorithms without the cuBLAS workspace setting (that setting makes every product dear on the host:
               results/dev/issue10/determinism_4/; PyTorch's warning about it is filtered here)
+  narrow      as inductor, with the token embedding run outside the compiled graph (eager PyTorch's embedding
+              gradient, which has no atomics; Inductor's is a scatter-add) and no global flag
   default     TrainConfig's defaults: samu train as it ships
 
 results/dev/issue10/resume_check_1.txt holds calls of modes none (both --compile values), inductor and algorithms.
@@ -32,7 +34,7 @@ import torch  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=("none", "inductor", "algorithms", "flag-only", "default"), required=True)
+    ap.add_argument("--mode", choices=("none", "inductor", "algorithms", "flag-only", "narrow", "default"), required=True)
     ap.add_argument("--compile", default="on", help="comma-separated: off, on")
     args = ap.parse_args()
     if args.mode == "algorithms":
@@ -44,10 +46,12 @@ def main():
 
         os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
         warnings.filterwarnings("ignore", message=".*CUBLAS_WORKSPACE_CONFIG.*")
-    if args.mode == "inductor":
+    if args.mode in ("inductor", "narrow"):
         import torch._inductor.config as inductor_config
 
         inductor_config.deterministic = True
+    if args.mode == "narrow":
+        torch.nn.Embedding.forward = torch.compiler.disable(torch.nn.Embedding.forward)
 
     from samu.data import text_corpus
     from samu.train import train

@@ -273,7 +273,8 @@ def test_gpu_cuda_graph_capture():
     assert torch.equal(y_graph, y_eager)
 
 
-def test_gate_class_names_head_dim_and_steps_per_group():
+def test_gate_class_names_head_dim_and_steps_per_group(tmp_path, monkeypatch):
+    from samu.ops import gate_status
     from samu.ops.dispatch import gate_class
 
     v = samu.dispatch.variants("rglru")["triton_chunked"]
@@ -282,9 +283,18 @@ def test_gate_class_names_head_dim_and_steps_per_group():
     # a shorter sequence with the same steps per group is the same parenthesisation, so the same class
     assert gate_class(v, 1, 256, 1024, 16, torch.bfloat16) == gate_class(v, 1, 320, 1024, 16, torch.bfloat16)
     assert "n=128" in gate_class(v, 1, 8192, 1024, 8, torch.bfloat16)
-    command = r"samu gate --ops rglru --shapes 1x8192x1024 --dtypes bfloat16 --backends variants --heads 8"
-    with pytest.raises(ValueError, match=command):
-        samu.dispatch.choose("rglru", 1, 8192, 1024, torch.bfloat16, "cpu", "triton", heads=8)
+    # with no record at all (on the GPU the committed ones could cover this class), the command that gates
+    # it names the head count
+    monkeypatch.setenv("SAMU_GATE_STATUS", str(tmp_path / "none.json"))
+    gate_status.reload()
+    try:
+        choice = samu.dispatch.choose("rglru", 1, 8192, 1024, torch.bfloat16, DEVICE, "triton", heads=8, gate=False)
+    finally:
+        monkeypatch.undo()
+        gate_status.reload()
+    command = ("samu gate --ops rglru --shapes 1x8192x1024 --dtypes bfloat16 "
+               "--backends triton_chunked,triton_chunked_precise --heads 8")
+    assert choice.name == "torch" and command in choice.reason
 
 
 def test_fp32_wide_heads_take_the_two_warp_dx_kernel_and_say_so():
