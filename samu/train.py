@@ -728,21 +728,29 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
 @contextlib.contextmanager
 def _deterministic(enabled: bool):
     """PyTorch's deterministic algorithms for a run (TrainConfig.deterministic), warn-only where an op has none
-    unless the caller already had them strict; the caller's settings come back afterwards, whatever happened."""
+    unless the caller already had them strict; the caller's settings come back afterwards, whatever happened.
+
+    cuBLAS's fixed workspace (CUBLAS_WORKSPACE_CONFIG) is set only for a strict caller, whom PyTorch would
+    otherwise stop at the first product: a run on one stream repeats its products without it (a compiled run and
+    its resumption agree to the bit, results/dev/issue10/resume_check_2.txt), and with it every product costs
+    far more host time (results/dev/issue10/determinism_4/). PyTorch's warning about the unset workspace, raised
+    at every product, is silenced for the run."""
     strict = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     fill, workspace = torch.utils.deterministic.fill_uninitialized_memory, os.environ.get(_CUBLAS_WORKSPACE)
     try:
-        if enabled:
-            if not torch.cuda.is_initialized():
-                # cuBLAS repeats itself only with a fixed workspace, which it reads when its first handle is made:
-                # a caller that used CUDA before has to set it itself (PyTorch then warns at the first product)
-                os.environ.setdefault(_CUBLAS_WORKSPACE, ":4096:8")
-            torch.use_deterministic_algorithms(True, warn_only=warn_only or not strict)
-            # but no NaN fill of every torch.empty (a pass over memory each): samu's kernels write their outputs
-            # whole (their tests fill outputs with NaN first to show it)
-            torch.utils.deterministic.fill_uninitialized_memory = False
-        yield
+        with warnings.catch_warnings():
+            if enabled:
+                if strict and not warn_only and not torch.cuda.is_initialized():
+                    # cuBLAS reads the workspace when its first handle is made: a strict caller that used CUDA
+                    # before has to set it itself
+                    os.environ.setdefault(_CUBLAS_WORKSPACE, ":4096:8")
+                warnings.filterwarnings("ignore", message=f".*{_CUBLAS_WORKSPACE}.*")
+                torch.use_deterministic_algorithms(True, warn_only=warn_only or not strict)
+                # but no NaN fill of every torch.empty (a pass over memory each): samu's kernels write their
+                # outputs whole (their tests fill outputs with NaN first to show it)
+                torch.utils.deterministic.fill_uninitialized_memory = False
+            yield
     finally:
         torch.use_deterministic_algorithms(strict, warn_only=warn_only)
         torch.utils.deterministic.fill_uninitialized_memory = fill
