@@ -89,8 +89,8 @@ def _add_train_args(p):
     g.add_argument("--activation-checkpointing", action="store_const", const=True, default=None,
                    help="recompute each layer's activations in the backward: less memory, ~1/3 more compute")
     g.add_argument("--no-deterministic", action="store_const", const=False, dest="deterministic",
-                   help="without PyTorch's deterministic algorithms (on by default): maybe faster, but a compiled run "
-                        "resumed on CUDA then differs from an uninterrupted one in the last bits")
+                   help="without PyTorch's deterministic algorithms (on by default, at no measured cost): a compiled "
+                        "run resumed on CUDA then differs from an uninterrupted one in the last bits")
     g.add_argument("--data-parallel", choices=("ddp", "fsdp"),
                    help="under torchrun: ddp (default) keeps the whole model in each process, fsdp shards every "
                         "layer's parameters, gradients and optimizer state over them (FSDP2)")

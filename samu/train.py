@@ -63,7 +63,7 @@ COMPILE = ("auto", "on", "off")
 # grad_accum, the micro-batches of a step).
 RUN_FIELDS = ("model", "data", "data_format", "steps", "batch_size", "seq_len", "lr",
               "min_lr", "warmup_steps", "weight_decay", "betas", "grad_clip", "seed", "pack")
-# cuBLAS's workspace setting, which its products need to repeat themselves bit for bit (TrainConfig.deterministic)
+# cuBLAS's workspace setting, which PyTorch's strict deterministic mode demands (_deterministic sets it only then)
 _CUBLAS_WORKSPACE = "CUBLAS_WORKSPACE_CONFIG"
 
 
@@ -102,9 +102,10 @@ class TrainConfig:
     compile: str = "auto"
     # recompute each layer's activations in the backward instead of keeping them (less memory, ~1/3 more compute)
     activation_checkpointing: bool = False
-    # PyTorch's deterministic algorithms for the run (warn-only where an op has none): compiled on CUDA, a resumed
-    # run equals an uninterrupted one to the bit only with them (results/dev/issue10/resume_check_1.txt: Inductor's
-    # kernels, the embedding gradient's scatter-add among them, differ from run to run otherwise); False leaves
+    # PyTorch's deterministic algorithms for the run (warn-only where an op has none; no cuBLAS workspace setting,
+    # _deterministic): compiled on CUDA, a resumed run equals an uninterrupted one to the bit only with them
+    # (results/dev/issue10/resume_check_1.txt, _2.txt: Inductor's kernels, the embedding gradient's scatter-add
+    # among them, differ from run to run otherwise), at no measured cost (determinism_5/, _6/); False leaves
     # PyTorch's setting as the caller has it
     deterministic: bool = True
     # several processes (torchrun): "ddp" replicates the model in each, "fsdp" shards every layer's parameters,
@@ -738,22 +739,27 @@ def _deterministic(enabled: bool):
     strict = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     fill, workspace = torch.utils.deterministic.fill_uninitialized_memory, os.environ.get(_CUBLAS_WORKSPACE)
+    silenced = None
     try:
-        with warnings.catch_warnings():
-            if enabled:
-                if strict and not warn_only and not torch.cuda.is_initialized():
-                    # cuBLAS reads the workspace when its first handle is made: a strict caller that used CUDA
-                    # before has to set it itself
-                    os.environ.setdefault(_CUBLAS_WORKSPACE, ":4096:8")
-                warnings.filterwarnings("ignore", message=f".*{_CUBLAS_WORKSPACE}.*")
-                torch.use_deterministic_algorithms(True, warn_only=warn_only or not strict)
-                # but no NaN fill of every torch.empty (a pass over memory each): samu's kernels write their
-                # outputs whole (their tests fill outputs with NaN first to show it)
-                torch.utils.deterministic.fill_uninitialized_memory = False
-            yield
+        if enabled:
+            if strict and not warn_only and not torch.cuda.is_initialized():
+                # cuBLAS reads the workspace when its first handle is made: a strict caller that used CUDA before
+                # has to set it itself
+                os.environ.setdefault(_CUBLAS_WORKSPACE, ":4096:8")
+            # one filter, taken out again afterwards (the caller's own filters are left as they are)
+            warnings.filterwarnings("ignore", message=f".*{_CUBLAS_WORKSPACE}.*")
+            silenced = warnings.filters[0]
+            torch.use_deterministic_algorithms(True, warn_only=warn_only or not strict)
+            # but no NaN fill of every torch.empty (a pass over memory each): samu's kernels write their outputs
+            # whole (their tests fill outputs with NaN first to show it)
+            torch.utils.deterministic.fill_uninitialized_memory = False
+        yield
     finally:
         torch.use_deterministic_algorithms(strict, warn_only=warn_only)
         torch.utils.deterministic.fill_uninitialized_memory = fill
+        if silenced is not None:
+            with contextlib.suppress(ValueError):
+                warnings.filters.remove(silenced)
         if workspace is None:
             os.environ.pop(_CUBLAS_WORKSPACE, None)
         else:

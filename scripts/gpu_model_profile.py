@@ -9,9 +9,9 @@ fused AdamW, one step = forward, loss, backward, optimizer step), times ``--step
 after warm-ups, profiles 3 more, and sorts every kernel into a kind (GEMM, attention, the mixers' kernels,
 the block's glue, norms, Inductor-generated, optimizer, other). Writes DIR/model_profile_<model>_<impl>_<shape>.json
 and prints the kinds and the top kernels. ``--deterministic`` runs it all under the settings `samu train` runs with
-by default (samu.train's _deterministic: PyTorch's deterministic algorithms, cuBLAS's fixed workspace); its
-file's name ends in _deterministic. ``--host`` profiles the host too and adds its ops by self time (``host_ops``:
-where a step waits on the GPU shows as a synchronising call); the file's name ends in _host.
+by default (samu.train's _deterministic: PyTorch's deterministic algorithms, warn-only, their cuBLAS warning
+silenced); its file's name ends in _deterministic. ``--host`` profiles the host too and adds its ops by self time
+(``host_ops``: where a step waits on the GPU shows as a synchronising call); the file's name ends in _host.
 """
 
 from __future__ import annotations

@@ -11,10 +11,12 @@ this one process, and prints which parameters differ. --mode says how determinis
   flag-only   as algorithms without the cuBLAS workspace setting (that setting makes every product dear on the host:
               results/dev/issue10/determinism_4/; PyTorch's warning about it is filtered here)
   narrow      as inductor, with the token embedding run outside the compiled graph (eager PyTorch's embedding
-              gradient, which has no atomics; Inductor's is a scatter-add) and no global flag
+              gradient, which has no atomics; Inductor's is a scatter-add; patched here for the whole process),
+              without the deterministic flag
   default     TrainConfig's defaults: samu train as it ships
 
-results/dev/issue10/resume_check_1.txt holds calls of modes none (both --compile values), inductor and algorithms.
+results/dev/issue10/resume_check_1.txt holds calls of modes none (both --compile values), inductor and algorithms;
+resume_check_2.txt of narrow, flag-only and default (samu train's default since e300d29: the flag alone).
 
 Usage: python scripts/gpu_resume_check.py --mode MODE [--compile off,on]
 """
@@ -34,7 +36,8 @@ import torch  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=("none", "inductor", "algorithms", "flag-only", "narrow", "default"), required=True)
+    modes = ("none", "inductor", "algorithms", "flag-only", "narrow", "default")
+    ap.add_argument("--mode", choices=modes, required=True)
     ap.add_argument("--compile", default="on", help="comma-separated: off, on")
     args = ap.parse_args()
     if args.mode == "algorithms":

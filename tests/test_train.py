@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -94,8 +95,9 @@ def test_resume_continues_exactly(tmp_path, grad_accum):
 
 def test_a_run_uses_deterministic_algorithms_and_restores_the_setting(tmp_path, monkeypatch):
     """On by default (a compiled run resumed on CUDA equals an uninterrupted one only with them,
-    results/dev/issue10/resume_check_1.txt), warn-only unless the caller had them strict, without the NaN fill
-    of every allocation; the caller's settings are back after the run, a failed one too."""
+    results/dev/issue10/resume_check_1.txt, _2.txt), warn-only unless the caller had them strict, without the NaN
+    fill of every allocation and with PyTorch's warning about cuBLAS's workspace silenced; the caller's settings
+    and warning filters are back after the run, a failed one too."""
     import samu.train as training
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
@@ -107,6 +109,7 @@ def test_a_run_uses_deterministic_algorithms_and_restores_the_setting(tmp_path, 
 
     def spy(*args, **kwargs):
         seen.append((*state(), os.environ.get("CUBLAS_WORKSPACE_CONFIG")))
+        warnings.warn("as PyTorch warns at a product: ... CUBLAS_WORKSPACE_CONFIG=:4096:8 ...", UserWarning)
         if len(seen) == 4:
             raise RuntimeError("a run that fails")
         return run(*args, **kwargs)
@@ -114,8 +117,16 @@ def test_a_run_uses_deterministic_algorithms_and_restores_the_setting(tmp_path, 
     monkeypatch.setattr(training, "_run", spy)
     data = text_corpus(_text(tmp_path))
     before = state()
-    train(_config(tmp_path, "on", steps=1), data=data)
-    train(_config(tmp_path, "off", steps=1, deterministic=False), data=data)
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        filters = list(warnings.filters)
+        train(_config(tmp_path, "on", steps=1), data=data)
+        assert not [w for w in shown if "CUBLAS" in str(w.message)]
+        # the run's filter is gone, the caller's are all there (libraries imported on the way may add theirs)
+        assert all(f in warnings.filters for f in filters)
+        assert not [f for f in warnings.filters if f[1] is not None and "CUBLAS" in f[1].pattern]
+        train(_config(tmp_path, "off", steps=1, deterministic=False), data=data)
+        assert [w for w in shown if "CUBLAS" in str(w.message)]   # shown where the run is not deterministic
     # no cuBLAS workspace setting for a warn-only run (it costs host time at every product, and one stream
     # repeats its products without it)
     assert seen[0] == (True, True, False, None) and seen[1] == (*before, None)

@@ -72,9 +72,11 @@ def test_head_dim_160():
                            device=DEVICE))
 
 
-def test_without_initial_state():
+@pytest.mark.parametrize("final_grad", [True, False])
+def test_without_initial_state(final_grad):
+    """final_grad False: nor a final-state cotangent, what training runs (the backward's form without one)."""
     assert_gate(gate_check("rglru", _with_config(_config(target=16)), torch.bfloat16, 2, 40, 32, H=4, seed=9,
-                           with_state=False, device=DEVICE))
+                           with_state=False, device=DEVICE, final_grad=final_grad))
 
 
 def test_public_backend_names():
@@ -204,7 +206,11 @@ def test_packed_kernels_pass_the_gate_per_sequence(cfg, with_state, final_grad):
 
 
 def test_packed_kernels_without_a_final_state_cotangent():
-    """No final-state cotangent (the final state unused) gives the gradients of a zero one, bit for bit."""
+    """No final-state cotangent (the final state unused) gives the gradients of a zero one: bit for bit in the
+    interpreter; on the GPU the form without one is compiled apart (it skips the cotangent's gather, which spills)
+    and its products are contracted differently, so the two agree to fp32 rounding (they differed by up to 7e-8
+    relative on the H200, results/dev/issue15/packed_3/diag_packed.txt). Each form is held to the reference by
+    test_packed_kernels_pass_the_gate_per_sequence."""
     from samu.ops.rglru.function import run
 
     x = randn((1, PACKED[-1], 16), 3, device=DEVICE)
@@ -217,7 +223,10 @@ def test_packed_kernels_without_a_final_state_cotangent():
     y, h = run(x, *params, h0, 8.0, _config(K=8, WC=2), cu)
     zero = torch.autograd.grad([y, h], [x, h0, *params], [dy, torch.zeros_like(h)])
     for a, b in zip(without, zero):
-        assert torch.equal(a, b)
+        if DEVICE == "cpu":
+            assert torch.equal(a, b)
+        else:
+            assert rel_err(a, b) < 1e-6
 
 
 # ----------------------------------------------------------------------------------------------

@@ -53,11 +53,6 @@ def _(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, G_
 def _bwd_positional(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, cu_seqlens, initial_state, c, K,
                     WC, G, G_dx, WC_dx, fast):
     words = None if cu_seqlens is None else chunk_boundaries(cu_seqlens, x.shape[1], K)
-    if dh_last is None:
-        # no final-state cotangent (training drops the final state) is a zero one: the kernels' one code path,
-        # the gated one, whose gradients then equal a zero cotangent's to the bit
-        rows = x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
-        dh_last = x.new_zeros((rows, x.shape[2]), dtype=torch.float32)
     return rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, c, K=K, WC=WC, G=G, G_dx=G_dx,
                      WC_dx=WC_dx, fast=fast, words=words, h0=initial_state)
 
@@ -164,8 +159,9 @@ class Config:
         """Steps of WC chunks (default self.WC) per program when ``tiles`` programs share each batch
         row's steps; grouped programs (those that carry compositions) are at most MAX_GROUPS per row
         and tile. Groups are counted with a floor, so a launch has at most target_programs programs
-        (528 = two whole waves of two programs on 132 multiprocessors) rather than a partial third
-        wave (results/dev/issue13/ncu_1)."""
+        (528 = two whole waves where two programs fit a multiprocessor, of 132) rather than a partial
+        third wave (results/dev/issue13/ncu_1), or one group per row and tile where B * tiles exceeds
+        target_programs."""
         n_steps = cdiv(cdiv(L, self.K), WC or self.WC)
         n_groups = max(1, min(n_steps, self.target_programs // (B * tiles)))
         if grouped:

@@ -161,11 +161,13 @@ def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
 
 @triton.jit
 def _with_final(b_dy, dh_last, words, i_s, m_t, m_j, o_d, L, NC, D: tl.constexpr, WC: tl.constexpr,
-                K: tl.constexpr):
+                K: tl.constexpr, HAS_DH: tl.constexpr):
     """Packed: dy with each sequence's final-state cotangent added where it closes; the step's
     (sequence, opens) per token."""
     i_n, opens, closes = _boundaries(words, i_s, m_t, L, NC, WC, K)
-    return b_dy + _rows_of(dh_last, i_n, o_d, m_j, closes, D), i_n, opens
+    if HAS_DH:
+        b_dy = b_dy + _rows_of(dh_last, i_n, o_d, m_j, closes, D)
+    return b_dy, i_n, opens
 
 
 @triton.jit(do_not_specialize=["L", "NC", "G", "NG", "one"])
@@ -180,7 +182,7 @@ def _rglru_bwd_summary_kernel(
     D: tl.constexpr, n: tl.constexpr, H: tl.constexpr,
     K: tl.constexpr, WC: tl.constexpr, NPA: tl.constexpr, NPB: tl.constexpr, NPW: tl.constexpr,
     BJ: tl.constexpr, X_PARTS: tl.constexpr,
-    MATH: tl.constexpr, VARLEN: tl.constexpr,
+    MATH: tl.constexpr, VARLEN: tl.constexpr, HAS_DH: tl.constexpr,
 ):
     """Reverse affine maps of eps_t = a_t (dy_t + eps_{t+1}), eps -> P eps + E, per group.
 
@@ -222,7 +224,7 @@ def _rglru_bwd_summary_kernel(
         b_za = _gate_dot(xa, xb, wa[0], wb[0], X_PARTS, 2, NPB, WC, K, BJ, MATH) + b_ba[:, None, None]
         b_at, _ = _decay(b_csp[:, None, None] * _sigmoid(b_za, MATH), MATH)
         if VARLEN:
-            b_dy, _, opens = _with_final(b_dy, dh_last, words, i_s, m_t, m_j, o_d, L, NC, D, WC, K)
+            b_dy, _, opens = _with_final(b_dy, dh_last, words, i_s, m_t, m_j, o_d, L, NC, D, WC, K, HAS_DH)
             b_at = tl.where(opens[None, :, :], 0.0, b_at)
         # tokens past L are identities; they come first once flipped
         b_at = _flip_tokens(tl.where(m_t[None, :, :], b_at, 1.0), K, MATH)
@@ -249,7 +251,7 @@ def _rglru_bwd_dw_kernel(
     w3,                  # [2, 3, H, NPW, NPW] bf16 weight parts
     b_a, b_x, a_param,   # [D] fp32
     states,              # [B, NC, D] fp32: the state entering every chunk (from the forward)
-    dh_last,             # [B, D] fp32 cotangent of the final state (packed, [N, D])
+    dh_last,             # [B, D] fp32 cotangent of the final state (when HAS_DH; packed, [N, D])
     cums, gsums,         # reverse maps per chunk and per group (from _rglru_bwd_summary_kernel)
     estates,             # [B, NC, D] fp32: eps entering every chunk from the right (written)
     dh0,                 # [B, D] fp32 (written when HAS_H0; packed, [N, D])
@@ -259,7 +261,7 @@ def _rglru_bwd_dw_kernel(
     D: tl.constexpr, n: tl.constexpr, H: tl.constexpr, M: tl.constexpr,
     K: tl.constexpr, WC: tl.constexpr, NPA: tl.constexpr, NPB: tl.constexpr, NPW: tl.constexpr,
     BJ: tl.constexpr, NGP: tl.constexpr,
-    X_PARTS: tl.constexpr, HAS_H0: tl.constexpr, MATH: tl.constexpr, VARLEN: tl.constexpr,
+    X_PARTS: tl.constexpr, HAS_DH: tl.constexpr, HAS_H0: tl.constexpr, MATH: tl.constexpr, VARLEN: tl.constexpr,
 ):
     """Weight, bias and decay gradients of one (group of G steps of WC chunks, head x channel tile,
     batch row): dW[:, J] accumulates x^T dz over the WC K tokens of every step on tensor cores.
@@ -295,8 +297,9 @@ def _rglru_bwd_dw_kernel(
     b_eg = tl.zeros([BJ], dtype=tl.float32)
     # packed, the final-state cotangents join dy where their sequences close, and d initial_state is
     # taken where they open
+    DH_RIGHT: tl.constexpr = HAS_DH and not VARLEN
     H0_LEFT: tl.constexpr = HAS_H0 and not VARLEN
-    if not VARLEN:
+    if DH_RIGHT:
         b_eg = tl.load(dh_last + i_b64 * D + o_d, mask=m_j, other=0.0)
     if NGP > 1:
         o_r = tl.arange(0, NGP)
@@ -325,7 +328,7 @@ def _rglru_bwd_dw_kernel(
         b_dy = tl.load(p_dy + o_ch, mask=m_x, other=0.0).to(tl.float32)
         opens, b_h0 = m_t, b_dy
         if VARLEN:
-            b_dy, i_n, opens = _with_final(b_dy, dh_last, words, i_s, m_t, m_j, o_d, L, NC, D, WC, K)
+            b_dy, i_n, opens = _with_final(b_dy, dh_last, words, i_s, m_t, m_j, o_d, L, NC, D, WC, K, HAS_DH)
             if HAS_H0:
                 b_h0 = _rows_of(h0, i_n, o_d, m_j, opens, D)
         o_s = (i_b64 * NC + i_s * WC + o_c)[None, :] * D + o_d[:, None]                # [BJ, WC]
@@ -414,7 +417,7 @@ def _rglru_bwd_dx_kernel(
     D: tl.constexpr, n: tl.constexpr, H: tl.constexpr,
     K: tl.constexpr, WC: tl.constexpr, NPA: tl.constexpr, NPB: tl.constexpr, NPW: tl.constexpr,
     BJ: tl.constexpr, X_PARTS: tl.constexpr,
-    DX_ORDER: tl.constexpr, MATH: tl.constexpr, VARLEN: tl.constexpr, HAS_H0: tl.constexpr,
+    DX_ORDER: tl.constexpr, MATH: tl.constexpr, VARLEN: tl.constexpr, HAS_DH: tl.constexpr, HAS_H0: tl.constexpr,
 ):
     """dx of one (range of G steps of WC chunks, head, batch row): per step, the cotangents of each
     channel tile in turn, folded into the head's input-gradient tile ([WC K, NPA] and [WC K, NPB]
@@ -457,7 +460,7 @@ def _rglru_bwd_dx_kernel(
             b_dy = tl.load(p_dy + o_ch, mask=m_x, other=0.0).to(tl.float32)
             opens, b_h0 = m_t, b_dy
             if VARLEN:
-                b_dy, i_n, opens = _with_final(b_dy, dh_last, words, i_s, m_t, m_j, o_d, L, NC, D, WC, K)
+                b_dy, i_n, opens = _with_final(b_dy, dh_last, words, i_s, m_t, m_j, o_d, L, NC, D, WC, K, HAS_DH)
                 if HAS_H0:
                     b_h0 = _rows_of(h0, i_n, o_d, m_j, opens, D)
             o_s = (i_b64 * NC + i_s * WC + o_c)[None, :] * D + o_d[:, None]            # [BJ, WC]
@@ -521,9 +524,8 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
               G: int, G_dx: int, WC_dx: int = 0, fast: bool = False, words=None, h0=None):
     """Chunked RG-LRU backward.
 
-    dy: [B, L, D] (any float dtype); dh_last: [B, D] fp32 (zeros where the final state is unused); x and
-    the parameters as in the forward; has_h0: whether the forward had an initial state (its gradient is
-    then returned);
+    dy: [B, L, D] (any float dtype); dh_last: [B, D] fp32 or None; x and the parameters as in the
+    forward; has_h0: whether the forward had an initial state (its gradient is then returned);
     states: [B, ceil(L/K), D] fp32 from the forward with the same K. WC: chunks per step (one per
     warp); G: steps per group of the reverse maps and the weight-gradient kernel; G_dx: steps per
     program of the dx kernel, whose steps take WC_dx chunks (0: WC; it needs no groups).
@@ -544,22 +546,23 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
     NG = grid[0]
     cums = new_buffer((2, B, NC, D), torch.float32, dev)
     gsums = new_buffer((2, B, NG, D), torch.float32, dev)
+    dh = dh_last if dh_last is not None else cums
     words_arg = words if varlen else cums
     h0_arg = h0 if varlen and has_h0 else cums
-    launch_staged(_rglru_bwd_summary_kernel, grid, x, dy, w3, b_a, a_param, cums, gsums, words_arg, dh_last, L, NC, G, NG,
-                  float(c), 1, VARLEN=varlen, **meta)
+    launch_staged(_rglru_bwd_summary_kernel, grid, x, dy, w3, b_a, a_param, cums, gsums, words_arg, dh, L, NC, G, NG,
+                  float(c), 1, VARLEN=varlen, HAS_DH=dh_last is not None, **meta)
     estates = new_buffer((B, NC, D), torch.float32, dev)
     dh0 = new_buffer((h0.shape[0] if varlen else B, D), torch.float32, dev) if has_h0 else None
     M = 2 * H * n * n + 3 * D
     part = new_buffer((B * NG, M), torch.float32, dev)
-    launch_staged(_rglru_bwd_dw_kernel, grid, x, dy, w3, b_a, b_x, a_param, states, dh_last, cums, gsums, estates,
+    launch_staged(_rglru_bwd_dw_kernel, grid, x, dy, w3, b_a, b_x, a_param, states, dh, cums, gsums, estates,
                   dh0 if has_h0 else part, part, words_arg, h0_arg, L, NC, G, NG, float(c), 1,
-                  M=M, NGP=group_width(NG), HAS_H0=has_h0, VARLEN=varlen, **meta)
+                  M=M, NGP=group_width(NG), HAS_DH=dh_last is not None, HAS_H0=has_h0, VARLEN=varlen, **meta)
     dx = new_buffer((B, L, D), x.dtype, dev)
     grid_dx, meta_dx = chunk_launch(x, H, K, WC_dx or WC, G_dx, grouped=False, MATH=MATH,
                                     DX_ORDER=out_order(x.dtype))
     launch_staged(_rglru_bwd_dx_kernel, (grid_dx[0], H, B), x, dy, w3, b_a, b_x, a_param, states, estates, dx,
-                  words_arg, dh_last, h0_arg, L, NC, G_dx, float(c), 1, VARLEN=varlen,
+                  words_arg, dh, h0_arg, L, NC, G_dx, float(c), 1, VARLEN=varlen, HAS_DH=dh_last is not None,
                   HAS_H0=has_h0, **meta_dx)
     dw_a = new_buffer((H, n, n), torch.float32, dev)
     dw_x = new_buffer((H, n, n), torch.float32, dev)
