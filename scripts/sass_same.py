@@ -13,7 +13,8 @@ launch, and no launch A lacks). Dumps made before 2026-12-02 (results/dev/issue1
 parameter position and compare only with dumps of that older script.
 
 Usage: python scripts/sass_same.py dump FILE.json [--op samu|rglru]   (the checkout as it is, without
-                                                                    TRITON_INTERPRET; ~10 minutes for SAMU)
+                                                                    TRITON_INTERPRET; ~10 minutes for SAMU,
+                                                                    far longer for RG-LRU on two cores)
        python scripts/sass_same.py compare A.json B.json [--drop NAME]  (exit 1 where any launch differs)
 """
 
