@@ -10,8 +10,8 @@
 #       commit, which OLD's records then name (they would name this checkout's otherwise)
 #
 #   tests    every kernel test of OP on the GPU (tests/ops/test_samu_triton.py and test_triton_utils.py, or
-#            test_rglru_triton.py: the
-#            gpu-marked ones and the small odd shapes the CPU suite runs through the interpreter, here compiled)
+#            test_rglru_triton.py: the gpu-marked ones and the small odd shapes the CPU suite runs through the
+#            interpreter, here compiled)
 #   gates    OP's Triton variants' gates at every gate shape in bf16, fp16 and fp32 (one process per dtype,
 #            side by side) and packed (`--documents 16`, bf16 and fp32), beside the tests; RG-LRU, whose gate
 #            classes name the head dim, also at the model shapes outside the gate set (prefill: 64x512x1664 and

@@ -9,7 +9,8 @@ this one process, and prints which parameters differ. --mode says how determinis
   algorithms  as none, with torch.use_deterministic_algorithms(True, warn_only=True) and a fixed cuBLAS workspace
               set here for the whole process
   flag-only   as algorithms without the cuBLAS workspace setting (that setting makes every product dear on the host:
-              results/dev/issue10/determinism_4/; PyTorch's warning about it is filtered here)
+              results/dev/issue10/determinism_4/): samu.train's own settings (_deterministic, the flag with its
+              cuBLAS warning silenced) entered once for the whole process, the runs themselves without them
   narrow      as inductor, with the token embedding run outside the compiled graph (eager PyTorch's embedding
               gradient, which has no atomics; Inductor's is a scatter-add; patched here for the whole process),
               without the deterministic flag
@@ -42,13 +43,12 @@ def main():
     args = ap.parse_args()
     if args.mode == "algorithms":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    if args.mode in ("algorithms", "flag-only"):
         torch.use_deterministic_algorithms(True, warn_only=True)
     if args.mode == "flag-only":
-        import warnings
+        from samu.train import _deterministic
 
         os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
-        warnings.filterwarnings("ignore", message=".*CUBLAS_WORKSPACE_CONFIG.*")
+        _deterministic(True).__enter__()   # for the rest of the process, never left
     if args.mode in ("inductor", "narrow"):
         import torch._inductor.config as inductor_config
 
