@@ -19,6 +19,8 @@
 #   profile  scripts/gpu_profile.py of OP's variants (RG-LRU: the default one), this checkout and OLD alternating
 #            (this, OLD, this), so the drift between runs shows next to the difference
 #
+# EXTRA_TESTS="FILE..." runs more test files beside the tests (their own process and log, tests-extra.log).
+#
 # Writes $OUT/change.log and $OUT/results.tar.gz (after the gates and again after the profiles: a call cut
 # short keeps what finished). Set SAMU_GIT_COMMIT when .git does not travel.
 set -u
@@ -45,6 +47,10 @@ GATE=($PY -m samu.cli gate --ops "$OP" --quiet --no-status --backends "$BACKENDS
 pids=()
 stage tests $LIMIT $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" "${TESTS[@]}" > "$W/tests.log" 2>&1 &
 pids+=($!)
+if [ -n "${EXTRA_TESTS:-}" ]; then  # more test files, in a process of their own beside these
+  stage tests $LIMIT $PY -m pytest -q -p no:cacheprovider -m "gpu or not gpu" $EXTRA_TESTS > "$W/tests-extra.log" 2>&1 &
+  pids+=($!)
+fi
 for dtype in bf16 fp16 fp32; do
   stage gates $LIMIT "${GATE[@]}" --shapes gate --dtypes $dtype --out "$W/gates-$OP-$dtype.json" & pids+=($!)
 done
@@ -78,6 +84,11 @@ tests = open(sys.argv[1] + "/tests.log").read() if glob.glob(sys.argv[1] + "/tes
 if not re.search(r"=== tests: exit 0 ", tests):
     print("tests: failed or not run (tests.log)")
     bad += 1
+for path in glob.glob(sys.argv[1] + "/tests-extra.log"):
+    extra = open(path).read()
+    ok = re.search(r"=== tests: exit 0 ", extra)
+    print("extra tests:", "pass" if ok else "failed or cut short", (extra.strip().splitlines() or [""])[-2][:200])
+    bad += not ok
 for path in sorted(glob.glob(sys.argv[1] + "/gates-*.json")):
     try:
         record = json.load(open(path))

@@ -170,21 +170,24 @@ def run(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, c
 
 
 def _tile(D: int) -> tuple[int, int]:
-    """Modes per program and warps: two modes per thread (the per-token scalar work is shared)."""
-    BN = min(64, next_power_of_2(max(D // 2, 1)))
-    return BN, max(1, BN // 64)
+    """Modes per program and main-backward programs a multiprocessor: up to 128 modes on one warp,
+    four a thread (independent chains a token hide its latency; the per-token scalar work is shared). The
+    main backward then takes up to 224 registers a thread (`python scripts/offline_regs.py --ops samu`), so 9
+    of its programs fit a multiprocessor (65,536 registers), not 16."""
+    BN = min(128, next_power_of_2(max(D // 2, 1)))
+    return BN, 9 if BN == 128 else 16
 
 
 def serial_config(B: int, L: int, D: int) -> Config:
-    BN, warps = _tile(D)
-    return Config(K=32, BN=BN, G=1, num_warps=warps)
+    BN, slots = _tile(D)
+    return Config(K=32, BN=BN, G=1, slots_per_sm=slots)
 
 
 def grouped_config(B: int, L: int, D: int) -> Config:
-    BN, warps = _tile(D)
+    BN, slots = _tile(D)
     n_chunks = cdiv(L, 32)
     # about sqrt(nC) chunks per group balances the group-local and outer serial walks
-    return Config(K=32, BN=BN, G=max(2, next_power_of_2(int(n_chunks ** 0.5))), num_warps=warps)
+    return Config(K=32, BN=BN, G=max(2, next_power_of_2(int(n_chunks ** 0.5))), slots_per_sm=slots)
 
 
 def _scratch(config_of):
@@ -216,9 +219,11 @@ def _variant(name, config_of, preference, description):
 
 
 def _numerics(c: Config) -> str:
-    # chunk length, mode tile (and with it the warps, _tile) and group size fix the parenthesisation, slots
-    # do not; the unroll factor changes which products the compiler contracts into fused multiply-adds
-    return f"K={c.K},BN={c.BN},G={c.G},U={c.unroll}"
+    # chunk length, mode tile and group size fix the parenthesisation, slots
+    # do not; the unroll factor changes which products the compiler contracts into fused multiply-adds; v, the
+    # kernels' numerics version, changes with any kernel change that moves a bit, so that no gate record of
+    # earlier kernels covers these
+    return f"v=5,K={c.K},BN={c.BN},G={c.G},U={c.unroll}"
 
 
 _variant("triton_serial", serial_config, lambda B, L, D: 0.0 if cdiv(L, 32) <= 64 else 2.0,

@@ -234,7 +234,7 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
             # w dL/dw = -w rho dL/drho + (w / gamma) rho^2 dL/dgamma; w / gamma -> 0 as w -> 0 (at w = 0, past L,
             # the product is 0 * inf, which the where discards; the interpreter warns of the division by zero).
             # gamma^2 is _input_of's again: the compiler evaluates it once (scripts/sass_report.py's counts)
-            b_wg = tl.where(b_w > 0.0, b_w * tl.math.rsqrt(_gamma_squared(b_w, b_rho)), 0.0)
+            b_wg = tl.where(b_w > 0.0, b_w * tl.math.rsqrt(tl.where(b_w > 0.0, _gamma_squared(b_w, b_rho), 1.0)), 0.0)
             b_wdw = tl.where(ok, -b_w * b_vlr + b_wg * b_rho * b_rho * (b_dr * b_zr + b_di * b_zi), 0.0)
             # the per-token sums over the tile's modes wait in the slot row delta_t came from, summed after the
             # walk, off its serial path. No barrier: with BN >= 32 * num_warps (D >= 64 as dispatched) each
