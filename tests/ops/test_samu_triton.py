@@ -36,10 +36,10 @@ def _with_config(config):
     return mixer
 
 
-def _config(K, BN, G, unroll=2):
+def _config(K, BN, G, unroll=2, main_BN=0):
     from samu.ops.samu.function import Config
 
-    return Config(K=K, BN=BN, G=G, unroll=unroll)
+    return Config(K=K, BN=BN, G=G, unroll=unroll, main_BN=main_BN)
 
 
 # (B, L, D, K, BN, G, unroll): L not a multiple of K, L = 1 (serial and grouped), a ragged last
@@ -54,6 +54,14 @@ SHAPES = [(2, 37, 10, 8, 4, 1, 1), (2, 37, 10, 8, 4, 2, 2), (1, 1, 6, 8, 4, 3, 1
 def test_fp32_matches_reference(B, L, D, K, BN, G, unroll):
     assert_gate(gate_check("samu", _with_config(_config(K, BN, G, unroll)), torch.float32, B, L, D, seed=L + G,
                            device=DEVICE))
+
+
+# the main backward on its own mode tile (as dispatched from D = 256: 128 modes elsewhere, 64 there), narrower
+# and wider than the walks' tile, N a multiple of neither (the partial sums' layout follows the main tile)
+@pytest.mark.parametrize("BN,main_BN,G", [(8, 4, 2), (4, 8, 1)])
+def test_a_main_tile_other_than_the_walks_passes_the_gate(BN, main_BN, G):
+    assert_gate(gate_check("samu", _with_config(_config(8, BN, G, main_BN=main_BN)), torch.float32, 2, 37, 22,
+                           seed=BN + G, device=DEVICE))
 
 
 @pytest.mark.parametrize("G", [1, 2])

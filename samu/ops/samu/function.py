@@ -32,8 +32,9 @@ def set_allocator(empty) -> None:
 @dataclass(frozen=True)
 class Config:
     """One launch configuration: chunk K, mode tile BN, chunks per group G (1: serial prefix), warps
-    per program, programs per multiprocessor of the persistent main backward kernel, and the unroll
-    factor of every token walk (independent tokens in flight: instruction-level parallelism)."""
+    per program, programs per multiprocessor of the persistent main backward kernel, the unroll
+    factor of every token walk (independent tokens in flight: instruction-level parallelism), and the
+    main backward's own mode tile (0: BN)."""
 
     K: int
     BN: int
@@ -41,13 +42,14 @@ class Config:
     num_warps: int = 1
     slots_per_sm: int = 16
     unroll: int = 2
+    main_BN: int = 0
 
     def as_list(self) -> list[int]:
-        return [self.K, self.BN, self.G, self.num_warps, self.slots_per_sm, self.unroll]
+        return [self.K, self.BN, self.G, self.num_warps, self.slots_per_sm, self.unroll, self.main_BN]
 
 
 def _fwd(x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config):
-    K, BN, G, num_warps, _, unroll = config
+    K, BN, G, num_warps, _, unroll, _ = config
     words, n_seqs = (None, None) if cu_seqlens is None else (chunk_boundaries(cu_seqlens, x.shape[1], K),
                                                              len(cu_seqlens) - 1)
     return fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, K=K, BN=BN, G=G,
@@ -56,10 +58,11 @@ def _fwd(x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, ra
 
 def _bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, cu_seqlens, initial_state,
          radial_bound, config):
-    K, BN, G, num_warps, slots_per_sm, unroll = config
+    K, BN, G, num_warps, slots_per_sm, unroll, main_BN = config
     words = None if cu_seqlens is None else chunk_boundaries(cu_seqlens, x.shape[1], K)
     return bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound,
-               K=K, BN=BN, G=G, num_warps=num_warps, slots_per_sm=slots_per_sm, unroll=unroll, empty=_empty,
+               K=K, BN=BN, G=G, main_BN=main_BN, num_warps=num_warps, slots_per_sm=slots_per_sm, unroll=unroll,
+               empty=_empty,
                words=words, h0=initial_state)
 
 
@@ -170,39 +173,40 @@ def run(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, c
 
 
 def _tile(D: int) -> tuple[int, int]:
-    """Modes per program and main-backward programs a multiprocessor: up to 128 modes on one warp,
-    four a thread (independent chains a token hide its latency; the per-token scalar work is shared). The
-    main backward then takes up to 224 registers a thread (`python scripts/offline_regs.py --ops samu`), so 9
-    of its programs fit a multiprocessor (65,536 registers), not 16."""
-    BN = min(128, next_power_of_2(max(D // 2, 1)))
-    return BN, 9 if BN == 128 else 16
+    """Modes per program: up to 128 on one warp, four a thread (independent chains a token hide its
+    latency; the per-token scalar work is shared), and up to 64 in the main backward, whose 128 registers
+    at 64 let 16 programs share a multiprocessor (at 128 modes it takes 224 registers, 9 programs, and ran
+    43% slower: docs/performance.md, "SAMU v3.5")."""
+    modes = next_power_of_2(max(D // 2, 1))
+    return min(128, modes), min(64, modes)
 
 
 def serial_config(B: int, L: int, D: int) -> Config:
-    BN, slots = _tile(D)
-    return Config(K=32, BN=BN, G=1, slots_per_sm=slots)
+    BN, main_BN = _tile(D)
+    return Config(K=32, BN=BN, G=1, main_BN=main_BN)
 
 
 def grouped_config(B: int, L: int, D: int) -> Config:
-    BN, slots = _tile(D)
+    BN, main_BN = _tile(D)
     n_chunks = cdiv(L, 32)
     # about sqrt(nC) chunks per group balances the group-local and outer serial walks
-    return Config(K=32, BN=BN, G=max(2, next_power_of_2(int(n_chunks ** 0.5))), slots_per_sm=slots)
+    return Config(K=32, BN=BN, G=max(2, next_power_of_2(int(n_chunks ** 0.5))), main_BN=main_BN)
 
 
 def _scratch(config_of):
     """Analytic fp32 scratch of one forward + backward (README.md, "What is saved, and scratch")."""
     def scratch(B, L, D):
         c = config_of(B, L, D)
-        n_chunks, n_tiles = cdiv(L, c.K), cdiv(D // 2, c.BN)
+        BM = c.main_BN or c.BN  # the main backward's tile: its slots and the partial sums' tiles
+        n_chunks, n_tiles = cdiv(L, c.K), cdiv(D // 2, BM)
         n_groups = cdiv(n_chunks, c.G)
         sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
         n_slots = slot_count(B * n_chunks * n_tiles, sms, c.slots_per_sm)
         grouped = c.G > 1
         words = (B * D * (8 * n_chunks + grouped * (4 * n_chunks + 4 * n_groups) + 2 * n_groups)
-                 + B * L * (8 + 2 * n_tiles) + n_slots * c.K * 2 * c.BN + 4 * B * cdiv(L, CONTROLLER_TOKENS))
-        formula = (f"4*(B*D*(8*nC + [G>1]*(4*nC + 4*nG) + 2*nG) + B*L*(8 + 2*ceil(D/(2*BN))) + n_slots*K*2*BN"
-                   f" + 4*B*ceil(L/{CONTROLLER_TOKENS})) with K={c.K}, BN={c.BN}, G={c.G}, n_slots={n_slots}")
+                 + B * L * (8 + 2 * n_tiles) + n_slots * c.K * 2 * BM + 4 * B * cdiv(L, CONTROLLER_TOKENS))
+        formula = (f"4*(B*D*(8*nC + [G>1]*(4*nC + 4*nG) + 2*nG) + B*L*(8 + 2*ceil(D/(2*BM))) + n_slots*K*2*BM"
+                   f" + 4*B*ceil(L/{CONTROLLER_TOKENS})) with K={c.K}, BM={BM}, G={c.G}, n_slots={n_slots}")
         return formula, 4 * words
     return scratch
 
@@ -219,11 +223,11 @@ def _variant(name, config_of, preference, description):
 
 
 def _numerics(c: Config) -> str:
-    # chunk length, mode tile and group size fix the parenthesisation, slots
+    # chunk length, mode tiles and group size fix the parenthesisation, slots
     # do not; the unroll factor changes which products the compiler contracts into fused multiply-adds; v, the
     # kernels' numerics version, changes with any kernel change that moves a bit, so that no gate record of
     # earlier kernels covers these
-    return f"v=5,K={c.K},BN={c.BN},G={c.G},U={c.unroll}"
+    return f"v=5,K={c.K},BN={c.BN},BM={c.main_BN or c.BN},G={c.G},U={c.unroll}"
 
 
 _variant("triton_serial", serial_config, lambda B, L, D: 0.0 if cdiv(L, 32) <= 64 else 2.0,

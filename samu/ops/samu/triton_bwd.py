@@ -420,9 +420,10 @@ def _slots(device, n_items: int, per_sm: int) -> int:
 
 
 def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound, *,
-        K, BN, G, unroll, num_warps=1, slots_per_sm=16, empty=torch.empty, words=None, h0=None):
+        K, BN, G, unroll, main_BN=None, num_warps=1, slots_per_sm=16, empty=torch.empty, words=None, h0=None):
     """Backward pass. Returns dx (x.dtype), dnu, dtheta_log, ddirections, damplitudes, dh0 (or None).
-    Packed (``words``, as fwd): dfinal and dh0 are [N, D], and ``h0`` is the initial state [N, D] (or None)."""
+    Packed (``words``, as fwd): dfinal and dh0 are [N, D], and ``h0`` is the initial state [N, D] (or None).
+    ``main_BN``: the main kernel's mode tile (default BN); it alone fixes the layout of ``part``."""
     B, L, D = x.shape
     varlen = words is not None
     # packed, each sequence's final-state cotangent enters where it closes (in the walks)
@@ -441,20 +442,22 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     rck, right = prefix(rsum, None if varlen else dfinal, G=G, BN=BN, reverse=True, empty=empty)
     rck = rck if G > 1 else right
     n_groups = right.shape[1]
-    part = empty(B, 2, n_tiles, L, **f32)
+    main_BN = main_BN or BN
+    m_tiles = cdiv(N, main_BN)
+    part = empty(B, 2, m_tiles, L, **f32)
     rows = empty(B * n_chunks, 3 * D, **f32)
     dh0 = empty(h0.shape[0] if varlen else B, D, **f32) if has_h0 else None
-    n_items = B * n_chunks * n_tiles
+    n_items = B * n_chunks * m_tiles
     n_slots = _slots(x.device, n_items, slots_per_sm)
-    slots = torch.empty(n_slots, K, 2 * BN, **f32)
+    slots = torch.empty(n_slots, K, 2 * main_BN, **f32)
     launch(_main_kernel, (n_slots,), x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part, rows,
            dh0 if has_h0 else rows, words_arg, df_arg, h0 if varlen and has_h0 else rows, L, D, N, n_chunks, n_groups,
-           n_tiles, n_items, K=K, BN=BN, U=unroll, G=G, HAS_H0=has_h0, VARLEN=varlen, HAS_DF=has_df,
+           m_tiles, n_items, K=K, BN=main_BN, U=unroll, G=G, HAS_H0=has_h0, VARLEN=varlen, HAS_DF=has_df,
            num_warps=num_warps)
     n_tb = cdiv(L, CONTROLLER_TOKENS)
     dp = empty(B, 2, L, **f32)
     dA_rows = empty(B * n_tb, 4, **f32)
-    launch(_controller_kernel, (n_tb, B), ctl, amplitudes, part, dp, dA_rows, L, n_tiles, float(radial_bound),
+    launch(_controller_kernel, (n_tb, B), ctl, amplitudes, part, dp, dA_rows, L, m_tiles, float(radial_bound),
            BT=CONTROLLER_TOKENS, num_warps=1)
     dx = empty(B, L, D, device=x.device, dtype=x.dtype)
     launch(_dx_kernel, (n_chunks, n_tiles, B), x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, dp, dx,
