@@ -173,25 +173,24 @@ def run(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, c
 
 
 def _tile(D: int) -> tuple[int, int]:
-    """Modes per program, and the main backward's programs a multiprocessor: up to 128 modes on one warp,
-    four a thread (independent chains a token hide its latency; the per-token scalar work is shared). At 128
-    modes the main backward runs under a cap of 168 registers (triton_bwd.MAIN_MAX_REGISTERS), so 12 of its
-    programs share a multiprocessor; uncapped it took 224, 9 programs, and ran 43% slower (docs/performance.md,
-    "SAMU v3.5")."""
-    BN = min(128, next_power_of_2(max(D // 2, 1)))
-    return BN, 12 if BN == 128 else 16
+    """Modes per program: up to 128 on one warp, four a thread (independent chains a token hide its
+    latency; the per-token scalar work is shared), and up to 64 in the main backward, whose 128 registers
+    at 64 let 16 programs share a multiprocessor (at 128 modes it takes 224 registers, 9 programs, and ran
+    43% slower: docs/performance.md, "SAMU v3.5")."""
+    modes = next_power_of_2(max(D // 2, 1))
+    return min(128, modes), min(64, modes)
 
 
 def serial_config(B: int, L: int, D: int) -> Config:
-    BN, slots = _tile(D)
-    return Config(K=32, BN=BN, G=1, slots_per_sm=slots)
+    BN, main_BN = _tile(D)
+    return Config(K=32, BN=BN, G=1, main_BN=main_BN)
 
 
 def grouped_config(B: int, L: int, D: int) -> Config:
-    BN, slots = _tile(D)
+    BN, main_BN = _tile(D)
     n_chunks = cdiv(L, 32)
     # about sqrt(nC) chunks per group balances the group-local and outer serial walks
-    return Config(K=32, BN=BN, G=max(2, next_power_of_2(int(n_chunks ** 0.5))), slots_per_sm=slots)
+    return Config(K=32, BN=BN, G=max(2, next_power_of_2(int(n_chunks ** 0.5))), main_BN=main_BN)
 
 
 def _scratch(config_of):

@@ -405,10 +405,6 @@ def _reduce_kernel(rows, dA_rows, theta_log, rnorm, out, dA, n_rows, n_dA_rows, 
 # tokens a backward controller program sums (~1,000 programs at L = 32,768); it fixes the order of dA's
 # partial sums
 CONTROLLER_TOKENS = 32
-# a register cap on the main kernel by its mode tile: at 128 modes ptxas takes 224 registers (9 programs a
-# multiprocessor); capped at 168 it needs 158 and spills nothing (`python scripts/offline_regs.py --ops samu`),
-# so 12 programs fit
-MAIN_MAX_REGISTERS = {128: 168}
 
 
 def slot_count(n_items: int, multiprocessors: int, per_sm: int) -> int:
@@ -457,7 +453,7 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     launch(_main_kernel, (n_slots,), x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part, rows,
            dh0 if has_h0 else rows, words_arg, df_arg, h0 if varlen and has_h0 else rows, L, D, N, n_chunks, n_groups,
            m_tiles, n_items, K=K, BN=main_BN, U=unroll, G=G, HAS_H0=has_h0, VARLEN=varlen, HAS_DF=has_df,
-           num_warps=num_warps, **({"maxnreg": MAIN_MAX_REGISTERS[main_BN]} if main_BN in MAIN_MAX_REGISTERS else {}))
+           num_warps=num_warps)
     n_tb = cdiv(L, CONTROLLER_TOKENS)
     dp = empty(B, 2, L, **f32)
     dA_rows = empty(B * n_tb, 4, **f32)
