@@ -26,7 +26,7 @@ from tests.helpers import gate_check, randn, rel_err, samu_params  # noqa: E402
 
 SHAPES = [(1, 8192, 1024), (4, 2048, 2048), (2, 4096, 2560), (1, 32768, 1024), (1, 32768, 2048)]
 # G = 0: the grouped variant's group size for each shape (about sqrt(#chunks))
-# (K, BN, G, warps, slots_per_sm, unroll)
+# (K, BN, G, warps, slots_per_sm, unroll[, main_BN])
 CONFIGS = [Config(32, 64, 0, 1, 16, 2), Config(32, 64, 0, 1, 16, 1), Config(32, 64, 0, 1, 32, 2),
            Config(32, 64, 0, 1, 16, 4), Config(32, 32, 0, 1, 32, 1), Config(32, 32, 0, 1, 32, 2),
            Config(16, 64, 0, 1, 16, 2), Config(32, 128, 0, 2, 16, 2), Config(64, 64, 0, 1, 16, 2),
