@@ -87,7 +87,8 @@ if not re.search(r"=== tests: exit 0 ", tests):
 for path in glob.glob(sys.argv[1] + "/tests-extra.log"):
     extra = open(path).read()
     ok = re.search(r"=== tests: exit 0 ", extra)
-    print("extra tests:", "pass" if ok else "failed or cut short", (extra.strip().splitlines() or [""])[-2][:200])
+    lines = extra.strip().splitlines() or [""]
+    print("extra tests:", "pass" if ok else "failed or cut short", lines[-2 if len(lines) > 1 else -1][:200])
     bad += not ok
 for path in sorted(glob.glob(sys.argv[1] + "/gates-*.json")):
     try:

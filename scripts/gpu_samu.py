@@ -75,8 +75,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--configs", help="K,BN,G,warps,slots_per_sm[,unroll (default 2)];... with G=0 for the grouped "
-                    "default (default: the built-in sweep)")
+    ap.add_argument("--configs", help="K,BN,G,warps,slots_per_sm[,unroll (default 2)[,main_BN (default 0: BN)]];... "
+                    "with G=0 for the grouped default (default: the built-in sweep)")
     ap.add_argument("--shapes", help="B,L,D;... (default: the primary shapes)")
     ap.add_argument("--no-gates", action="store_true")
     ap.add_argument("--gate-variants", default="triton_serial,triton_grouped")

@@ -56,12 +56,17 @@ def test_fp32_matches_reference(B, L, D, K, BN, G, unroll):
                            device=DEVICE))
 
 
-# the main backward on its own mode tile (as dispatched from D = 256: 128 modes elsewhere, 64 there), narrower
-# and wider than the walks' tile, N a multiple of neither (the partial sums' layout follows the main tile)
-@pytest.mark.parametrize("BN,main_BN,G", [(8, 4, 2), (4, 8, 1)])
-def test_a_main_tile_other_than_the_walks_passes_the_gate(BN, main_BN, G):
-    assert_gate(gate_check("samu", _with_config(_config(8, BN, G, main_BN=main_BN)), torch.float32, 2, 21, 22,
-                           seed=BN + G, device=DEVICE))
+# the main backward on its own mode tile (as dispatched from D > 128: up to 128 modes in the walks, 64 there),
+# narrower and wider than the walks' tile, N a multiple of neither (the partial sums' layout follows the main
+# tile); unpacked and packed
+@pytest.mark.parametrize("BN,main_BN,G,packed", [(8, 4, 2, False), (4, 8, 1, True)])
+def test_a_main_tile_other_than_the_walks_passes_the_gate(BN, main_BN, G, packed):
+    config = _config(8, BN, G, main_BN=main_BN)
+    if packed:
+        assert_gate(gate_check("samu", _packed_config(config), torch.float32, 1, 21, 22, seed=BN + G, device=DEVICE,
+                               cu_seqlens=[0, 1, 9, 21]))
+    else:
+        assert_gate(gate_check("samu", _with_config(config), torch.float32, 2, 21, 22, seed=BN + G, device=DEVICE))
 
 
 @pytest.mark.parametrize("G", [1, 2])

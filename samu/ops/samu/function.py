@@ -49,21 +49,20 @@ class Config:
 
 
 def _fwd(x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config):
-    K, BN, G, num_warps, _, unroll, _ = config
-    words, n_seqs = (None, None) if cu_seqlens is None else (chunk_boundaries(cu_seqlens, x.shape[1], K),
+    c = Config(*config)
+    words, n_seqs = (None, None) if cu_seqlens is None else (chunk_boundaries(cu_seqlens, x.shape[1], c.K),
                                                              len(cu_seqlens) - 1)
-    return fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, K=K, BN=BN, G=G,
-               num_warps=num_warps, unroll=unroll, empty=_empty, words=words, n_seqs=n_seqs)
+    return fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, K=c.K, BN=c.BN, G=c.G,
+               num_warps=c.num_warps, unroll=c.unroll, empty=_empty, words=words, n_seqs=n_seqs)
 
 
 def _bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, cu_seqlens, initial_state,
          radial_bound, config):
-    K, BN, G, num_warps, slots_per_sm, unroll, main_BN = config
-    words = None if cu_seqlens is None else chunk_boundaries(cu_seqlens, x.shape[1], K)
+    c = Config(*config)
+    words = None if cu_seqlens is None else chunk_boundaries(cu_seqlens, x.shape[1], c.K)
     return bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound,
-               K=K, BN=BN, G=G, main_BN=main_BN, num_warps=num_warps, slots_per_sm=slots_per_sm, unroll=unroll,
-               empty=_empty,
-               words=words, h0=initial_state)
+               K=c.K, BN=c.BN, G=c.G, main_BN=c.main_BN, num_warps=c.num_warps, slots_per_sm=c.slots_per_sm,
+               unroll=c.unroll, empty=_empty, words=words, h0=initial_state)
 
 
 @torch.library.custom_op("samu::samu_fwd", mutates_args=())
@@ -223,11 +222,13 @@ def _variant(name, config_of, preference, description):
 
 
 def _numerics(c: Config) -> str:
-    # chunk length, mode tiles and group size fix the parenthesisation, slots
-    # do not; the unroll factor changes which products the compiler contracts into fused multiply-adds; v, the
-    # kernels' numerics version, changes with any kernel change that moves a bit, so that no gate record of
-    # earlier kernels covers these
-    return f"v=5,K={c.K},BN={c.BN},BM={c.main_BN or c.BN},G={c.G},U={c.unroll}"
+    # chunk length, group size, the main backward's mode tile and its warps (its sums over modes) fix the
+    # parenthesisation, slots do not (the walks' tile BN is named too, though each walk is per mode); the unroll
+    # factor changes which products the compiler contracts into fused multiply-adds; v, the kernels' numerics
+    # version, changes with any kernel change that moves a bit, so that no gate record of earlier kernels covers
+    # these. Warps are named only where they are not 1 (dispatch runs one)
+    warps = "" if c.num_warps == 1 else f",W={c.num_warps}"
+    return f"v=5,K={c.K},BN={c.BN},BM={c.main_BN or c.BN},G={c.G},U={c.unroll}{warps}"
 
 
 _variant("triton_serial", serial_config, lambda B, L, D: 0.0 if cdiv(L, 32) <= 64 else 2.0,

@@ -15,7 +15,7 @@ Packed calls (VARLEN, the chunk words of packing_triton.chunk_boundaries) cut th
 token opens a sequence, add each sequence's final-state cotangent where it closes, and take h_{t-1} = the
 sequence's initial state where it opens.
 Extra layouts (fp32): rsum, rck [B, nC, 2, D], right [B, nG, D] mirror csum, ck, start;
-slots [n_slots, K, D_tile]; part [B, 2, n_tiles, L]; dp [B, 2, L]; trig [B, 2, L] (cos phi, sin phi,
+slots [n_slots, K, 2 main_BN]; part [B, 2, ceil(N / main_BN), L] (the main kernel's mode tiles); dp [B, 2, L]; trig [B, 2, L] (cos phi, sin phi,
 rebuilt from the saved phi by the adjoint summaries);
 rows [B * nC, 3 D] = (w dL/dw | dL/dpsi | du_0 | du_1) partials; dA_rows [*, 4].
 """
@@ -420,10 +420,10 @@ def _slots(device, n_items: int, per_sm: int) -> int:
 
 
 def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound, *,
-        K, BN, G, unroll, main_BN=None, num_warps=1, slots_per_sm=16, empty=torch.empty, words=None, h0=None):
+        K, BN, G, unroll, main_BN=0, num_warps=1, slots_per_sm=16, empty=torch.empty, words=None, h0=None):
     """Backward pass. Returns dx (x.dtype), dnu, dtheta_log, ddirections, damplitudes, dh0 (or None).
     Packed (``words``, as fwd): dfinal and dh0 are [N, D], and ``h0`` is the initial state [N, D] (or None).
-    ``main_BN``: the main kernel's mode tile (default BN); it alone fixes the layout of ``part``."""
+    ``main_BN``: the main kernel's mode tile (0: BN); it alone fixes the layout of ``part``."""
     B, L, D = x.shape
     varlen = words is not None
     # packed, each sequence's final-state cotangent enters where it closes (in the walks)
@@ -443,21 +443,21 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     rck = rck if G > 1 else right
     n_groups = right.shape[1]
     main_BN = main_BN or BN
-    m_tiles = cdiv(N, main_BN)
-    part = empty(B, 2, m_tiles, L, **f32)
+    main_tiles = cdiv(N, main_BN)
+    part = empty(B, 2, main_tiles, L, **f32)
     rows = empty(B * n_chunks, 3 * D, **f32)
     dh0 = empty(h0.shape[0] if varlen else B, D, **f32) if has_h0 else None
-    n_items = B * n_chunks * m_tiles
+    n_items = B * n_chunks * main_tiles
     n_slots = _slots(x.device, n_items, slots_per_sm)
     slots = torch.empty(n_slots, K, 2 * main_BN, **f32)
     launch(_main_kernel, (n_slots,), x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part, rows,
            dh0 if has_h0 else rows, words_arg, df_arg, h0 if varlen and has_h0 else rows, L, D, N, n_chunks, n_groups,
-           m_tiles, n_items, K=K, BN=main_BN, U=unroll, G=G, HAS_H0=has_h0, VARLEN=varlen, HAS_DF=has_df,
+           main_tiles, n_items, K=K, BN=main_BN, U=unroll, G=G, HAS_H0=has_h0, VARLEN=varlen, HAS_DF=has_df,
            num_warps=num_warps)
     n_tb = cdiv(L, CONTROLLER_TOKENS)
     dp = empty(B, 2, L, **f32)
     dA_rows = empty(B * n_tb, 4, **f32)
-    launch(_controller_kernel, (n_tb, B), ctl, amplitudes, part, dp, dA_rows, L, m_tiles, float(radial_bound),
+    launch(_controller_kernel, (n_tb, B), ctl, amplitudes, part, dp, dA_rows, L, main_tiles, float(radial_bound),
            BT=CONTROLLER_TOKENS, num_warps=1)
     dx = empty(B, L, D, device=x.device, dtype=x.dtype)
     launch(_dx_kernel, (n_chunks, n_tiles, B), x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, dp, dx,
