@@ -12,8 +12,9 @@ where h0_t is the state reached from a zero state. So every rank, at once:
    parallelism" in samu/ops/samu/README.md and samu/ops/rglru/README.md), then in the state dtype;
 3. all-gathers the summaries (A_r = P at its last token, e_r): O(B D) per rank;
 4. folds them in rank order from the initial state: h_in(r) = A_{r-1} h_in(r-1) + e_{r-1}, in float64;
-5. corrects its output, y = y0 + P * h_in(r) (the correction is elementwise: no second scan). The final
-   state, the fold over every rank, is the same on every rank.
+5. corrects its output, y = y0 + P * h_in(r) (the correction is elementwise: no second scan; SAMU's runs as
+   one Triton kernel each way where its mixer runs a Triton variant, samu/ops/samu/triton_shift.py). The
+   final state, the fold over every rank, is the same on every rank.
 
 Autograd runs through all of it: the gather's backward all-reduces the cotangents of the summaries, so
 each rank's x gets its exact gradient, and each parameter (and ``initial_state``) gets this rank's share of
@@ -31,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from samu.ops import dispatch
 from samu.ops.checks import check_state
 from samu.ops.functional import rglru_mixer, samu_mixer
 from samu.ops.scan import state_dtype
@@ -88,23 +90,42 @@ class _Exchange(torch.autograd.Function):
         return d_rows[rank], d_h, None, None
 
 
-def _samu_products(x, directions, amplitudes, nu, theta_log, radial_bound, sdt):
-    """P_t [B, L, N] (complex, of the state dtype ``sdt``) and the shard's whole map A [B, D] (float64, fused
-    coordinates) for SAMU's shard x. The sums over tokens run in float64 and the phases are reduced mod
-    2 pi there, each of its two terms on its own ([L, N] and [B, L]), before P_t is formed in ``sdt``."""
+def _samu_sums(x, directions, amplitudes, radial_bound, sdt):
+    """The cumulative sums of SAMU's controller over the shard x, [B, L] float64: mass (of m) and drift (of phi,
+    reduced mod 2 pi). With the turns t e^theta_log they give P_t (samu/ops/samu/README.md)."""
     _, m, phi = samu_controls(x.to(sdt), directions.to(sdt), amplitudes.to(sdt), radial_bound)
-    tau = 2 * math.pi
-    steps = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=torch.float64)
-    turns = torch.remainder(steps[:, None] * torch.exp(theta_log.double()), tau)     # [L, N]
-    drift = torch.remainder(phi.double().cumsum(1), tau)                              # [B, L]
-    mass = m.double().cumsum(1)                                                       # [B, L]
-    rate = torch.exp(nu.double())
-    radius = torch.exp(-mass[..., -1:] * rate)
-    phase = turns[-1] + drift[:, -1:]
-    A = torch.cat([radius * torch.cos(phase), radius * torch.sin(phase)], -1)
-    p = torch.polar(torch.exp(-mass.to(sdt).unsqueeze(-1) * rate.to(sdt)),
+    return m.double().cumsum(1), torch.remainder(phi.double().cumsum(1), 2 * math.pi)
+
+
+def _samu_turns(steps, theta_log):
+    """(t e^theta_log) mod 2 pi, float64, for the steps t [T] (1-based): [T, N]."""
+    return torch.remainder(steps.double()[:, None] * torch.exp(theta_log.double()), 2 * math.pi)
+
+
+def _samu_map(mass, drift, nu, theta_log):
+    """The shard's whole map A = P at its last token [B, D] (float64, fused coordinates)."""
+    L = mass.shape[1]
+    radius = torch.exp(-mass[:, -1:] * torch.exp(nu.double()))
+    phase = _samu_turns(torch.full((1,), L, device=mass.device), theta_log)[0] + drift[:, -1:]
+    return torch.cat([radius * torch.cos(phase), radius * torch.sin(phase)], -1)
+
+
+def _samu_shift_torch(y0, mass, drift, nu, theta_log, h, sdt):
+    """y0 + P h by PyTorch ops: P [B, L, N] complex of the state dtype ``sdt``, formed from the float64 sums
+    (the phase's two terms reduced mod 2 pi on their own, [L, N] and [B, L])."""
+    n = h.shape[-1] // 2
+    turns = _samu_turns(torch.arange(1, y0.shape[1] + 1, device=y0.device), theta_log)
+    p = torch.polar(torch.exp(-mass.to(sdt).unsqueeze(-1) * torch.exp(nu.double()).to(sdt)),
                     turns.to(sdt) + drift.to(sdt).unsqueeze(-1))
-    return p, A
+    shift = p * torch.complex(h[:, :n], h[:, n:]).to(p.dtype).unsqueeze(1)
+    return (y0.to(sdt) + torch.cat([shift.real, shift.imag], -1)).to(y0.dtype)
+
+
+def _fused_shift(x, backend) -> bool:
+    """Whether SAMU's correction runs as its Triton kernels (samu/ops/samu/triton_shift.py): where the mixer's
+    backend is not a PyTorch one, for bf16, fp16 and fp32, on CUDA or in the Triton interpreter."""
+    return (backend not in ("torch", "reference") and x.dtype != torch.float64 and dispatch.triton_available()
+            and (x.is_cuda or dispatch.interpreting()))
 
 
 def _rglru_log_products(x, w_a, b_a, a_param, c, sdt):
@@ -134,13 +155,18 @@ def samu_mixer_sequence_parallel(x, nu, theta_log, directions, amplitudes, *, gr
     check_state(initial_state, B, D, x.device, "initial_state")
     y0, e = samu_mixer(x, nu, theta_log, directions, amplitudes, output_final_state=True,
                        radial_bound=radial_bound, backend=backend)
-    n, sdt = D // 2, state_dtype(x.dtype)
+    sdt = state_dtype(x.dtype)
     with torch.autocast(x.device.type, enabled=False):
-        p, A = _samu_products(x, directions, amplitudes, nu, theta_log, radial_bound, sdt)
+        mass, drift = _samu_sums(x, directions, amplitudes, radial_bound, sdt)
         h = x.new_zeros(B, D, dtype=torch.float64) if initial_state is None else initial_state.double()
-        entering, final = _Exchange.apply(torch.stack([A, e.double()]), h, group, _samu_step)
-        shift = p * torch.complex(entering[:, :n], entering[:, n:]).to(p.dtype).unsqueeze(1)
-        y = (y0.to(sdt) + torch.cat([shift.real, shift.imag], -1)).to(x.dtype)
+        entering, final = _Exchange.apply(torch.stack([_samu_map(mass, drift, nu, theta_log), e.double()]), h,
+                                          group, _samu_step)
+        if _fused_shift(x, backend):
+            from samu.ops.samu.triton_shift import SamuShift
+
+            y = SamuShift.apply(y0, mass, drift, nu, theta_log, entering)
+        else:
+            y = _samu_shift_torch(y0, mass, drift, nu, theta_log, entering, sdt)
     return y, (final.to(sdt) if output_final_state else None)
 
 

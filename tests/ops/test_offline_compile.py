@@ -1,4 +1,5 @@
-"""The fused glue, GeGLU, RMSNorm and decoding-step kernels compile for sm_90 (H100/H200) on any machine, no GPU needed.
+"""The fused glue, GeGLU, RMSNorm, decoding-step and sequence-parallel correction kernels compile for sm_90
+(H100/H200) on any machine, no GPU needed.
 
 The Triton interpreter runs kernels as Python, so it accepts some code the compiler refuses (a plain
 global read inside a kernel, say); compiling each specialisation the block launches catches that on CPU.
@@ -25,8 +26,10 @@ SCALARS = ("L", "E", "R", "W", "n_l", "N", "D", "HD", "sx", "B", "H")
 
 
 def _signature(fn, floats=(), types=None):
-    """Each argument's type: ``types`` where it names one, else by the rules above."""
-    out = dict(types or {})
+    """Each argument's type: ``types`` where it names one (names fn does not take are left out), else by the
+    rules above."""
+    names = {p.name for p in fn.params}
+    out = {k: v for k, v in (types or {}).items() if k in names}
     for p in fn.params:
         if p.name in out:
             continue
@@ -46,6 +49,7 @@ def _cases():
     from samu.ops import glue_triton as g
     from samu.ops import rmsnorm_triton as r
     from samu.ops import step_triton as s
+    from samu.ops.samu import triton_shift as sh
 
     for K in (1, 2, 4):
         for state in (False, True):
@@ -74,6 +78,10 @@ def _cases():
             for MATH in (1, 2):
                 yield (s._rglru_step, ("c",), dict(BB=s.STEP_ROWS, BH=BH, ROWS=s.GATE_ROWS, MATH=MATH, K=K),
                        s.RGLRU_WARPS)
+    # SAMU's sequence-parallel correction (float64 sums and turns)
+    sums = {"mass": "*fp64", "drift": "*fp64", "omega": "*fp64", "n_ttiles": "i32", "n_ntiles": "i32"}
+    yield sh._shift_fwd, (), dict(BT=sh.BT, BN=sh.BN), 4, {**sums, "y0": "*bf16"}
+    yield sh._shift_bwd, (), dict(BT=sh.BT, BN=sh.BN), 4, sums
 
 
 def compile_all():

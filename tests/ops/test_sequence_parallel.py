@@ -9,6 +9,7 @@ gradient against the float64 reference, its serial fp32 evaluation giving the ba
 bf16 autocast equals the unsplit call under the same autocast within 1e-6.
 """
 
+import math
 import os
 import subprocess
 import sys
@@ -104,3 +105,54 @@ def test_without_a_process_group_says_so():
     with pytest.raises(ValueError, match="group: sequence parallelism needs an initialised"):
         rglru_mixer_sequence_parallel(x, torch.zeros(2, 4, 4), torch.zeros(8), torch.zeros(2, 4, 4), torch.zeros(8),
                                       torch.zeros(8))
+
+
+def _shift_inputs(dtype, B=2, L=70, N=40, seed=0):
+    """y0, the controller's sums (mass, drift), nu, theta_log and an entering state, leaves for autograd: two
+    tiles of tokens (the second ragged) and two of modes (the second ragged) of the correction kernels."""
+    g = torch.Generator().manual_seed(seed)
+    y0 = torch.randn(B, L, 2 * N, generator=g).to(dtype)
+    mass = (0.5 + torch.rand(B, L, generator=g, dtype=torch.float64)).cumsum(1)
+    drift = torch.remainder((3 * torch.randn(B, L, generator=g, dtype=torch.float64)).cumsum(1), 2 * math.pi)
+    nu = torch.log(0.02 * torch.rand(N, generator=g, dtype=torch.float64) + 1e-3).float()
+    theta_log = torch.log(0.01 + 0.3 * torch.rand(N, generator=g)).float()
+    h = torch.randn(B, 2 * N, generator=g, dtype=torch.float64)
+    return [t.requires_grad_() for t in (y0, mass, drift, nu, theta_log, h)]
+
+
+def test_the_fused_correction_equals_the_pytorch_one():
+    """SAMU's correction y0 + P h as its Triton kernels (the interpreter here) against the PyTorch form in
+    float64: the output and the gradients of y0, both sums, nu, theta_log and h within 1e-5 (fp32 against
+    float64 over 70 tokens; declared before the first run); in bf16 the output within bf16 rounding (4e-3)."""
+    from samu.ops.samu.triton_shift import SamuShift
+    from samu.ops.sequence_parallel import _samu_shift_torch
+
+    for dtype, limit in ((torch.float32, 1e-5), (torch.bfloat16, 4e-3)):
+        leaves = _shift_inputs(dtype)
+        exact_leaves = [t.detach().double().requires_grad_() for t in leaves]
+        y = SamuShift.apply(*leaves)
+        want = _samu_shift_torch(*exact_leaves, torch.float64)
+        assert y.dtype == dtype and rel_err(y, want) < limit, (dtype, rel_err(y, want))
+        if dtype != torch.float32:
+            continue
+        cot = torch.randn(y.shape, generator=torch.Generator().manual_seed(1))
+        got = torch.autograd.grad((y * cot).sum(), leaves)
+        exact = torch.autograd.grad((want * cot.double()).sum(), exact_leaves)
+        names = ["y0", "mass", "drift", "nu", "theta_log", "h"]
+        for name, g, e, leaf in zip(names, got, exact, leaves):
+            assert g.dtype == leaf.dtype and rel_err(g, e) < limit, (name, rel_err(g, e))
+        # the same bits again: fixed-order sums
+        assert all(torch.equal(a, b) for a, b in zip(got, torch.autograd.grad((SamuShift.apply(*leaves) * cot).sum(),
+                                                                                leaves)))
+
+
+def test_one_rank_with_the_fused_correction_is_the_mixer(one_rank):
+    """One rank's call through a Triton variant (the fused correction) equals the variant's own call with the
+    initial state: outputs, final state and every gradient within 1e-5 (fp32, declared before the first run)."""
+    x, params, h0, dy, dh = inputs("samu", 33, torch.float32)
+    runs = []
+    for fn in (samu_mixer, samu_mixer_sequence_parallel):
+        y, h = fn(x, *params, initial_state=h0, output_final_state=True, backend="triton_serial")
+        runs.append([y, h, *torch.autograd.grad((y * dy).sum() + (h * dh).sum(), [x, h0, *params])])
+    for i, (g, w) in enumerate(zip(runs[1], runs[0])):
+        assert rel_err(g, w) < 1e-5, (i, rel_err(g, w))

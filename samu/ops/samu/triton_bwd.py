@@ -15,8 +15,8 @@ Packed calls (VARLEN, the chunk words of packing_triton.chunk_boundaries) cut th
 token opens a sequence, add each sequence's final-state cotangent where it closes, and take h_{t-1} = the
 sequence's initial state where it opens.
 Extra layouts (fp32): rsum, rck [B, nC, 2, D], right [B, nG, D] mirror csum, ck, start;
-slots [n_slots, K, 2 main_BN]; part [B, 2, ceil(N / main_BN), L] (the main kernel's mode tiles); dp [B, 2, L]; trig [B, 2, L] (cos phi, sin phi,
-rebuilt from the saved phi by the adjoint summaries);
+slots [n_slots, K, 2 main_BN]; part [B, 2, ceil(N / main_BN), L] (the main kernel's mode tiles); dp [B, 2, L];
+trig [B, 2, L] (cos phi, sin phi, rebuilt from the saved phi by the adjoint summaries);
 rows [B * nC, 3 D] = (w dL/dw | dL/dpsi | du_0 | du_1) partials; dA_rows [*, 4].
 """
 
