@@ -232,7 +232,7 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
             b_vli = b_vr * b_li + b_vi * b_lr
             b_dpsi = tl.where(ok, -b_vli, 0.0)
             # w dL/dw = -w rho dL/drho + (w / gamma) rho^2 dL/dgamma; w / gamma -> 0 as w -> 0 (at w = 0, past L,
-            # the product is 0 * inf, which the where discards; the interpreter warns of the division by zero).
+            # the square root is taken of 1, not 0: no 0 * inf for the where to discard).
             # gamma^2 is _input_of's again: the compiler evaluates it once (scripts/sass_report.py's counts)
             b_wg = tl.where(b_w > 0.0, b_w * tl.math.rsqrt(tl.where(b_w > 0.0, _gamma_squared(b_w, b_rho), 1.0)), 0.0)
             b_wdw = tl.where(ok, -b_w * b_vlr + b_wg * b_rho * b_rho * (b_dr * b_zr + b_di * b_zi), 0.0)
