@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from samu.models.config import LMConfig
 from samu.modules.block import BlockState, ResidualLayer
 from samu.modules.layers import RMSNorm, product_dtype
 from samu.ops.glue import fused_backend
+from samu.ops.linear import linear
 from samu.ops.packing import sequence_offsets
 
 
@@ -105,7 +105,7 @@ class LanguageModel(CausalLM):
             raise TypeError(f"{name} must be an integer tensor, got {tokens.dtype}")
 
     def _head(self, x):
-        return F.linear(self.final_norm(x, product_dtype(x)), self.embed.weight)
+        return linear(self.final_norm(x, product_dtype(x)), self.embed.weight)
 
     def forward(self, tokens, state=None, return_state=False, cu_seqlens=None):
         """``cu_seqlens`` (samu.ops.packing): tokens [1, L] pack N sequences, none seeing another; each

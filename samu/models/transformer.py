@@ -15,7 +15,8 @@ from torch.utils.checkpoint import checkpoint
 
 from samu.models.config import TransformerConfig
 from samu.models.model import CausalLM
-from samu.modules.layers import RMSNorm, lecun_normal_, product_dtype
+from samu.modules.layers import Linear, RMSNorm, lecun_normal_, product_dtype
+from samu.ops.linear import autocast_dtype, linear
 from samu.ops.packing import sequence_offsets
 
 
@@ -30,11 +31,11 @@ class _AttentionLayer(nn.Module):
         super().__init__()
         self.heads = heads
         self.attn_norm = RMSNorm(width, **kw)
-        self.qkv = nn.Linear(width, 3 * width, bias=False, **kw)
-        self.proj = nn.Linear(width, width, bias=False, **kw)
+        self.qkv = Linear(width, 3 * width, bias=False, **kw)
+        self.proj = Linear(width, width, bias=False, **kw)
         self.mlp_norm = RMSNorm(width, **kw)
-        self.up = nn.Linear(width, 4 * width, bias=False, **kw)
-        self.down = nn.Linear(4 * width, width, bias=False, **kw)
+        self.up = Linear(width, 4 * width, bias=False, **kw)
+        self.down = Linear(4 * width, width, bias=False, **kw)
         for linear in (self.qkv, self.proj, self.up, self.down):
             lecun_normal_(linear)
 
@@ -78,9 +79,9 @@ class TransformerLM(CausalLM):
         inv = 10000.0 ** (-torch.arange(0, hd, 2, device=tokens.device, dtype=torch.float32) / hd)
         angles = torch.arange(L, device=tokens.device, dtype=torch.float32)[:, None] * inv
         x = self.embed(tokens)
-        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        dtype = autocast_dtype(x.device.type) or x.dtype
         cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
         recompute = self.activation_checkpointing and torch.is_grad_enabled()
         for layer in self.layers:
             x = checkpoint(layer, x, cos, sin, use_reentrant=False) if recompute else layer(x, cos, sin)
-        return F.linear(self.final_norm(x, product_dtype(x)), self.embed.weight), None
+        return linear(self.final_norm(x, product_dtype(x)), self.embed.weight), None

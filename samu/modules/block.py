@@ -7,8 +7,8 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
-from samu.modules.layers import (Conv1D, GatedMLP, RMSNorm, check_sequence, check_tensor, check_token, lecun_normal_,
-                                 linear_onto, product_dtype)
+from samu.modules.layers import (Conv1D, GatedMLP, Linear, RMSNorm, check_sequence, check_tensor, check_token,
+                                 lecun_normal_, linear_onto, product_dtype)
 from samu.modules.mixers import RGLRUMixer, SAMUMixer
 from samu.ops.glue import conv_gelu, fused_backend
 from samu.ops.packing import sequence_offsets
@@ -58,13 +58,13 @@ class RecurrentBlock(nn.Module):
         kw = dict(device=device, dtype=dtype)
         self.glue_backend = fused_backend(backend)
         # rows [0, E) make z_x, rows [E, 2E) z_y
-        self.linear_in = nn.Linear(width, 2 * self.lru_width, **kw)
+        self.linear_in = Linear(width, 2 * self.lru_width, **kw)
         self.conv1d = Conv1D(self.lru_width, conv_width, **kw)
         if mixer == "samu":
             self.mixer = SAMUMixer(self.lru_width, backend=backend, device=device)
         else:
             self.mixer = RGLRUMixer(self.lru_width, num_heads, backend=backend, device=device)
-        self.linear_out = nn.Linear(self.lru_width, width, **kw)
+        self.linear_out = Linear(self.lru_width, width, **kw)
         for linear in (self.linear_in, self.linear_out):
             lecun_normal_(linear)
         self.register_load_state_dict_pre_hook(_merge_in_projections)

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from samu.ops.geglu import geglu
 from samu.ops.glue import GLUE_BACKENDS, causal_conv
+from samu.ops.linear import autocast_dtype, linear
 from samu.ops.rmsnorm import add_rms_norm, rms_norm, rms_norm_shifted
 from samu.validate import finite_number, positive_int
 
@@ -57,12 +58,20 @@ def linear_onto(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> t
     return residual + F.linear(x, w)
 
 
-def lecun_normal_(linear: nn.Linear) -> nn.Linear:
+def lecun_normal_(module: nn.Linear) -> nn.Linear:
     # Unit-variance outputs for unit-variance inputs, whatever the width.
-    nn.init.normal_(linear.weight, std=linear.in_features ** -0.5)
-    if linear.bias is not None:
-        nn.init.zeros_(linear.bias)
-    return linear
+    nn.init.normal_(module.weight, std=module.in_features ** -0.5)
+    if module.bias is not None:
+        nn.init.zeros_(module.bias)
+    return module
+
+
+class Linear(nn.Linear):
+    """nn.Linear (the same parameters and state dict) whose fp32 weight and bias take their gradients in fp32
+    straight from the products under autocast (samu.ops.linear): no bf16 rounding of them, no cast kernel."""
+
+    def forward(self, x):
+        return linear(x, self.weight, self.bias)
 
 
 class Conv1D(nn.Module):
@@ -150,10 +159,7 @@ class RMSNorm(nn.Module):
 def product_dtype(x: torch.Tensor):
     """The dtype a product under autocast takes fp32 ``x`` in (autocast's, where it is on for x's device), or
     None: a norm that feeds only products writes its output in it, so that no cast follows it."""
-    kind = x.device.type
-    if x.dtype == torch.float32 and torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
-        return torch.get_autocast_dtype(kind)
-    return None
+    return autocast_dtype(x.device.type) if x.dtype == torch.float32 else None
 
 
 def _backend_repr(backend: str) -> str:
@@ -171,8 +177,8 @@ class GatedMLP(nn.Module):
         self.backend = check_glue_backend(backend)
         hidden = expansion * width
         kw = dict(device=device, dtype=dtype)
-        self.gate_up = nn.Linear(width, 2 * hidden, **kw)
-        self.down = nn.Linear(hidden, width, **kw)
+        self.gate_up = Linear(width, 2 * hidden, **kw)
+        self.down = Linear(hidden, width, **kw)
         self.reset_parameters()
 
     def reset_parameters(self):

@@ -1,0 +1,88 @@
+"""x W^T + b under autocast with the weight's gradient in its own dtype straight from the product.
+
+Under autocast an fp32 weight enters a bf16 (or fp16) product through a cast, and autograd takes its
+gradient back through that cast: the product writes dW in bf16, rounded to 8 significant bits, and a
+second kernel converts it to fp32 for the weight's ``.grad`` (a read of 2 and a write of 4 bytes a
+parameter, every step). ``linear`` asks the product for fp32 output instead (``torch.mm(...,
+out_dtype=torch.float32)``, cuBLAS accumulating in fp32 as before): the same forward and input gradient to
+the bit, the weight and bias gradients unrounded, and no cast kernel. Elsewhere (no autocast, a weight in
+the product's dtype, no gradient wanted) it is ``F.linear``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+_LOW = (torch.bfloat16, torch.float16)
+# the device types autocast knows, asked once here: inside a torch.compile trace the question itself is not
+# traceable in every PyTorch version (2.11 breaks the graph at it), while the state of a known device is
+_AUTOCAST_KINDS = frozenset(kind for kind in ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "xla")
+                            if torch.amp.is_autocast_available(kind))
+
+
+def autocast_dtype(kind: str) -> torch.dtype | None:
+    """The dtype autocast casts products to on device type ``kind``, or None where it is off (or unknown)."""
+    if kind in _AUTOCAST_KINDS and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return None
+
+
+def _mm_fp32(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    # one product accumulating in fp32 and writing fp32 on CUDA; elsewhere (no such product there) the same
+    # sums from the exact fp32 values of the operands
+    if dy.is_cuda:
+        return torch.mm(dy.t(), x, out_dtype=torch.float32)
+    return torch.mm(dy.t().float(), x.float())
+
+
+@torch.library.custom_op("samu::grad_weight", mutates_args=())
+def _grad_weight_op(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return _mm_fp32(dy, x)
+
+
+@_grad_weight_op.register_fake
+def _(dy, x):
+    return dy.new_empty(dy.shape[1], x.shape[1], dtype=torch.float32)
+
+
+def _grad_weight(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """dy^T x in fp32 from low-precision rows dy [M, O], x [M, I]. Inside a torch.compile trace it is the
+    custom op ``samu::grad_weight``, which Inductor calls as it is (``mm`` with ``out_dtype`` has no
+    lowering or fake kernel in some PyTorch versions)."""
+    return _grad_weight_op(dy, x) if torch.compiler.is_compiling() else _mm_fp32(dy, x)
+
+
+class _AutocastLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, dtype):
+        xc, wc = x.to(dtype), weight.to(dtype)
+        ctx.save_for_backward(xc, wc)
+        ctx.x_dtype, ctx.has_bias = x.dtype, bias is not None
+        return F.linear(xc, wc, None if bias is None else bias.to(dtype))
+
+    @staticmethod
+    def backward(ctx, dy):
+        xc, wc = ctx.saved_tensors
+        dy = dy.to(wc.dtype)
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = (dy @ wc).to(ctx.x_dtype)
+        rows = dy.reshape(-1, dy.shape[-1])
+        if ctx.needs_input_grad[1]:
+            dw = _grad_weight(rows, xc.reshape(-1, xc.shape[-1]))
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = rows.sum(0, dtype=torch.float32)
+        return dx, dw, db, None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x W^T + b; under autocast to bf16 or fp16 with fp32 parameters that want gradients, their gradients
+    come out of the products in fp32 (module docstring). Forward values are autocast's own."""
+    kind = x.device.type
+    low = autocast_dtype(kind)
+    if (low in _LOW and weight.dtype == torch.float32 and torch.is_grad_enabled() and weight.requires_grad
+            and (bias is None or bias.dtype == torch.float32) and x.dtype in (torch.float32, *_LOW)):
+        with torch.autocast(kind, enabled=False):
+            return _AutocastLinear.apply(x, weight, bias, low)
+    return F.linear(x, weight, bias)

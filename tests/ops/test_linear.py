@@ -1,0 +1,101 @@
+"""samu.ops.linear against autocast's own F.linear and against float64.
+
+Rule, declared before any run: under autocast to bf16 or fp16 the output and the input gradient are
+autocast's to the bit; the weight and bias gradients are fp32 and within 1e-5 (relative Frobenius) of the
+float64 sums of the rounded operands (autocast's own, rounded to the low dtype, sit ~1e-3 away); compiled
+equals eager within the same 1e-5; outside autocast, for float64 parameters and without gradients it is
+F.linear to the bit. Runs on CUDA where there is one (the product writing fp32 itself), else on the CPU.
+"""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from samu.modules.layers import Linear
+from samu.ops.linear import linear
+from tests.helpers import rel_err
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _inputs(dtype=torch.float32, bias=True, x_dtype=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, 37, 48, generator=g, dtype=x_dtype or dtype).to(DEVICE).requires_grad_()
+    w = torch.randn(80, 48, generator=g, dtype=dtype).to(DEVICE).requires_grad_()
+    b = torch.randn(80, generator=g, dtype=dtype).to(DEVICE).requires_grad_() if bias else None
+    dy = torch.randn(3, 37, 80, generator=g).to(DEVICE)
+    return x, w, b, dy
+
+
+def _run(fn, x, w, b, dy, low=None):
+    leaves = [t for t in (x, w, b) if t is not None and t.requires_grad]
+    for t in leaves:
+        t.grad = None
+    with torch.autocast(DEVICE, dtype=low or torch.bfloat16, enabled=low is not None):
+        y = fn(x, w, b)
+    y.backward(dy.to(y.dtype))
+    return [y.detach()] + [t.grad.clone() for t in leaves]
+
+
+# the input fp32 (a residual stream) or already in the product's dtype (a norm's or a gate's output)
+@pytest.mark.parametrize("low,x_dtype", [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                         (torch.float16, torch.float32), (torch.float16, torch.float16)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_under_autocast_the_forward_is_autocasts_and_the_parameter_gradients_fp32_sums(low, bias, x_dtype):
+    x, w, b, dy = _inputs(bias=bias, x_dtype=x_dtype)
+    got = _run(linear, x, w, b, dy, low)
+    ref = _run(F.linear, x, w, b, dy, low)
+    assert got[0].dtype == ref[0].dtype == low
+    assert torch.equal(got[0], ref[0]), "forward differs from autocast's"
+    assert got[1].dtype == x_dtype and torch.equal(got[1], ref[1]), "input gradient differs from autocast's"
+    rows = dy.to(low).double().reshape(-1, 80)
+    exact = [rows.t() @ x.detach().to(low).double().reshape(-1, 48)] + ([rows.sum(0)] if bias else [])
+    for name, g, r, e in zip(("weight", "bias"), got[2:], ref[2:], exact):
+        assert g.dtype == torch.float32
+        assert rel_err(g, e) < 1e-5, f"{name} gradient {rel_err(g, e):.2e} from float64"
+        # autocast's own gradient is rounded to the low dtype: the rule above tells the two apart
+        assert rel_err(r, e) > 1e-4
+
+
+@pytest.mark.parametrize("case", ["no autocast", "float64", "no grad", "frozen weight"])
+def test_elsewhere_it_is_f_linear(case):
+    dtype = torch.float64 if case == "float64" else torch.float32
+    x, w, b, dy = _inputs(dtype=dtype)
+    low = None if case == "no autocast" else torch.bfloat16
+    if case == "frozen weight":
+        w.requires_grad_(False)
+    if case == "no grad":
+        with torch.no_grad(), torch.autocast(DEVICE, dtype=low):
+            assert torch.equal(linear(x, w, b), F.linear(x, w, b))
+        return
+    for a, r in zip(_run(linear, x, w, b, dy, low), _run(F.linear, x, w, b, dy, low)):
+        assert a.dtype == r.dtype and torch.equal(a, r)
+
+
+def test_compiled_equals_eager():
+    x, w, b, dy = _inputs()
+    eager = _run(linear, x, w, b, dy, torch.bfloat16)
+    # aot_eager on the CPU traces the custom op's fake kernel and both graphs; Inductor where CUDA runs
+    backend = "inductor" if DEVICE == "cuda" else "aot_eager"
+    compiled = _run(torch.compile(linear, backend=backend, fullgraph=True), x, w, b, dy, torch.bfloat16)
+    assert torch.equal(compiled[0], eager[0]) and torch.equal(compiled[1], eager[1])
+    for a, r in zip(compiled[2:], eager[2:]):
+        assert a.dtype == torch.float32 and rel_err(a, r) < 1e-5
+
+
+def test_the_module_is_nn_linear_with_fp32_gradients():
+    torch.manual_seed(0)
+    plain = nn.Linear(48, 80, device=DEVICE)
+    ours = Linear(48, 80, device=DEVICE)
+    ours.load_state_dict(plain.state_dict())
+    assert isinstance(ours, nn.Linear) and list(ours.state_dict()) == list(plain.state_dict())
+    x, _, _, dy = _inputs()
+    for module in (plain, ours):
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            y = module(x)
+        y.backward(dy.to(y.dtype))
+    assert torch.equal(plain(x), ours(x))
+    rows = dy.bfloat16().double().reshape(-1, 80)
+    exact = rows.t() @ x.detach().bfloat16().double().reshape(-1, 48)
+    assert rel_err(ours.weight.grad, exact) < 1e-5 < rel_err(plain.weight.grad, exact)
