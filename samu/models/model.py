@@ -9,6 +9,7 @@ from torch.utils.checkpoint import checkpoint
 from samu.models.config import LMConfig
 from samu.modules.block import BlockState, ResidualLayer
 from samu.modules.layers import RMSNorm, product_dtype
+from samu.ops.embedding import embedding
 from samu.ops.glue import fused_backend
 from samu.ops.linear import linear
 from samu.ops.packing import sequence_offsets
@@ -114,7 +115,7 @@ class LanguageModel(CausalLM):
         states = self._check_state(state)
         if cu_seqlens is not None:
             cu_seqlens = sequence_offsets(cu_seqlens, tokens)   # ints from here on: read once, not per layer
-        x = self.embed(tokens)
+        x = embedding(tokens, self.embed.weight)
         new_states = []
         recompute = self.activation_checkpointing and torch.is_grad_enabled()
         for layer, s in zip(self.layers, states):

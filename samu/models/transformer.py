@@ -16,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from samu.models.config import TransformerConfig
 from samu.models.model import CausalLM
 from samu.modules.layers import Linear, RMSNorm, lecun_normal_, product_dtype
+from samu.ops.embedding import embedding
 from samu.ops.linear import autocast_dtype, linear
 from samu.ops.packing import sequence_offsets
 
@@ -78,7 +79,7 @@ class TransformerLM(CausalLM):
         L, hd = tokens.shape[1], self.config.head_dim
         inv = 10000.0 ** (-torch.arange(0, hd, 2, device=tokens.device, dtype=torch.float32) / hd)
         angles = torch.arange(L, device=tokens.device, dtype=torch.float32)[:, None] * inv
-        x = self.embed(tokens)
+        x = embedding(tokens, self.embed.weight)
         dtype = autocast_dtype(x.device.type) or x.dtype
         cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
         recompute = self.activation_checkpointing and torch.is_grad_enabled()
