@@ -22,6 +22,7 @@ from collections import OrderedDict
 import torch
 
 from samu.models.model import LanguageModel
+from samu.ops.linear import autocast_dtype
 from samu.ops.packing import sequence_offsets
 from samu.validate import finite_number, nonneg_int, positive_int
 
@@ -237,7 +238,7 @@ def generate(model: LanguageModel, prompt, max_new_tokens: int, *, temperature: 
     finite_number("temperature", temperature)
     if top_k is not None:
         positive_int("top_k", top_k)
-    autocast = torch.is_autocast_enabled(device.type)
+    autocast = autocast_dtype(device.type) is not None
     if graph is None:
         graph = device.type == "cuda" and not autocast
     elif graph and (device.type != "cuda" or autocast):

@@ -132,7 +132,7 @@ class LanguageModel(CausalLM):
 
     def decode(self, token, state: list[BlockState]):
         """logits [B, vocab_size] for token [B], updating ``state`` (from init_state) in place; unchecked."""
-        x = self.embed(token)
+        x = embedding(token, self.embed.weight)
         for layer, s in zip(self.layers, state):
             x = layer.decode(x, s)
         return self._head(x)

@@ -37,8 +37,8 @@ class _AttentionLayer(nn.Module):
         self.mlp_norm = RMSNorm(width, **kw)
         self.up = Linear(width, 4 * width, bias=False, **kw)
         self.down = Linear(4 * width, width, bias=False, **kw)
-        for linear in (self.qkv, self.proj, self.up, self.down):
-            lecun_normal_(linear)
+        for module in (self.qkv, self.proj, self.up, self.down):
+            lecun_normal_(module)
 
     def forward(self, x, cos, sin):
         B, L, W = x.shape

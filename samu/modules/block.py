@@ -65,8 +65,8 @@ class RecurrentBlock(nn.Module):
         else:
             self.mixer = RGLRUMixer(self.lru_width, num_heads, backend=backend, device=device)
         self.linear_out = Linear(self.lru_width, width, **kw)
-        for linear in (self.linear_in, self.linear_out):
-            lecun_normal_(linear)
+        for module in (self.linear_in, self.linear_out):
+            lecun_normal_(module)
         self.register_load_state_dict_pre_hook(_merge_in_projections)
         self.sequence_parallel = None
 

@@ -47,13 +47,13 @@ def check_glue_backend(backend: str) -> str:
     return backend
 
 
-def linear_onto(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
-    """residual + x W^T, where ``residual`` already holds the linear's bias (RMSNorm.decode's shifted
+def linear_onto(residual: torch.Tensor, x: torch.Tensor, module: nn.Linear) -> torch.Tensor:
+    """residual + x W^T, where ``residual`` already holds the module's bias (RMSNorm.decode's shifted
     output, a fresh tensor this consumes): the decoding step's product accumulating onto the residual in
     place, in its epilogue (one kernel, no copy), where the dtypes agree and autocast is off, else the
     product and the sum (as the forward promotes them)."""
-    w = linear.weight
-    if residual.dtype == x.dtype == w.dtype and not torch.is_autocast_enabled(x.device.type):
+    w = module.weight
+    if residual.dtype == x.dtype == w.dtype and autocast_dtype(x.device.type) is None:
         return residual.addmm_(x, w.t())
     return residual + F.linear(x, w)
 

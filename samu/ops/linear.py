@@ -6,10 +6,15 @@ second kernel converts it to fp32 for the weight's ``.grad`` (a read of 2 and a 
 parameter, every step). ``linear`` asks the product for fp32 output instead (``torch.mm(...,
 out_dtype=torch.float32)``, cuBLAS accumulating in fp32 as before): the same forward and input gradient to
 the bit, the weight and bias gradients unrounded, and no cast kernel. Elsewhere (no autocast, a weight in
-the product's dtype, no gradient wanted) it is ``F.linear``.
+the product's dtype, no gradient wanted) it is ``F.linear``. The backward runs with autocast off wherever it is
+called (torch.compile traces it under the forward's autocast state), so its products keep these dtypes. Not
+supported under autocast: torch.func transforms and double backward (an autograd.Function that saves the cast
+weight, as autocast's own product does).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +22,8 @@ import torch.nn.functional as F
 _LOW = (torch.bfloat16, torch.float16)
 # the device types autocast knows, asked once here: inside a torch.compile trace the question itself is not
 # traceable in every PyTorch version (2.11 breaks the graph at it), while the state of a known device is
-_AUTOCAST_KINDS = frozenset(kind for kind in ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "xla")
+_AUTOCAST_KINDS = frozenset(kind for kind in ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "xla",
+                                             torch._C._get_privateuse1_backend_name())
                             if torch.amp.is_autocast_available(kind))
 
 
@@ -28,10 +34,16 @@ def autocast_dtype(kind: str) -> torch.dtype | None:
     return None
 
 
+def no_autocast(kind: str):
+    """A context with autocast off for device type ``kind`` (nothing to turn off on a type it does not know):
+    for backward passes whose products must keep their operands' dtypes."""
+    return torch.autocast(kind, enabled=False) if kind in _AUTOCAST_KINDS else contextlib.nullcontext()
+
+
 def _mm_fp32(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    # one product accumulating in fp32 and writing fp32 on CUDA; elsewhere (no such product there) the same
-    # sums from the exact fp32 values of the operands
-    if dy.is_cuda:
+    # one product accumulating in fp32 and writing fp32 on CUDA; elsewhere (no such product there, and ROCm's is
+    # untested) the same sums from the exact fp32 values of the operands
+    if dy.is_cuda and torch.version.hip is None:
         return torch.mm(dy.t(), x, out_dtype=torch.float32)
     return torch.mm(dy.t().float(), x.float())
 
@@ -58,27 +70,29 @@ class _AutocastLinear(torch.autograd.Function):
     def forward(ctx, x, weight, bias, dtype):
         xc, wc = x.to(dtype), weight.to(dtype)
         ctx.save_for_backward(xc, wc)
-        ctx.x_dtype, ctx.has_bias = x.dtype, bias is not None
+        ctx.x_dtype, ctx.has_bias, ctx.low = x.dtype, bias is not None, dtype
         return F.linear(xc, wc, None if bias is None else bias.to(dtype))
 
     @staticmethod
     def backward(ctx, dy):
         xc, wc = ctx.saved_tensors
-        dy = dy.to(wc.dtype)
-        dx = dw = db = None
-        if ctx.needs_input_grad[0]:
-            dx = (dy @ wc).to(ctx.x_dtype)
-        rows = dy.reshape(-1, dy.shape[-1])
-        if ctx.needs_input_grad[1]:
-            dw = _grad_weight(rows, xc.reshape(-1, xc.shape[-1]))
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = rows.sum(0, dtype=torch.float32)
+        with no_autocast(dy.device.type):
+            dy = dy.to(ctx.low)
+            dx = dw = db = None
+            if ctx.needs_input_grad[0]:
+                dx = (dy @ wc).to(ctx.x_dtype)
+            rows = dy.reshape(-1, dy.shape[-1])
+            if ctx.needs_input_grad[1]:
+                dw = _grad_weight(rows, xc.reshape(-1, xc.shape[-1]))
+            if ctx.has_bias and ctx.needs_input_grad[2]:
+                db = rows.sum(0, dtype=torch.float32)
         return dx, dw, db, None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x W^T + b; under autocast to bf16 or fp16 with fp32 parameters that want gradients, their gradients
-    come out of the products in fp32 (module docstring). Forward values are autocast's own."""
+    """x [..., I] W^T [I, O] + b [O] -> [..., O]; under autocast to bf16 or fp16 with fp32 parameters that want
+    gradients, their gradients come out of the products in fp32 (module docstring). Forward values are
+    autocast's own."""
     kind = x.device.type
     low = autocast_dtype(kind)
     if (low in _LOW and weight.dtype == torch.float32 and torch.is_grad_enabled() and weight.requires_grad

@@ -85,6 +85,15 @@ def test_step_equals_forward_token_by_token(config):
         assert rel_err(s.mixer, f.mixer) < 1e-5 and rel_err(s.conv, f.conv) < 1e-5
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.uint8])
+def test_narrow_integer_tokens_give_the_int64_results(dtype):
+    # the token check accepts them; the forward and the step take them as int64 tokens
+    model = _model(SMALL[0], 1)
+    tokens = torch.randint(0, 19, (2, 7), generator=torch.Generator().manual_seed(3))
+    assert torch.equal(model(tokens.to(dtype))[0], model(tokens)[0])
+    assert torch.equal(model.step(tokens[:, 0].to(dtype))[0], model.step(tokens[:, 0])[0])
+
+
 @pytest.mark.parametrize("config", SMALL, ids=lambda c: c.mixer)
 def test_carried_state_equals_unsplit(config):
     model = _model(config, 2)

@@ -2,9 +2,10 @@
 
 Rule, declared before any run: under autocast to bf16 or fp16 the output and the input gradient are
 autocast's to the bit; the weight and bias gradients are fp32 and within 1e-5 (relative Frobenius) of the
-float64 sums of the rounded operands (autocast's own, rounded to the low dtype, sit ~1e-3 away); compiled
-equals eager within the same 1e-5; outside autocast, for float64 parameters and without gradients it is
-F.linear to the bit. Runs on CUDA where there is one (the product writing fp32 itself), else on the CPU.
+float64 sums of the rounded operands (autocast's own, rounded to the low dtype, sit ~1e-3 away), with the
+backward run outside autocast or inside it, for 2-D, 3-D and non-contiguous inputs, an input without gradient,
+a frozen bias, and under activation checkpointing; compiled equals eager within the same 1e-5; outside
+autocast, for float64 parameters and without gradients it is F.linear to the bit. Runs on CUDA where there is one (the product writing fp32 itself), else on the CPU.
 """
 
 import pytest
@@ -28,14 +29,24 @@ def _inputs(dtype=torch.float32, bias=True, x_dtype=None, seed=0):
     return x, w, b, dy
 
 
-def _run(fn, x, w, b, dy, low=None):
+def _run(fn, x, w, b, dy, low=None, backward_inside=False):
     leaves = [t for t in (x, w, b) if t is not None and t.requires_grad]
     for t in leaves:
         t.grad = None
     with torch.autocast(DEVICE, dtype=low or torch.bfloat16, enabled=low is not None):
         y = fn(x, w, b)
-    y.backward(dy.to(y.dtype))
+        if backward_inside:
+            y.backward(dy.to(y.dtype))
+    if not backward_inside:
+        y.backward(dy.to(y.dtype))
     return [y.detach()] + [t.grad.clone() for t in leaves]
+
+
+def _exact_grads(x, dy, low, bias=True):
+    """The float64 sums of the rounded operands: dW and db."""
+    rows = dy.to(low).double().reshape(-1, dy.shape[-1])
+    xs = x.detach().to(low).double().reshape(-1, x.shape[-1])
+    return [rows.t() @ xs] + ([rows.sum(0)] if bias else [])
 
 
 # the input fp32 (a residual stream) or already in the product's dtype (a norm's or a gate's output)
@@ -73,15 +84,47 @@ def test_elsewhere_it_is_f_linear(case):
         assert a.dtype == r.dtype and torch.equal(a, r)
 
 
-def test_compiled_equals_eager():
+@pytest.mark.parametrize("backward_inside", [False, True])
+def test_compiled_equals_eager(backward_inside):
+    # torch.compile traces the backward under the forward's autocast state: its products must keep their dtypes
     x, w, b, dy = _inputs()
-    eager = _run(linear, x, w, b, dy, torch.bfloat16)
+    eager = _run(linear, x, w, b, dy, torch.bfloat16, backward_inside)
     # aot_eager on the CPU traces the custom op's fake kernel and both graphs; Inductor where CUDA runs
     backend = "inductor" if DEVICE == "cuda" else "aot_eager"
-    compiled = _run(torch.compile(linear, backend=backend, fullgraph=True), x, w, b, dy, torch.bfloat16)
+    compiled = _run(torch.compile(linear, backend=backend, fullgraph=True), x, w, b, dy, torch.bfloat16,
+                    backward_inside)
     assert torch.equal(compiled[0], eager[0]) and torch.equal(compiled[1], eager[1])
-    for a, r in zip(compiled[2:], eager[2:]):
-        assert a.dtype == torch.float32 and rel_err(a, r) < 1e-5
+    for a, r, e in zip(compiled[2:], eager[2:], _exact_grads(x, dy, torch.bfloat16)):
+        assert a.dtype == r.dtype == torch.float32
+        assert rel_err(a, r) < 1e-5 and rel_err(r, e) < 1e-5 and rel_err(a, e) < 1e-5
+
+
+@pytest.mark.parametrize("case", ["2-D input", "non-contiguous input", "input without gradient", "frozen bias",
+                                  "checkpointed"])
+def test_the_shapes_and_gradients_a_model_asks_for(case):
+    x, w, b, dy = _inputs()
+    if case == "2-D input":
+        x, dy = x.detach()[0].requires_grad_(), dy[0]
+    if case == "non-contiguous input":
+        x = x.detach().transpose(0, 1).requires_grad_()
+        dy = dy.transpose(0, 1)
+    if case == "input without gradient":
+        x = x.detach()
+    if case == "frozen bias":
+        b.requires_grad_(False)
+    fn = linear
+    if case == "checkpointed":
+        fn = lambda x, w, b: torch.utils.checkpoint.checkpoint(linear, x, w, b, use_reentrant=False)  # noqa: E731
+    got = _run(fn, x, w, b, dy, torch.bfloat16)
+    ref = _run(F.linear, x, w, b, dy, torch.bfloat16)
+    assert torch.equal(got[0], ref[0])
+    grads = dict(zip([n for n, t in (("x", x), ("w", w), ("b", b)) if t.requires_grad], zip(got[1:], ref[1:])))
+    if "x" in grads:
+        assert torch.equal(*grads["x"])
+    exact = _exact_grads(x, dy, torch.bfloat16)
+    assert grads["w"][0].dtype == torch.float32 and rel_err(grads["w"][0], exact[0]) < 1e-5
+    if "b" in grads:
+        assert rel_err(grads["b"][0], exact[1]) < 1e-5
 
 
 def test_the_module_is_nn_linear_with_fp32_gradients():
@@ -91,11 +134,13 @@ def test_the_module_is_nn_linear_with_fp32_gradients():
     ours.load_state_dict(plain.state_dict())
     assert isinstance(ours, nn.Linear) and list(ours.state_dict()) == list(plain.state_dict())
     x, _, _, dy = _inputs()
+    outputs = []
     for module in (plain, ours):
         with torch.autocast(DEVICE, dtype=torch.bfloat16):
             y = module(x)
         y.backward(dy.to(y.dtype))
-    assert torch.equal(plain(x), ours(x))
+        outputs.append(y.detach())
+    assert torch.equal(*outputs)
     rows = dy.bfloat16().double().reshape(-1, 80)
     exact = rows.t() @ x.detach().bfloat16().double().reshape(-1, 48)
     assert rel_err(ours.weight.grad, exact) < 1e-5 < rel_err(plain.weight.grad, exact)
