@@ -97,6 +97,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     low = autocast_dtype(kind)
     if (low in _LOW and weight.dtype == torch.float32 and torch.is_grad_enabled() and weight.requires_grad
             and (bias is None or bias.dtype == torch.float32) and x.dtype in (torch.float32, *_LOW)):
-        with torch.autocast(kind, enabled=False):
+        with no_autocast(kind):
             return _AutocastLinear.apply(x, weight, bias, low)
     return F.linear(x, weight, bias)

@@ -60,9 +60,7 @@ def test_under_autocast_the_forward_is_autocasts_and_the_parameter_gradients_fp3
     assert got[0].dtype == ref[0].dtype == low
     assert torch.equal(got[0], ref[0]), "forward differs from autocast's"
     assert got[1].dtype == x_dtype and torch.equal(got[1], ref[1]), "input gradient differs from autocast's"
-    rows = dy.to(low).double().reshape(-1, 80)
-    exact = [rows.t() @ x.detach().to(low).double().reshape(-1, 48)] + ([rows.sum(0)] if bias else [])
-    for name, g, r, e in zip(("weight", "bias"), got[2:], ref[2:], exact):
+    for name, g, r, e in zip(("weight", "bias"), got[2:], ref[2:], _exact_grads(x, dy, low, bias)):
         assert g.dtype == torch.float32
         assert rel_err(g, e) < 1e-5, f"{name} gradient {rel_err(g, e):.2e} from float64"
         # autocast's own gradient is rounded to the low dtype: the rule above tells the two apart
@@ -141,6 +139,5 @@ def test_the_module_is_nn_linear_with_fp32_gradients():
         y.backward(dy.to(y.dtype))
         outputs.append(y.detach())
     assert torch.equal(*outputs)
-    rows = dy.bfloat16().double().reshape(-1, 80)
-    exact = rows.t() @ x.detach().bfloat16().double().reshape(-1, 48)
+    exact = _exact_grads(x, dy, torch.bfloat16)[0]
     assert rel_err(ours.weight.grad, exact) < 1e-5 < rel_err(plain.weight.grad, exact)
