@@ -228,7 +228,7 @@ def _numerics(c: Config) -> str:
     # version, changes with any kernel change that moves a bit, so that no gate record of earlier kernels covers
     # these. Warps are named only where they are not 1 (dispatch runs one)
     warps = "" if c.num_warps == 1 else f",W={c.num_warps}"
-    return f"v=5,K={c.K},BN={c.BN},BM={c.main_BN or c.BN},G={c.G},U={c.unroll}{warps}"
+    return f"v=6,K={c.K},BN={c.BN},BM={c.main_BN or c.BN},G={c.G},U={c.unroll}{warps}"
 
 
 _variant("triton_serial", serial_config, lambda B, L, D: 0.0 if cdiv(L, 32) <= 64 else 2.0,

@@ -236,11 +236,11 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
             # gamma^2 is _input_of's again: the compiler evaluates it once (scripts/sass_report.py's counts)
             b_wg = tl.where(b_w > 0.0, b_w * tl.math.rsqrt(tl.where(b_w > 0.0, _gamma_squared(b_w, b_rho), 1.0)), 0.0)
             b_wdw = tl.where(ok, -b_w * b_vlr + b_wg * b_rho * b_rho * (b_dr * b_zr + b_di * b_zi), 0.0)
-            # the per-token sums over the tile's modes wait in the slot row delta_t came from, summed after the
-            # walk, off its serial path. No barrier: with BN >= 32 * num_warps (D >= 64 as dispatched) each
-            # element is one thread's; smaller tiles are copies across the lanes of one warp, in step
-            tl.store(p_slot, b_wdw)
-            tl.store(p_slot + BN, b_dpsi)
+            # the per-token sums over the tile's modes, across the warp's lanes: no chain of the walk waits for
+            # them, and storing them into the slot instead (as v3.2-v3.5 did) doubled its traffic, which reached
+            # DRAM (docs/performance.md, "SAMU v3.6")
+            tl.store(p_part + k, tl.sum(b_wdw, axis=0), mask=valid)
+            tl.store(p_part + n_tiles * L + k, tl.sum(b_dpsi, axis=0), mask=valid)
             b_snu += b_wdw
             b_spsi += b_dpsi
             if HAS_H0:
@@ -256,13 +256,6 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
             t += 1
             p_x += D
             p_slot += 2 * BN
-        tl.debug_barrier()
-        # sum_k w dL/dw and sum_k dL/dpsi over the tile's modes, for the chunk's K tokens at once
-        i_k = tl.arange(0, K)
-        p_tile = p_slot0[None, :] + i_k[:, None] * 2 * BN
-        mask_k = i_c * K + i_k < L
-        tl.store(p_part + i_k, tl.sum(tl.load(p_tile), axis=1), mask=mask_k)
-        tl.store(p_part + n_tiles * L + i_k, tl.sum(tl.load(p_tile + BN), axis=1), mask=mask_k)
         off = (i_b.to(tl.int64) * n_chunks + i_c) * 3 * D + i_n
         tl.store(rows + off, b_snu, mask=mask_n)
         tl.store(rows + off + N, b_spsi, mask=mask_n)
