@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import gc
 import json
 import math
 import os
@@ -723,6 +724,9 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
         torch.set_num_threads(threads)
         set_check_finite(check)
         if ctx.owns_group:
+            # the run's engine, optimizer and work objects may sit in reference cycles that hold the group: freed
+            # first, destroy_process_group() can drop the last reference and join gloo's worker threads
+            gc.collect()
             dist.destroy_process_group()
 
 
