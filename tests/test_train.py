@@ -247,7 +247,7 @@ def test_config_bad_values(kw, match):
 # it draws its n-th micro-batch, as Ctrl-C would: the run stops (every rank) after that step, saves a
 # checkpoint and exits with 130.
 _CLI_THEN_NO_GLOO_THREADS = """
-import os, runpy, signal, sys
+import gc, os, runpy, signal, sys, time
 stop = int(os.environ.get("SAMU_TEST_STOP_AFTER", "0"))
 if stop and os.environ.get("RANK", "0") == "0":
     from samu.data import TokenData
@@ -263,7 +263,6 @@ try:
     code = 0
 except SystemExit as e:
     code = e.code
-import gc, time
 def gloo_threads():
     names = []
     if os.path.isdir("/proc/self/task"):
@@ -273,17 +272,17 @@ def gloo_threads():
             except OSError:
                 pass
     return [name for name in names if "gloo" in name]
-# a worker being joined may still be listed for a moment: up to 10 s for it to go, never past shutdown
-deadline = time.monotonic() + 10
-gloo = gloo_threads()
-while gloo and os.environ.get("SAMU_TEST_FSDP") != "1" and time.monotonic() < deadline:
-    gc.collect()
-    time.sleep(0.1)
-    gloo = gloo_threads()
 if os.environ.get("SAMU_TEST_FSDP") == "1":
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code or 0)
+# a worker being joined may still be listed for a moment: up to 10 s for it to go, never past shutdown
+deadline = time.monotonic() + 10
+gloo = gloo_threads()
+while gloo and time.monotonic() < deadline:
+    gc.collect()
+    time.sleep(0.1)
+    gloo = gloo_threads()
 if gloo:
     print(f"rank {os.environ.get('RANK', 0)}: gloo threads still running after the run: {gloo}", file=sys.stderr)
 sys.exit(code or (3 if gloo else 0))

@@ -5,7 +5,8 @@ autocast's to the bit; the weight and bias gradients are fp32 and within 1e-5 (r
 float64 sums of the rounded operands (autocast's own, rounded to the low dtype, sit ~1e-3 away), with the
 backward run outside autocast or inside it, for 2-D, 3-D and non-contiguous inputs, an input without gradient,
 a frozen bias, and under activation checkpointing; compiled equals eager within the same 1e-5; outside
-autocast, for float64 parameters and without gradients it is F.linear to the bit. Runs on CUDA where there is one (the product writing fp32 itself), else on the CPU.
+autocast, for float64 parameters and without gradients it is F.linear to the bit. Runs on CUDA where there is
+one (the product writing fp32 itself), else on the CPU.
 """
 
 import pytest
