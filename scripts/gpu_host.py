@@ -7,7 +7,7 @@ the parameter finiteness check off and on, with samu's cached launches and with 
 each, interleaved; medians), the CUDA-graph time beside it, and a cProfile of 30 calls (top functions
 by own time and by cumulative time, written to host_<op>.txt). Then the cost of one launch of a
 16-argument kernel through ``kernel[grid](...)``, through samu's cached ``launch`` and through the
-compiled kernel's launcher, and of one ``torch.empty``.
+compiled kernel's launcher (with the tensors, and with their addresses), and of one ``torch.empty``.
 Writes host.json and host_<op>.txt under DIR.
 """
 
@@ -64,12 +64,18 @@ def launch_costs():
         stream = torch.cuda.current_stream(device).cuda_stream
         run(64, 2, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *args)
 
+    def direct_addresses():
+        stream = torch.cuda.current_stream(device).cuda_stream
+        run(64, 2, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+            *[t.data_ptr() for t in ts], *args[len(ts):])
+
     return {
         "jit_launch_us": per_call_us(lambda: _noop[grid](*ts, *ints, 1.5, BLOCK=128)),
         "jit_launch_kw_us": per_call_us(lambda: _noop[grid](p0=ts[0], p1=ts[1], p2=ts[2], p3=ts[3], p4=ts[4],
                                                             p5=ts[5], p6=ts[6], p7=ts[7], n0=8192, n1=1024,
                                                             n2=512, n3=32, n4=256, n5=7, f0=1.5, BLOCK=128)),
         "direct_launch_us": per_call_us(direct),
+        "direct_launch_addresses_us": per_call_us(direct_addresses),
         "samu_launch_us": per_call_us(lambda: triton_utils.launch(_noop, grid, *ts, *ints, 1.5, BLOCK=128)),
         "torch_empty_us": per_call_us(lambda: torch.empty(4, 8192, 1024, device="cuda", dtype=torch.bfloat16)),
         "torch_zeros_us": per_call_us(lambda: torch.zeros(4, 1024, device="cuda")),

@@ -28,13 +28,15 @@ def _launcher(compiled):
 
 
 def launch(kernel, grid, *args, **kwargs):
-    """``kernel[grid](*args, **kwargs)`` at about two thirds of Triton's host cost per launch.
+    """``kernel[grid](*args, **kwargs)`` at a fraction of Triton's host cost per launch.
 
     The first launch with a given key (each tensor's dtype and 16-byte alignment, every other argument's
     type and exact value, the options, the device) goes through Triton, which compiles or finds the
-    kernel; later ones call that kernel's launcher directly, skipping Triton's per-launch binding,
-    cache-key and hook work (Triton's launch hooks, used by its profilers, see only the first). In the
-    interpreter, and with SAMU_TRITON_LAUNCH=jit, every launch goes through Triton.
+    kernel and checks every pointer; later ones call that kernel's launcher directly with each tensor's
+    address, skipping Triton's per-launch binding, cache-key and hook work (Triton's launch hooks, used by
+    its profilers, see only the first) and the driver query its launcher makes for every tensor. A tensor
+    not on a CUDA device always goes through Triton (which refuses it). In the interpreter, and with
+    SAMU_TRITON_LAUNCH=jit, every launch goes through Triton.
     """
     if _INTERPRET or not _CACHED_LAUNCH:
         return kernel[grid](*args, **kwargs)
@@ -42,16 +44,28 @@ def launch(kernel, grid, *args, **kwargs):
     if entry is None:
         defaults = {n: p.default for n, p in inspect.signature(kernel.fn).parameters.items()
                     if p.default is not inspect.Parameter.empty}
-        entry = kernel._samu_launch = (kernel.arg_names, defaults, {})
-    names, defaults, cache = entry
-    device = torch._C._cuda_getDevice()
+        entry = kernel._samu_launch = (kernel.arg_names, frozenset(kernel.arg_names), defaults, {})
+    names, named, defaults, cache = entry
+    values = (*args, *[kwargs[n] if n in kwargs else defaults[n] for n in names[len(args):]])
     # everything Triton specialises a launch on: a tensor's dtype and 16-byte alignment; for any other
     # argument (ints, floats, constexprs, flags) its type and value, stricter than Triton's own classes
-    # (the type too: True and 1 compile differently)
-    key = (device, *[(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else (type(a), a)
-                     for a in args],
-           *[(k, (v.dtype, v.data_ptr() % 16 == 0) if isinstance(v, torch.Tensor) else (type(v), v))
-             for k, v in kwargs.items()])
+    # (the type too: True and 1 compile differently); then the options (num_warps, ...) and the device
+    key = [torch._C._cuda_getDevice()]
+    call = []
+    for a in values:
+        if isinstance(a, torch.Tensor):
+            if not a.is_cuda:
+                return kernel[grid](*args, **kwargs)
+            p = a.data_ptr()
+            key.append((a.dtype, p % 16 == 0))
+            call.append(p)
+        else:
+            key.append((type(a), a))
+            call.append(a)
+    for k, v in kwargs.items():
+        if k not in named:
+            key.append((k, (type(v), v)))
+    key = tuple(key)
     hit = cache.get(key)
     if hit is None:
         compiled = kernel[grid](*args, **kwargs)
@@ -61,10 +75,9 @@ def launch(kernel, grid, *args, **kwargs):
                 cache.clear()
             cache[key] = _launcher(compiled)
         return compiled
-    call, prefix = hit
+    run, prefix = hit
     g = (*grid, 1, 1)
-    call(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(device), *prefix, *args,
-         *[kwargs[n] if n in kwargs else defaults[n] for n in names[len(args):]])
+    run(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(key[0]), *prefix, *call)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -2,7 +2,9 @@
 
 A launch whose key (tensor dtypes and 16-byte alignment, every other argument's type and value, the
 options, the device) was seen before calls the compiled kernel's launcher with every argument in
-parameter order; any other goes through Triton.
+parameter order, tensors as their addresses; any other goes through Triton, and so does any launch with a
+tensor that is not on a CUDA device. The CPU tensors of these tests pass for CUDA ones where the fixture
+says so.
 """
 
 import pytest
@@ -71,6 +73,8 @@ def cached(monkeypatch):
     monkeypatch.setattr(triton_utils, "_CACHED_LAUNCH", True)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
+    # the tests' CPU tensors stand for CUDA ones; a tensor on the meta device stands for one that is not
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: t.device.type != "meta"))
 
 
 @pytest.mark.parametrize("compiled", [_Compiled, _CompiledNoScratch])
@@ -80,7 +84,19 @@ def test_a_seen_key_launches_directly_with_every_argument_in_order(cached, compi
     triton_utils.launch(k, (3,), x, y, 16, flag=True, BLOCK=32, num_warps=4)
     triton_utils.launch(k, (5, 2), x, y, 16, flag=True, BLOCK=32, num_warps=4)
     assert [e[0] for e in k.log] == ["triton", "direct"]
-    assert k.log[1][1:] == ((5, 2, 1), 1234, (x, y, 16, True, 0.5, 32))   # eps from its default
+    assert k.log[1][1:] == ((5, 2, 1), 1234, (x.data_ptr(), y.data_ptr(), 16, True, 0.5, 32))   # eps: its default
+
+
+def test_a_tensor_off_cuda_goes_through_triton_even_with_a_seen_key(cached):
+    k = _Kernel()
+    x = torch.zeros(8)
+    triton_utils.launch(k, (1,), x, x, 16, flag=True)
+    triton_utils.launch(k, (1,), x, x, 16, flag=True)
+    off = torch.zeros(8, device="meta")
+    triton_utils.launch(k, (1,), off, x, 16, flag=True)
+    triton_utils.launch(k, (1,), x, off, 16, flag=True)
+    assert [e[0] for e in k.log] == ["triton", "direct", "triton", "triton"]
+    assert k.log[2][2][0] is off and k.log[3][2][1] is off   # Triton gets the tensors themselves
 
 
 def test_every_key_change_goes_through_triton(cached):
@@ -128,7 +144,7 @@ def test_the_cache_holds_no_tensor_and_starts_over_when_full(cached, monkeypatch
     for n in range(5):
         triton_utils.launch(k, (1,), y, y, n, flag=True)
     # cleared when full (keys 16, 0, 1), then filled again with 2, 3, 4
-    assert sorted(key[3][1] for key in k._samu_launch[2]) == [2, 3, 4]
+    assert sorted(key[3][1] for key in k._samu_launch[-1]) == [2, 3, 4]
     # a tuple argument would keep its tensors in the key: never cached
     for _ in range(2):
         triton_utils.launch(k, (1,), y, (y, y), 16, flag=True)
