@@ -16,6 +16,14 @@ else:
 
 GATES_FILE = Path(__file__).with_name("gates.toml")
 LOW_PRECISION = (torch.bfloat16, torch.float16)
+# the name of a gradient from the backward without the final state's cotangent ("dx" -> "dx|no_dh"): the form
+# a caller that drops the final state runs (training does), which the kernels compile apart
+NO_DH = "|no_dh"
+
+
+def base_quantity(quantity: str) -> str:
+    """The result a quantity is of either backward form: "dx|no_dh" -> "dx"."""
+    return quantity.split("|")[0]
 
 
 @dataclass(frozen=True)
@@ -35,7 +43,7 @@ class Rules:
         ``serial_fp32_error``: error of the serial fp32 evaluation on the same rounded inputs;
         ``rounded_error``: error of the float64 result rounded to ``io_dtype`` (low precision only).
         """
-        if io_dtype in LOW_PRECISION and quantity in self.stored_in_io_dtype:
+        if io_dtype in LOW_PRECISION and base_quantity(quantity) in self.stored_in_io_dtype:
             if rounded_error is None:
                 raise ValueError(f"{quantity} in {io_dtype} needs the rounded-float64 error")
             return self.low_factor * rounded_error + self.low_floor, "low_precision"

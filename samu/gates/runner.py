@@ -2,8 +2,10 @@
 
 For each (op, shape, dtype) the float64 serial reference and the serial fp32 evaluation run once
 on the same inputs; each backend is then compared with the reference for the output, the final
-state, the input gradient, the initial-state gradient and every parameter gradient. On CUDA the
-units run in a worker process, so a kernel fault fails its own row and the run goes on in a fresh one.
+state, the input gradient, the initial-state gradient and every parameter gradient, the gradients of both
+backward forms: with the final state's cotangent, and without one (named ``<gradient>|no_dh``: a caller that
+drops the final state, as training does, runs kernels compiled apart). On CUDA the units run in a worker
+process, so a kernel fault fails its own row and the run goes on in a fresh one.
 
 With ``documents`` = N, each unit of a batch-1 shape packs N sequences (samu.ops.packing; the first one
 token long, the others cut at random), each with its own initial and final state: the reference runs
@@ -32,7 +34,7 @@ from samu.environment import environment
 from samu.ops import gate_status
 from samu.ops.gate_status import reload, status_path
 from samu.gates.inputs import PARAMS, RGLRU_C, derive_seed, document_offsets, make_inputs, pack_inputs, rglru_heads
-from samu.gates.rules import LOW_PRECISION, load_rules, rel_error
+from samu.gates.rules import LOW_PRECISION, NO_DH, base_quantity, load_rules, rel_error
 from samu.ops import dispatch
 from samu.ops.functional import rglru_mixer, samu_mixer
 from samu.ops.packing import per_sequence
@@ -44,17 +46,21 @@ RADIAL_BOUND = 2.0
 REFERENCE_ATTEMPTS = 4
 REFERENCE_RETRY_S = 10.0
 
-def quantities(op: str) -> tuple:
-    return ("y", "final_state", "dx", "d_initial_state") + tuple(f"d_{p}" for p in PARAMS[op])
+def quantities(op: str, both_forms: bool = False) -> tuple:
+    """The results a gate compares: the outputs and every gradient; ``both_forms``: also every gradient of the
+    backward without the final state's cotangent (named with NO_DH)."""
+    names = ("y", "final_state", "dx", "d_initial_state") + tuple(f"d_{p}" for p in PARAMS[op])
+    return names + tuple(q + NO_DH for q in names[2:]) if both_forms else names
 
 
 def evaluate(op: str, inputs: dict, *, backend: "str | None" = None, ref_dtype: "torch.dtype | None" = None,
-             run=None) -> dict:
+             run=None, both_forms: bool = False) -> dict:
     """One forward and backward: {quantity: tensor}. ``ref_dtype`` runs the serial reference in
     that dtype on the same (already rounded) inputs; otherwise the public op with ``backend``, or
     ``run``, a callable with the public op's signature (the tests' own configurations). An
     ``initial_state`` of None runs without one (no d_initial_state). Packed inputs (``cu_seqlens``,
-    pack_inputs) run the reference one sequence at a time and the op packed."""
+    pack_inputs) run the reference one sequence at a time and the op packed. ``both_forms`` (with a "dh"):
+    a second backward of the same forward, of y's cotangent alone, gives the NO_DH gradients too."""
     cast = (lambda t: t.to(ref_dtype)) if ref_dtype is not None else (lambda t: t.clone())
     x = cast(inputs["x"]).requires_grad_()
     params = [cast(p).requires_grad_() for p in inputs["params"].values()]
@@ -78,9 +84,14 @@ def evaluate(op: str, inputs: dict, *, backend: "str | None" = None, ref_dtype: 
     # a "dh" of None leaves the final state out of the loss (its cotangent is then no tensor at all)
     outs, cots = ([y], [inputs["dy"].to(y.dtype)]) if inputs["dh"] is None else (
         [y, h], [inputs["dy"].to(y.dtype), inputs["dh"].to(h.dtype)])
-    grads = torch.autograd.grad(outs, leaves, cots)
+    alone = both_forms and inputs["dh"] is not None
+    grads = torch.autograd.grad(outs, leaves, cots, retain_graph=alone)
     names = [q for q in quantities(op) if h0 is not None or q != "d_initial_state"]
-    return dict(zip(names, (y.detach(), h.detach(), *grads)))
+    out = dict(zip(names, (y.detach(), h.detach(), *grads)))
+    if alone:
+        # no cotangent reaches the final state at all (not a zero one): the form a caller that drops it runs
+        out.update(zip([q + NO_DH for q in names[2:]], torch.autograd.grad([y], leaves, cots[:1])))
+    return out
 
 
 def _one_by_one(fn, offsets: list[int]):
@@ -96,8 +107,8 @@ def baselines(ref: dict, serial: dict, dtype: torch.dtype, rules) -> tuple[dict,
     """What the thresholds scale: the serial fp32 evaluation's error of every result, and (bf16 /
     fp16 I/O) the error of the float64 results stored in that dtype, rounded to it."""
     serial_err = {q: rel_error(serial[q], ref[q]) for q in ref}
-    rounded_err = ({q: rel_error(ref[q].to(dtype), ref[q]) for q in rules.stored_in_io_dtype}
-                   if dtype in LOW_PRECISION else {})
+    rounded_err = ({q: rel_error(ref[q].to(dtype), ref[q]) for q in ref
+                    if base_quantity(q) in rules.stored_in_io_dtype} if dtype in LOW_PRECISION else {})
     return serial_err, rounded_err
 
 
@@ -182,7 +193,7 @@ def _warm_one(item) -> tuple:
     start = time.perf_counter()
     try:
         inputs = _inputs(op, shape, getattr(torch, dname), device, seed, heads, load_rules())
-        evaluate(op, inputs, backend=name)
+        evaluate(op, inputs, backend=name, both_forms=True)
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize()
         return item, time.perf_counter() - start, None
@@ -274,8 +285,8 @@ def gate_unit(op: str, shape, dtype: torch.dtype, heads: int, backends: list, de
     for attempt in range(REFERENCE_ATTEMPTS):
         try:
             inputs = _inputs(op, shape, dtype, device, seed, heads, rules, documents)
-            ref = evaluate(op, inputs, ref_dtype=torch.float64)
-            serial = evaluate(op, inputs, ref_dtype=torch.float32)
+            ref = evaluate(op, inputs, ref_dtype=torch.float64, both_forms=True)
+            serial = evaluate(op, inputs, ref_dtype=torch.float32, both_forms=True)
             _sync(device)
             failure = None
             break
@@ -313,7 +324,7 @@ def gate_unit(op: str, shape, dtype: torch.dtype, heads: int, backends: list, de
         yield "start", dict(row)
         start, lost = time.perf_counter(), None
         try:
-            out = evaluate(op, inputs, backend=name)
+            out = evaluate(op, inputs, backend=name, both_forms=True)
             _sync(device)
             row.update(judge(op, dtype, out, ref, serial_err, rounded_err, rules))
         except Exception as err:  # noqa: BLE001  (a backend that crashes fails its gate; the run goes on)

@@ -27,13 +27,31 @@ def _crash(*args):
     raise RuntimeError("kernel launch failed")
 
 
+class _OffWithoutDh(torch.autograd.Function):
+    """(y, h) unchanged; y's cotangent 0.1% off when no cotangent reaches h (a form compiled apart gone wrong)."""
+
+    @staticmethod
+    def forward(ctx, y, h):
+        ctx.set_materialize_grads(False)
+        return y.clone(), h.clone()
+
+    @staticmethod
+    def backward(ctx, dy, dh):
+        return (dy * 1.001 if dh is None else dy), dh
+
+
+def _bad_without_dh(*args):
+    return _OffWithoutDh.apply(*_good(*args))
+
+
 @pytest.fixture
 def dummy_variants(tmp_path, monkeypatch):
     """Three registered SAMU variants ranked bad < crash < good, and a private status file."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("SAMU_GATE_STATUS", str(tmp_path / "status.json"))
     dispatch.variants("samu")
-    names = {"test_gate_bad": (_bad, -3e9), "test_gate_crash": (_crash, -2.5e9), "test_gate_good": (_good, -2e9)}
+    names = {"test_gate_bad": (_bad, -3e9), "test_gate_crash": (_crash, -2.5e9), "test_gate_good": (_good, -2e9),
+             "test_gate_bad_without_dh": (_bad_without_dh, -3.5e9)}
     for name, (run, score) in names.items():
         dispatch.register(dispatch.Variant("samu", name, run, lambda B, L, D, H, s=score: s,
                                            lambda B, L, D: ("0", 0), "test dummy",
@@ -54,7 +72,11 @@ def test_failing_variant_is_recorded_and_never_dispatched_for_its_shape_class(du
     bad = rows["test_gate_bad"]
     assert not bad["pass"] and not bad["passed"]["y"] and bad["passed"]["final_state"]
     assert bad["errors"]["y"] == pytest.approx(1e-3, rel=1e-3)
-    assert set(bad["thresholds"]) == set(quantities("samu"))
+    assert set(bad["thresholds"]) == set(quantities("samu", both_forms=True))
+    # a backward right with the final state's cotangent and wrong without one fails, on those gradients only
+    partly = rows["test_gate_bad_without_dh"]
+    wrong = {q for q, ok in partly["passed"].items() if not ok}
+    assert not partly["pass"] and wrong and all(q.endswith("|no_dh") for q in wrong) and "dx|no_dh" in wrong
     crash = rows["test_gate_crash"]
     # an exception row carries what status_from_records reads, so it blocks its class below
     assert crash["exception"] == "RuntimeError: kernel launch failed"
@@ -66,6 +88,7 @@ def test_failing_variant_is_recorded_and_never_dispatched_for_its_shape_class(du
     status_path, status = update_status(tmp_path / "results")
     assert status_path == tmp_path / "status.json"
     assert ["samu", "test_gate_bad", CLASS] in status["blocked"]
+    assert ["samu", "test_gate_bad_without_dh", CLASS] in status["blocked"]
     assert ["samu", "test_gate_crash", CLASS] in status["blocked"]
     assert ["samu", "test_gate_good", CLASS] in status["passed"]
     assert status["sources"] == [f"gates/{path.name}"]
@@ -86,11 +109,11 @@ def test_torch_backend_passes_its_gates_for_both_mixers_and_dtypes():
     assert record["complete"] and len(record["rows"]) == 4
     for row in record["rows"]:
         assert row["pass"], row
-        assert set(row["errors"]) == set(quantities(row["op"]))
+        assert set(row["errors"]) == set(quantities(row["op"], both_forms=True))
         low = row["dtype"] == "bfloat16"
-        assert row["rules"]["y"] == ("low_precision" if low else "fp32")
-        assert row["rules"]["d_initial_state"] == "fp32"
-        assert set(row["baselines"]["rounded_float64"]) == ({"y", "dx"} if low else set())
+        assert row["rules"]["y"] == row["rules"]["dx|no_dh"] == ("low_precision" if low else "fp32")
+        assert row["rules"]["d_initial_state"] == row["rules"]["d_initial_state|no_dh"] == "fp32"
+        assert set(row["baselines"]["rounded_float64"]) == ({"y", "dx", "dx|no_dh"} if low else set())
 
 
 def _packing(scale):
@@ -134,7 +157,7 @@ def test_packed_gates_judge_each_sequence_against_its_own_reference(dummy_varian
         assert row["documents"] == 5 and row["cu_seqlens"][:2] == [0, 1] and row["cu_seqlens"][-1] == 61
         # the bad dummy's 0.1% error hides under bf16's rounding, not under the fp32 rule
         assert row["pass"] == (row["backend"] != "test_pack_bad" or row["dtype"] == "bfloat16"), row
-        assert set(row["errors"]) == set(quantities(row["op"]))
+        assert set(row["errors"]) == set(quantities(row["op"], both_forms=True))
     # packed rows speak for packed classes only
     status = status_from_records([("r", {**record, "kind": "gate", "created": "x"})])
     packed = dispatch.shape_class(61, 8, torch.float32, packed=True)
