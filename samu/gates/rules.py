@@ -16,13 +16,14 @@ else:
 
 GATES_FILE = Path(__file__).with_name("gates.toml")
 LOW_PRECISION = (torch.bfloat16, torch.float16)
-# the name of a gradient from the backward without the final state's cotangent ("dx" -> "dx|no_dh"): the form
-# a caller that drops the final state runs (training does), which the kernels compile apart
-NO_DH = "|no_dh"
+# the name of a result of the call a caller that drops the final state makes (training does): a forward that
+# returns no final state and a backward of y's cotangent alone ("dx" -> "dx|no_final"); the kernels compile
+# that form apart
+NO_FINAL = "|no_final"
 
 
 def base_quantity(quantity: str) -> str:
-    """The result a quantity is of either backward form: "dx|no_dh" -> "dx"."""
+    """The result a quantity is of, in either call: "dx|no_final" -> "dx"."""
     return quantity.split("|")[0]
 
 

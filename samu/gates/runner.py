@@ -2,10 +2,10 @@
 
 For each (op, shape, dtype) the float64 serial reference and the serial fp32 evaluation run once
 on the same inputs; each backend is then compared with the reference for the output, the final
-state, the input gradient, the initial-state gradient and every parameter gradient, the gradients of both
-backward forms: with the final state's cotangent, and without one (named ``<gradient>|no_dh``: a caller that
-drops the final state, as training does, runs kernels compiled apart). On CUDA the units run in a worker
-process, so a kernel fault fails its own row and the run goes on in a fresh one.
+state, the input gradient, the initial-state gradient and every parameter gradient; and again, named
+``<result>|no_final``, for the call a caller that drops the final state makes (training does): a forward
+without it and a backward of y's cotangent alone, which the kernels compile apart. On CUDA the units run in a
+worker process, so a kernel fault fails its own row and the run goes on in a fresh one.
 
 With ``documents`` = N, each unit of a batch-1 shape packs N sequences (samu.ops.packing; the first one
 token long, the others cut at random), each with its own initial and final state: the reference runs
@@ -34,7 +34,7 @@ from samu.environment import environment
 from samu.ops import gate_status
 from samu.ops.gate_status import reload, status_path
 from samu.gates.inputs import PARAMS, RGLRU_C, derive_seed, document_offsets, make_inputs, pack_inputs, rglru_heads
-from samu.gates.rules import LOW_PRECISION, NO_DH, base_quantity, load_rules, rel_error
+from samu.gates.rules import LOW_PRECISION, NO_FINAL, base_quantity, load_rules, rel_error
 from samu.ops import dispatch
 from samu.ops.functional import rglru_mixer, samu_mixer
 from samu.ops.packing import per_sequence
@@ -47,10 +47,10 @@ REFERENCE_ATTEMPTS = 4
 REFERENCE_RETRY_S = 10.0
 
 def quantities(op: str, both_forms: bool = False) -> tuple:
-    """The results a gate compares: the outputs and every gradient; ``both_forms``: also every gradient of the
-    backward without the final state's cotangent (named with NO_DH)."""
+    """The results a gate compares: the outputs and every gradient; ``both_forms``: also those of the call that
+    drops the final state (named with NO_FINAL)."""
     names = ("y", "final_state", "dx", "d_initial_state") + tuple(f"d_{p}" for p in PARAMS[op])
-    return names + tuple(q + NO_DH for q in names[2:]) if both_forms else names
+    return names + tuple(q + NO_FINAL for q in names if q != "final_state") if both_forms else names
 
 
 def evaluate(op: str, inputs: dict, *, backend: "str | None" = None, ref_dtype: "torch.dtype | None" = None,
@@ -59,8 +59,9 @@ def evaluate(op: str, inputs: dict, *, backend: "str | None" = None, ref_dtype: 
     that dtype on the same (already rounded) inputs; otherwise the public op with ``backend``, or
     ``run``, a callable with the public op's signature (the tests' own configurations). An
     ``initial_state`` of None runs without one (no d_initial_state). Packed inputs (``cu_seqlens``,
-    pack_inputs) run the reference one sequence at a time and the op packed. ``both_forms`` (with a "dh"):
-    a second backward of the same forward, of y's cotangent alone, gives the NO_DH gradients too."""
+    pack_inputs) run the reference one sequence at a time and the op packed. ``both_forms`` (with a "dh"): the
+    NO_FINAL results too, of the call that drops the final state: a forward without it (the reference's is the
+    same forward) and a backward of y's cotangent alone."""
     cast = (lambda t: t.to(ref_dtype)) if ref_dtype is not None else (lambda t: t.clone())
     x = cast(inputs["x"]).requires_grad_()
     params = [cast(p).requires_grad_() for p in inputs["params"].values()]
@@ -85,12 +86,15 @@ def evaluate(op: str, inputs: dict, *, backend: "str | None" = None, ref_dtype: 
     outs, cots = ([y], [inputs["dy"].to(y.dtype)]) if inputs["dh"] is None else (
         [y, h], [inputs["dy"].to(y.dtype), inputs["dh"].to(h.dtype)])
     alone = both_forms and inputs["dh"] is not None
-    grads = torch.autograd.grad(outs, leaves, cots, retain_graph=alone)
+    grads = torch.autograd.grad(outs, leaves, cots, retain_graph=alone and ref_dtype is not None)
     names = [q for q in quantities(op) if h0 is not None or q != "d_initial_state"]
     out = dict(zip(names, (y.detach(), h.detach(), *grads)))
     if alone:
-        # no cotangent reaches the final state at all (not a zero one): the form a caller that drops it runs
-        out.update(zip([q + NO_DH for q in names[2:]], torch.autograd.grad([y], leaves, cots[:1])))
+        if ref_dtype is None:
+            # no final state asked for, and no cotangent (not even a zero one) reaching it
+            y, _ = fn(x, *params, initial_state=h0, output_final_state=False, **kw)
+        out[f"y{NO_FINAL}"] = y.detach()
+        out.update(zip([q + NO_FINAL for q in names[2:]], torch.autograd.grad([y], leaves, cots[:1])))
     return out
 
 

@@ -73,10 +73,10 @@ def test_failing_variant_is_recorded_and_never_dispatched_for_its_shape_class(du
     assert not bad["pass"] and not bad["passed"]["y"] and bad["passed"]["final_state"]
     assert bad["errors"]["y"] == pytest.approx(1e-3, rel=1e-3)
     assert set(bad["thresholds"]) == set(quantities("samu", both_forms=True))
-    # a backward right with the final state's cotangent and wrong without one fails, on those gradients only
+    # a backward right with the final state's cotangent and wrong without one fails, on that call's gradients only
     partly = rows["test_gate_bad_without_dh"]
     wrong = {q for q, ok in partly["passed"].items() if not ok}
-    assert not partly["pass"] and wrong and all(q.endswith("|no_dh") for q in wrong) and "dx|no_dh" in wrong
+    assert not partly["pass"] and wrong and all(q.endswith("|no_final") for q in wrong) and "dx|no_final" in wrong
     crash = rows["test_gate_crash"]
     # an exception row carries what status_from_records reads, so it blocks its class below
     assert crash["exception"] == "RuntimeError: kernel launch failed"
@@ -111,9 +111,11 @@ def test_torch_backend_passes_its_gates_for_both_mixers_and_dtypes():
         assert row["pass"], row
         assert set(row["errors"]) == set(quantities(row["op"], both_forms=True))
         low = row["dtype"] == "bfloat16"
-        assert row["rules"]["y"] == row["rules"]["dx|no_dh"] == ("low_precision" if low else "fp32")
-        assert row["rules"]["d_initial_state"] == row["rules"]["d_initial_state|no_dh"] == "fp32"
-        assert set(row["baselines"]["rounded_float64"]) == ({"y", "dx", "dx|no_dh"} if low else set())
+        assert row["rules"]["y"] == row["rules"]["y|no_final"] == row["rules"]["dx|no_final"] == (
+            "low_precision" if low else "fp32")
+        assert row["rules"]["d_initial_state"] == row["rules"]["d_initial_state|no_final"] == "fp32"
+        rounded = {"y", "dx", "y|no_final", "dx|no_final"} if low else set()
+        assert set(row["baselines"]["rounded_float64"]) == rounded
 
 
 def _packing(scale):
