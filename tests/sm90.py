@@ -83,7 +83,8 @@ def patch(compiler):
 def run_case(op, variant, shape, dtype, documents, rglru_config=None, with_state=False, final_grad=None):
     """One forward + backward of a variant (or, for RG-LRU, of ``rglru_config`` = (K, WC)); with_state: an
     initial state and a final-state cotangent (what the gates run), else neither (what training runs);
-    ``final_grad`` (default: with_state) sets the final-state cotangent apart."""
+    ``final_grad`` (default: with_state) sets the final-state cotangent apart: without it the final state is
+    not asked for either (the forward then skips it, as a training call's does)."""
     B, L, D = shape
     x = randn(shape, 0, dtype=dtype).requires_grad_(True)
     if op == "samu":
@@ -94,11 +95,12 @@ def run_case(op, variant, shape, dtype, documents, rglru_config=None, with_state
     cu = torch.tensor(document_offsets(L, documents, 1), dtype=torch.int32) if documents else None
     h0 = randn((documents or B, D), 2).requires_grad_(True) if with_state else None
     extra = (h0, 8.0) if op == "rglru" else (h0, 2.0)
+    final = with_state if final_grad is None else final_grad
     if op == "rglru" and rglru_config:
-        y, h = rglru_run(x, *params, *extra, Config(*rglru_config), cu_seqlens=cu)
+        y, h = rglru_run(x, *params, *extra, Config(*rglru_config), cu_seqlens=cu, final=final)
     else:
-        y, h = dispatch.variants(op)[variant].run(x, *params, *extra, cu_seqlens=cu)
-    outputs = [y, h] if (with_state if final_grad is None else final_grad) else [y]
+        y, h = dispatch.variants(op)[variant].run(x, *params, *extra, cu_seqlens=cu, final=final)
+    outputs = [y, h] if final else [y]
     torch.autograd.backward(outputs, [torch.zeros_like(o) for o in outputs])
 
 

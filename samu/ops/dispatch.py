@@ -55,6 +55,8 @@ class Variant:
     numerics: Callable[..., str] = field(compare=False, repr=False, default=lambda B, L, D, H, dtype: "")
     # run(..., cu_seqlens=offsets) runs packed sequences in one call (samu.ops.packing)
     packs: bool = False
+    # run(..., final=False) skips the final state (returns None for it) for a caller that drops it
+    drops_final: bool = False
 
 
 @dataclass(frozen=True)

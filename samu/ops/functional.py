@@ -19,6 +19,11 @@ def _finish(y, h, x, output_final_state):
     return y, (h.to(state_dtype(x.dtype)) if output_final_state else None)
 
 
+def _final(variant, output_final_state) -> dict:
+    """The keyword that spares a variant the final state when the caller drops it."""
+    return {"final": output_final_state} if variant.drops_final else {}
+
+
 def _packed(op, backend, heads, native, run, x, initial_state, output_final_state, cu_seqlens):
     """A packed call (samu.ops.packing): in one call of a Triton variant that packs where dispatch picks
     one, native(variant, x, h0, offsets on the device) -> (y, h); else run(x_n, h0_n) -> (y_n, h_n) for
@@ -71,11 +76,13 @@ def samu_mixer(x, nu, theta_log, directions, amplitudes, *, initial_state=None, 
         elif choice.backend == "torch":
             y, h = samu_mixer_torch(x, nu, theta_log, directions, amplitudes, h0, radial_bound)
         else:
-            y, h = choice.variant.run(x.contiguous(), nu, theta_log, directions, amplitudes, h0, radial_bound)
+            y, h = choice.variant.run(x.contiguous(), nu, theta_log, directions, amplitudes, h0, radial_bound,
+                                      **_final(choice.variant, output_final_state))
         return _finish(y, h, x, output_final_state)
 
     def native(variant, x, h0, offsets):
-        return variant.run(x, nu, theta_log, directions, amplitudes, h0, radial_bound, cu_seqlens=offsets)
+        return variant.run(x, nu, theta_log, directions, amplitudes, h0, radial_bound, cu_seqlens=offsets,
+                           **_final(variant, output_final_state))
 
     if cu_seqlens is None:
         return run(x, initial_state)
@@ -112,11 +119,13 @@ def rglru_mixer(x, w_a, b_a, w_x, b_x, a_param, *, initial_state=None, output_fi
         elif choice.backend == "torch":
             y, h = rglru_mixer_torch(x, w_a, b_a, w_x, b_x, a_param, h0, c)
         else:
-            y, h = choice.variant.run(x.contiguous(), w_a, b_a, w_x, b_x, a_param, h0, c)
+            y, h = choice.variant.run(x.contiguous(), w_a, b_a, w_x, b_x, a_param, h0, c,
+                                      **_final(choice.variant, output_final_state))
         return _finish(y, h, x, output_final_state)
 
     def native(variant, x, h0, offsets):
-        return variant.run(x, w_a, b_a, w_x, b_x, a_param, h0, c, cu_seqlens=offsets)
+        return variant.run(x, w_a, b_a, w_x, b_x, a_param, h0, c, cu_seqlens=offsets,
+                           **_final(variant, output_final_state))
 
     if cu_seqlens is None:
         return run(x, initial_state)

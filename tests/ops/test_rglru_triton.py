@@ -174,7 +174,9 @@ def test_custom_ops_opcheck():
     # unpacked, then packed (three sequences, states [3, D])
     cu = torch.tensor([0, 1, 9, 20], dtype=torch.int32, device=DEVICE)
     for offsets, h0 in ((None, h0), (cu, randn((3, 16), 2, device=DEVICE))):
-        args = (x, *params, h0, offsets, *config)
+        # with the final state, and without (an empty one: the kernels skip it)
+        torch.library.opcheck(rglru_fwd_op, (x, *params, h0, offsets, *config, False), test_utils=checks)
+        args = (x, *params, h0, offsets, *config, True)
         torch.library.opcheck(rglru_fwd_op, args, test_utils=checks)
         _, _, states = rglru_fwd_op(*args)
         dh = randn((h0.shape[0], 16), 4, device=DEVICE, requires_grad=False)
@@ -223,6 +225,30 @@ def test_packed_kernels_without_a_final_state_cotangent():
     y, h = run(x, *params, h0, 8.0, _config(K=8, WC=2), cu)
     zero = torch.autograd.grad([y, h], [x, h0, *params], [dy, torch.zeros_like(h)])
     for a, b in zip(without, zero):
+        if DEVICE == "cpu":
+            assert torch.equal(a, b)
+        else:
+            assert rel_err(a, b) < 1e-6
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_call_that_drops_the_final_state_equals_one_that_keeps_it(packed):
+    """final=False (a caller that drops the final state: training) skips it in the kernels (packed, a scatter
+    and a gather per token); y and every gradient are the same: bit for bit in the interpreter, to fp32
+    rounding on the GPU, where the form is compiled apart (each is gated: samu gate's |no_final results)."""
+    from samu.ops.rglru.function import run
+
+    x = randn((1, PACKED[-1], 16), 3, device=DEVICE)
+    params = rglru_params(16, 2, 4, device=DEVICE)
+    cu = torch.tensor(PACKED, dtype=torch.int32, device=DEVICE) if packed else None
+    h0 = randn((len(PACKED) - 1 if packed else 1, 16), 5, device=DEVICE)
+    dy = randn(x.shape, 6, device=DEVICE, requires_grad=False)
+    results = []
+    for final in (True, False):
+        y, h = run(x, *params, h0, 8.0, _config(K=8, WC=2), cu, final=final)
+        assert (h is None) == (not final)
+        results.append((y.detach(), *torch.autograd.grad(y, [x, h0, *params], dy)))
+    for a, b in zip(*results):
         if DEVICE == "cpu":
             assert torch.equal(a, b)
         else:

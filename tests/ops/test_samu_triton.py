@@ -195,6 +195,30 @@ def test_packed_kernels_without_a_final_state_cotangent():
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_call_that_drops_the_final_state_equals_one_that_keeps_it(packed):
+    """final=False (a caller that drops the final state: training) skips it in the replay (packed, a store
+    per sequence's last token); y and every gradient are the same: bit for bit in the interpreter, to fp32
+    rounding on the GPU, where the form is compiled apart (each is gated: samu gate's |no_final results)."""
+    from samu.ops.samu.function import run
+
+    x = randn((1, PACKED[-1], 8), 3, device=DEVICE)
+    params = samu_params(8, 4, device=DEVICE)
+    cu = torch.tensor(PACKED, dtype=torch.int32, device=DEVICE) if packed else None
+    h0 = randn((len(PACKED) - 1 if packed else 1, 8), 5, device=DEVICE)
+    dy = randn(x.shape, 6, device=DEVICE, requires_grad=False)
+    results = []
+    for final in (True, False):
+        y, h = run(x, *params, h0, 2.0, _config(8, 4, 2), cu, final=final)
+        assert (h is None) == (not final)
+        results.append((y.detach(), *torch.autograd.grad(y, [x, h0, *params], dy)))
+    for a, b in zip(*results):
+        if DEVICE == "cpu":
+            assert torch.equal(a, b)
+        else:
+            assert rel_err(a, b) < 1e-6
+
+
 def test_custom_ops_pass_opcheck():
     from samu.ops.samu.function import Config, samu_fwd
 
@@ -203,13 +227,13 @@ def test_custom_ops_pass_opcheck():
     x = randn((B, L, D), 8, device=DEVICE)
     nu, theta_log, directions, amplitudes = samu_params(D, 9, device=DEVICE)
     h0 = randn((B, D), 10, device=DEVICE)
-    torch.library.opcheck(samu_fwd, (x, nu, theta_log, directions, amplitudes, h0, None, 2.0, config),
-                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
-    # packed: three sequences, states [3, D]
+    # packed: three sequences, states [3, D]; each with the final state and without (an empty one)
     cu = torch.tensor([0, 1, 5, 9], dtype=torch.int32, device=DEVICE)
-    h0 = randn((3, D), 10, device=DEVICE)
-    torch.library.opcheck(samu_fwd, (x, nu, theta_log, directions, amplitudes, h0, cu, 2.0, config),
-                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    for offsets, h0 in ((None, h0), (cu, randn((3, D), 10, device=DEVICE))):
+        for want_final in (True, False):
+            torch.library.opcheck(samu_fwd, (x, nu, theta_log, directions, amplitudes, h0, offsets, 2.0, config,
+                                             want_final),
+                                  test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 
 def test_compiles_without_graph_breaks():

@@ -27,26 +27,29 @@ from samu.ops.triton_utils import cdiv
 Tensor = torch.Tensor
 
 
-def _fwd_positional(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, fast):
+def _fwd_positional(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, fast, want_final):
+    """(y, h, states); without ``want_final`` h is an empty [0, D] tensor (an op returns tensors), and the kernels
+    skip the final state."""
     words, n_seqs = (None, None) if cu_seqlens is None else (chunk_boundaries(cu_seqlens, x.shape[1], K),
                                                              len(cu_seqlens) - 1)
-    return rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K=K, WC=WC, G=G, fast=fast, words=words,
-                     n_seqs=n_seqs)
+    y, h, states = rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K=K, WC=WC, G=G, fast=fast,
+                             words=words, n_seqs=n_seqs, want_final=want_final)
+    return y, (h if h is not None else x.new_empty(0, x.shape[2], dtype=torch.float32)), states
 
 
 @torch.library.custom_op("samu::rglru_fwd", mutates_args=())
 def rglru_fwd_op(x: Tensor, w_a: Tensor, b_a: Tensor, w_x: Tensor, b_x: Tensor, a_param: Tensor,
                  initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor], c: float, K: int, WC: int, G: int,
-                 G_dx: int, WC_dx: int, fast: bool) -> tuple[Tensor, Tensor, Tensor]:
+                 G_dx: int, WC_dx: int, fast: bool, want_final: bool) -> tuple[Tensor, Tensor, Tensor]:
     """Forward with chunks of K tokens, WC chunks per step, G steps per program; returns the states too."""
-    return _fwd_positional(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, fast)
+    return _fwd_positional(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, fast, want_final)
 
 
 @rglru_fwd_op.register_fake
-def _(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, G_dx, WC_dx, fast):
+def _(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, G_dx, WC_dx, fast, want_final):
     B, L, D = x.shape
     f32 = dict(dtype=torch.float32)
-    return (x.new_empty(B, L, D), x.new_empty(state_rows(x, cu_seqlens), D, **f32),
+    return (x.new_empty(B, L, D), x.new_empty(state_rows(x, cu_seqlens) if want_final else 0, D, **f32),
             x.new_empty(B, cdiv(L, K), D, **f32))
 
 
@@ -102,13 +105,13 @@ def _gradients(ctx, dy, dh_last, backward):
 
 
 def _setup_context(ctx, inputs, output):
-    *tensors, cu_seqlens, c, K, WC, G, G_dx, WC_dx, fast = inputs
+    *tensors, cu_seqlens, c, K, WC, G, G_dx, WC_dx, fast, _ = inputs
     _save(ctx, *tensors, cu_seqlens, (c, K, WC, G, G_dx, WC_dx, fast), output[2])
     ctx.mark_non_differentiable(output[2])
 
 
 def _backward(ctx, dy, dh_last, _dstates):
-    return _gradients(ctx, dy, dh_last, rglru_bwd_op) + (None,) * 7
+    return _gradients(ctx, dy, dh_last, rglru_bwd_op) + (None,) * 8
 
 
 rglru_fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -119,15 +122,17 @@ class _Eager(torch.autograd.Function):
     call); torch.compile traces the custom ops instead."""
 
     @staticmethod
-    def forward(ctx, x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, G_dx, WC_dx, fast):
-        y, h, states = _fwd_positional(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, fast)
+    def forward(ctx, x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, G_dx, WC_dx, fast,
+                want_final):
+        y, h, states = _fwd_positional(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, fast,
+                                       want_final)
         _save(ctx, x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, (c, K, WC, G, G_dx, WC_dx, fast),
               states)
         return y, h
 
     @staticmethod
     def backward(ctx, dy, dh_last):
-        return _gradients(ctx, dy, dh_last, _bwd_positional) + (None,) * 7
+        return _gradients(ctx, dy, dh_last, _bwd_positional) + (None,) * 8
 
 
 @dataclass(frozen=True)
@@ -180,9 +185,9 @@ def dx_chunks(config: Config, n: int, dtype: torch.dtype) -> int:
     return 2 if dtype == torch.float32 and n > 128 else config.WC
 
 
-def run(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, config: Config, cu_seqlens=None):
-    """Differentiable RG-LRU forward with one Triton configuration: (y [B, L, D] x.dtype, h [B, D] fp32).
-    ``cu_seqlens``: a checked int32 device tensor of packed offsets (B = 1; states [N, D])."""
+def run(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, config: Config, cu_seqlens=None, final: bool = True):
+    """Differentiable RG-LRU forward with one Triton configuration: (y [B, L, D] x.dtype, h [B, D] fp32, or None
+    without ``final``). ``cu_seqlens``: a checked int32 device tensor of packed offsets (B = 1; states [N, D])."""
     B, L, D = x.shape
     H = w_a.shape[0]
     n = D // H
@@ -191,12 +196,13 @@ def run(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, config: Config, cu_seq
     G = config.steps_per_program(B, L, H * cdiv(n, channel_block(n)))
     WC_dx = dx_chunks(config, n, x.dtype)
     G_dx = config.steps_per_program(B, L, H, grouped=False, WC=WC_dx)
-    args = (x.contiguous(), *params, h0, cu_seqlens, float(c), config.K, config.WC, G, G_dx, WC_dx, config.fast)
+    args = (x.contiguous(), *params, h0, cu_seqlens, float(c), config.K, config.WC, G, G_dx, WC_dx, config.fast,
+            bool(final))
     if torch.compiler.is_compiling():
         y, h, _ = rglru_fwd_op(*args)
     else:
         y, h = _Eager.apply(*args)
-    return y, h
+    return y, (h if final else None)
 
 
 def _group_steps(config: Config, B: int, L: int, D: int, H: int) -> int:
@@ -236,9 +242,9 @@ def scratch(config: Config):
 def _register(name, config, score, description):
     return dispatch.register(dispatch.Variant(
         op="rglru", name=name,
-        run=lambda x, w_a, b_a, w_x, b_x, a_param, h0, c, cu_seqlens=None: run(x, w_a, b_a, w_x, b_x, a_param, h0, c,
-                                                                              config, cu_seqlens),
-        packs=True,
+        run=lambda x, w_a, b_a, w_x, b_x, a_param, h0, c, cu_seqlens=None, final=True: run(
+            x, w_a, b_a, w_x, b_x, a_param, h0, c, config, cu_seqlens, final),
+        packs=True, drops_final=True,
         preference=lambda B, L, D, H: score if D % H == 0 else None,
         scratch=lambda B, L, D: scratch(config)(B, L, D), description=description,
         settings=lambda B, L, D, H, dtype: (f"{config}, H={H}, {_groups(config, B, L, D, H)} groups of "

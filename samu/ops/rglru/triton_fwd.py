@@ -597,7 +597,7 @@ def _rglru_chunk_kernel(
     K: tl.constexpr, WC: tl.constexpr, NPA: tl.constexpr, NPB: tl.constexpr, NPW: tl.constexpr,
     BJ: tl.constexpr, NGP: tl.constexpr,
     X_PARTS: tl.constexpr, Y_ORDER: tl.constexpr, HAS_H0: tl.constexpr, SUMMARY: tl.constexpr, MATH: tl.constexpr,
-    VARLEN: tl.constexpr,
+    VARLEN: tl.constexpr, HAS_FINAL: tl.constexpr,
 ):
     """One (group: a range of G steps of WC chunks, head x channel tile, batch row).
 
@@ -607,7 +607,8 @@ def _rglru_chunk_kernel(
     chunk with its ``cums`` map applied to that, write the states and y; the last group also
     applies its own map: h_last. Only y depends on the replay's gates, so they carry Y_ORDER (1
     when y is stored in bf16 or fp16); every fp32 result comes from the summary pass's. Packed
-    (VARLEN): the module docstring.
+    (VARLEN): the module docstring. Without HAS_FINAL (a caller that drops the final state) neither pass
+    computes it: packed, that is a scatter and a gather per token less.
     """
     i_g, i_hj, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h, o_j, m_j, o_d = _channel_tile(i_hj, n, BJ)
@@ -636,7 +637,7 @@ def _rglru_chunk_kernel(
             b_rB = tl.load(h0 + i_b64 * D + o_d, mask=m_j, other=0.0)
         o_r = tl.arange(0, NGP)
         p_g = gsums + i_b64 * NG * D
-        if not VARLEN:
+        if HAS_FINAL and not VARLEN:
             if i_g == NG - 1:
                 b_end = _fold_groups(b_rB, p_g, SG, o_r, o_r < NG, o_d, m_j, D, BJ, NGP, MATH)
                 tl.store(h_last + i_b64 * D + o_d, b_end, mask=m_j)
@@ -669,7 +670,7 @@ def _rglru_chunk_kernel(
         if SUMMARY:
             # a scan (not a reduce) keeps the order of this non-commutative combine in any layout
             b_A, b_B = _scan_affine(b_at, b_bt, K, MATH)
-            if VARLEN:
+            if VARLEN and HAS_FINAL:
                 # the map from the chunk's start to each token that closes a sequence
                 o_f = i_n[None, :, :].to(tl.int64) * D + o_d[:, None, None]
                 m_f = m_j[:, None, None] & closes[None, :, :]
@@ -689,7 +690,7 @@ def _rglru_chunk_kernel(
             b_h = tl.load(cums + o_s, mask=m_s, other=1.0) * b_rB[:, None] + tl.load(cums + SC + o_s, mask=m_s,
                                                                                      other=0.0)
             tl.store(states + o_s, b_h, mask=m_s)
-            if VARLEN:
+            if VARLEN and HAS_FINAL:
                 o_f = i_n[None, :, :].to(tl.int64) * D + o_d[:, None, None]
                 m_f = m_j[:, None, None] & closes[None, :, :]
                 b_end = tl.load(fin_a + o_f, mask=m_f, other=0.0) * b_h[:, :, None] + tl.load(fin_b + o_f, mask=m_f,
@@ -777,7 +778,7 @@ def group_width(NG: int) -> int:
 
 
 def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, G: int, fast: bool = False,
-              words=None, n_seqs=None):
+              words=None, n_seqs=None, want_final: bool = True):
     """Chunked RG-LRU forward.
 
     x: [B, L, D] bf16/fp16/fp32 contiguous; w_a, w_x: [H, n, n] fp32; b_a, b_x, a_param: [D] fp32;
@@ -785,8 +786,8 @@ def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, 
     program step, one per warp; G: steps per group (one program each; at most MAX_GROUPS groups).
     fast: hardware approximations of exp, reciprocal and sqrt (MATH = 2). Packed (``words``, those
     of packing_triton.chunk_boundaries with this K, and ``n_seqs`` = N, B = 1): h0 and h_last are [N, D].
-    Returns y [B, L, D] x.dtype, h_last [B, D] fp32, states [B, ceil(L/K), D] fp32 (the state
-    entering every chunk; the backward replays from it).
+    Returns y [B, L, D] x.dtype, h_last [B, D] fp32 (None unless ``want_final``), states [B, ceil(L/K), D] fp32
+    (the state entering every chunk; the backward replays from it).
     """
     B, L, D = x.shape
     varlen = words is not None
@@ -799,11 +800,14 @@ def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, 
     gsums = new_buffer((2, B, NG, D), torch.float32, dev)
     states = new_buffer((B, NC, D), torch.float32, dev)
     y = new_buffer((B, L, D), x.dtype, dev)
-    h_last = new_buffer((n_seqs if varlen else B, D), torch.float32, dev)
-    fin = new_buffer((2, n_seqs, D), torch.float32, dev) if varlen else h_last[None].expand(2, -1, -1)
-    args = (x, w3, b_a, b_x, a_param, h0 if h0 is not None else h_last, cums, gsums, states, y, h_last,
-            words if varlen else h_last, fin[0], fin[1], L, NC, G, NG, float(c), 1)
-    meta.update(NGP=group_width(NG), HAS_H0=h0 is not None, Y_ORDER=out_order(x.dtype), VARLEN=varlen)
+    h_last = new_buffer((n_seqs if varlen else B, D), torch.float32, dev) if want_final else None
+    # the pointers a kernel never reads are given as states
+    fin = new_buffer((2, n_seqs, D), torch.float32, dev) if varlen and want_final else (states, states)
+    out = h_last if want_final else states
+    args = (x, w3, b_a, b_x, a_param, h0 if h0 is not None else states, cums, gsums, states, y, out,
+            words if varlen else states, fin[0], fin[1], L, NC, G, NG, float(c), 1)
+    meta.update(NGP=group_width(NG), HAS_H0=h0 is not None, Y_ORDER=out_order(x.dtype), VARLEN=varlen,
+                HAS_FINAL=want_final)
     launch_staged(_rglru_chunk_kernel, grid, *args, SUMMARY=True, **meta)
     launch_staged(_rglru_chunk_kernel, grid, *args, SUMMARY=False, **meta)
     return y, h_last, states

@@ -48,12 +48,18 @@ class Config:
         return [self.K, self.BN, self.G, self.num_warps, self.slots_per_sm, self.unroll, self.main_BN]
 
 
-def _fwd(x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config):
+def _fwd(x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config, want_final):
+    """The forward's outputs; without ``want_final`` the final state is an empty [0, D] tensor (an op returns
+    tensors), and the kernels skip it."""
     c = Config(*config)
     words, n_seqs = (None, None) if cu_seqlens is None else (chunk_boundaries(cu_seqlens, x.shape[1], c.K),
                                                              len(cu_seqlens) - 1)
-    return fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, K=c.K, BN=c.BN, G=c.G,
-               num_warps=c.num_warps, unroll=c.unroll, empty=_empty, words=words, n_seqs=n_seqs)
+    y, final, ctl, rnorm, bound = fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, K=c.K,
+                                      BN=c.BN, G=c.G, num_warps=c.num_warps, unroll=c.unroll, empty=_empty,
+                                      words=words, n_seqs=n_seqs, want_final=want_final)
+    if final is None:
+        final = x.new_empty(0, x.shape[2], dtype=torch.float32)
+    return y, final, ctl, rnorm, bound
 
 
 def _bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, cu_seqlens, initial_state,
@@ -68,16 +74,16 @@ def _bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnor
 @torch.library.custom_op("samu::samu_fwd", mutates_args=())
 def samu_fwd(x: torch.Tensor, nu: torch.Tensor, theta_log: torch.Tensor, directions: torch.Tensor,
              amplitudes: torch.Tensor, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
-             radial_bound: float, config: list[int]
+             radial_bound: float, config: list[int], want_final: bool
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _fwd(x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config)
+    return _fwd(x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config, want_final)
 
 
 @samu_fwd.register_fake
-def _(x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config):
+def _(x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config, want_final):
     B, L, D = x.shape
     f32 = dict(device=x.device, dtype=torch.float32)
-    return (x.new_empty(B, L, D), x.new_empty(state_rows(x, cu_seqlens), D, **f32),
+    return (x.new_empty(B, L, D), x.new_empty(state_rows(x, cu_seqlens) if want_final else 0, D, **f32),
             x.new_empty(B, CTL.value, L, **f32), x.new_empty(2, **f32), x.new_empty(B, cdiv(L, config[0]), D, **f32))
 
 
@@ -125,12 +131,12 @@ def _gradients(ctx, dy, dfinal, backward):
     dx, dnu, dtheta, ddir, damp, dh0 = backward(dy, dfinal, x, nu, theta_log, directions, amplitudes, ctx.has_h0,
                                                 ctl, rnorm, bound, cu_seqlens, initial_state, ctx.radial_bound,
                                                 ctx.config)
-    return dx, dnu, dtheta, ddir, damp, (dh0 if ctx.has_h0 else None), None, None, None
+    return dx, dnu, dtheta, ddir, damp, (dh0 if ctx.has_h0 else None), None, None, None, None
 
 
 def _setup_context(ctx, inputs, output):
     _, _, ctl, rnorm, bound = output
-    _save(ctx, *inputs, ctl, rnorm, bound)
+    _save(ctx, *inputs[:-1], ctl, rnorm, bound)
     ctx.mark_non_differentiable(ctl, rnorm, bound)
 
 
@@ -146,9 +152,10 @@ class _Eager(torch.autograd.Function):
     ~0.2 ms of host time each; torch.compile traces the custom ops instead."""
 
     @staticmethod
-    def forward(ctx, x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config):
+    def forward(ctx, x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config,
+                want_final):
         y, final, ctl, rnorm, bound = _fwd(x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens,
-                                           radial_bound, config)
+                                           radial_bound, config, want_final)
         _save(ctx, x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config, ctl,
               rnorm, bound)
         return y, final
@@ -158,17 +165,18 @@ class _Eager(torch.autograd.Function):
         return _gradients(ctx, dy, dfinal, _bwd)
 
 
-def run(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, config: Config, cu_seqlens=None):
-    """Differentiable SAMU forward with one Triton configuration: (y, final_state fp32). ``cu_seqlens``: a
-    checked int32 device tensor of packed offsets (B = 1; states [N, D])."""
+def run(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, config: Config, cu_seqlens=None,
+        final: bool = True):
+    """Differentiable SAMU forward with one Triton configuration: (y, final_state fp32, or None without
+    ``final``). ``cu_seqlens``: a checked int32 device tensor of packed offsets (B = 1; states [N, D])."""
     params = [p.float().contiguous() for p in (nu, theta_log, directions, amplitudes)]
     h0 = None if initial_state is None else initial_state.float().contiguous()
-    args = (x.contiguous(), *params, h0, cu_seqlens, float(radial_bound), config.as_list())
+    args = (x.contiguous(), *params, h0, cu_seqlens, float(radial_bound), config.as_list(), bool(final))
     if torch.compiler.is_compiling():
-        y, final, *_ = samu_fwd(*args)
+        y, h, *_ = samu_fwd(*args)
     else:
-        y, final = _Eager.apply(*args)
-    return y, final
+        y, h = _Eager.apply(*args)
+    return y, (h if final else None)
 
 
 def _tile(D: int) -> tuple[int, int]:
@@ -213,9 +221,9 @@ def _scratch(config_of):
 def _variant(name, config_of, preference, description):
     return dispatch.register(dispatch.Variant(
         op="samu", name=name,
-        run=lambda x, nu, th, u, a, h0, kappa, cu_seqlens=None: run(x, nu, th, u, a, h0, kappa, config_of(*x.shape),
-                                                                   cu_seqlens),
-        packs=True,
+        run=lambda x, nu, th, u, a, h0, kappa, cu_seqlens=None, final=True: run(x, nu, th, u, a, h0, kappa,
+                                                                               config_of(*x.shape), cu_seqlens, final),
+        packs=True, drops_final=True,
         preference=lambda B, L, D, H: preference(B, L, D), scratch=_scratch(config_of), description=description,
         settings=lambda B, L, D, H, dtype: str(config_of(B, L, D)),
         numerics=lambda B, L, D, H, dtype: _numerics(config_of(B, L, D))))
