@@ -711,8 +711,9 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
 
     # train() sets the thread count for its run only.
     threads = torch.get_num_threads()
-    # the run checks its parameters once per log step (and its loss and gradient norm every step, on the
-    # device), so the mixers' per-call finiteness check, a host synchronisation each, is off for it
+    # the run checks its loss and gradient norm every step on the device (read at log steps) and its parameters
+    # before every validation and save, so the mixers' per-call finiteness check, a host synchronisation each,
+    # is off for it
     check = set_check_finite(False)
     ctx = _Dist()
     try:
@@ -950,6 +951,46 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
     t0 = time.perf_counter()
     last_log = (start, t0)
     pauses = 0.0   # seconds of this session spent validating and saving
+    # A log step's values (loss, gradient norm, first bad step) travel to the host without waiting, and are read
+    # one step later, when the next step is queued behind them: reading them at once would leave the GPU idle
+    # while the host catches up (results/dev/session10/call1: 10-20 ms at every log step of the 400m preset)
+    pending = None
+
+    def send_log(done, lr, grad_norm, elapsed):
+        norm = torch.full_like(loss_sum, float("nan")) if grad_norm is None else grad_norm.float()
+        values = torch.stack([loss_sum.double(), norm.double(), bad_step.double()]).to("cpu", non_blocking=True)
+        arrived = None
+        if device.type == "cuda":
+            arrived = torch.cuda.Event()
+            arrived.record()
+        return {"done": done, "lr": lr, "elapsed": elapsed, "values": values, "arrived": arrived}
+
+    def read_log(sent):
+        """The log entry of a log step ``sent`` (send_log); its interval's rate runs between the reads."""
+        nonlocal last_log
+        if sent["arrived"] is not None:
+            sent["arrived"].synchronize()
+        done = sent["done"]
+        loss_total, norm, bad = sent["values"].tolist()
+        if ctx.all_max([bad], device)[0]:
+            check_finite(done)   # raises, naming any non-finite parameter
+        loss = ctx.all_sum([loss_total], device)[0] / (config.grad_accum * ctx.world)
+        now = time.perf_counter()
+        # over the steps since the last log step (the first interval includes compilation)
+        rate = tokens_per_step * (done - last_log[0]) / (now - last_log[1])
+        last_log = (done, now)
+        entry = {"step": done, "loss": loss, "lr": sent["lr"], "time_s": sent["elapsed"],
+                 "grad_norm": None if math.isnan(norm) else norm,
+                 "tokens_per_s": tokens_per_step * (done - start) / (now - t0), "recent_tokens_per_s": rate,
+                 "mfu": mfu(params, rate, peak, ctx.world)}
+        log["train"].append(entry)
+        postfix["loss"] = f"{loss:.3f}"
+        postfix["tok/s"] = f"{rate / 1e3:.1f}K"
+        if peak is not None:
+            postfix["MFU"] = f"{entry['mfu']:.0%}"
+        if is_main:
+            folder.wrote = True
+            write_log(out, log)
     for step in range(start, config.steps):
         # Summed on the device: reading a loss back synchronises, so it happens at log steps only.
         loss_sum = torch.zeros((), device=device)
@@ -986,33 +1027,25 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         session = time.perf_counter() - t0
         elapsed, trained = time_before + session, train_before + session - pauses
         saved_now = False
+        if pending is not None:
+            read_log(pending)
+            pending = None
+        evaluates = done % config.eval_every == 0 or done == config.steps
+        saves = done % config.checkpoint_every == 0 or done == config.steps
         if done % config.log_every == 0 or done == config.steps:
-            check_finite(done)
-            loss = ctx.all_sum([loss_sum.item()], device)[0] / (config.grad_accum * ctx.world)
-            now = time.perf_counter()
-            # over the steps since the last log step (the first interval includes compilation)
-            rate = tokens_per_step * (done - last_log[0]) / (now - last_log[1])
-            last_log = (done, now)
-            entry = {"step": done, "loss": loss, "lr": lr, "time_s": elapsed,
-                     "grad_norm": None if grad_norm is None else float(grad_norm),
-                     "tokens_per_s": tokens_per_step * (done - start) / (now - t0), "recent_tokens_per_s": rate,
-                     "mfu": mfu(params, rate, peak, ctx.world)}
-            log["train"].append(entry)
-            postfix["loss"] = f"{loss:.3f}"
-            postfix["tok/s"] = f"{rate / 1e3:.1f}K"
-            if peak is not None:
-                postfix["MFU"] = f"{entry['mfu']:.0%}"
-            if is_main:
-                folder.wrote = True
-                write_log(out, log)
+            pending = send_log(done, lr, grad_norm, elapsed)
+            if evaluates or saves:
+                # a validation or a save waits for the GPU anyway, and the log it writes holds this entry
+                read_log(pending)
+                pending = None
         # validation and saving do not count against the next interval's tokens/s and MFU
         paused = time.perf_counter()
-        if done % config.eval_every == 0 or done == config.steps:
+        if evaluates:
             result = validate(done, elapsed, trained)
             postfix["val"] = f"{result.get('val_bpb', result['val_loss']):.3f}"
         if done == config.steps:
             log["done"] = True
-        if done % config.checkpoint_every == 0 or done == config.steps:
+        if saves:
             save(done, elapsed, trained)
             saved_now = True
         pause = time.perf_counter() - paused
@@ -1025,6 +1058,9 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
             # the ranks stop together after the same step (one small collective a step)
             stop = int(ctx.all_max([float(stop or 0)], device)[0]) or None
         if stop and done < config.steps:
+            if pending is not None:
+                read_log(pending)
+                pending = None
             if not saved_now:
                 save(done, elapsed, trained)
             bar.close()

@@ -75,6 +75,17 @@ def _untimed(entries):
     return [{k: v for k, v in e.items() if k not in ("time_s", "tokens_per_s", "recent_tokens_per_s", "mfu")} for e in entries]
 
 
+def test_log_steps_read_a_step_later_log_what_reading_at_once_logs(tmp_path):
+    """A log step's values reach the log when the next step is queued (no wait for the GPU); a step that validates
+    or saves reads them at once. Either way the entries are the same, and the last step's is there."""
+    data = text_corpus(_text(tmp_path))
+    later = train(_config(tmp_path, "later", eval_every=100, checkpoint_every=100), data=data)
+    at_once = train(_config(tmp_path, "at_once", eval_every=1), data=data)
+    assert [e["step"] for e in later.log["train"]] == list(range(1, 7))
+    assert _untimed(later.log["train"]) == _untimed(at_once.log["train"])
+    assert json.loads((tmp_path / "later" / "log.json").read_text())["train"] == later.log["train"]
+
+
 @pytest.mark.parametrize("grad_accum", [1, 2])
 def test_resume_continues_exactly(tmp_path, grad_accum):
     data = text_corpus(_text(tmp_path))
