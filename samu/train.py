@@ -652,7 +652,8 @@ def train(config: TrainConfig, *, data: TokenData | None = None, resume: bool = 
 
     The folder is locked for the run. SIGINT or SIGTERM finishes the current step, saves a checkpoint
     and raises TrainingInterrupted; a non-finite loss or parameter raises TrainingDiverged before
-    anything is saved. ``log.json`` is rewritten at every log step.
+    anything is saved. ``log.json`` is rewritten for every log step, a step later (at once where a step
+    validates or saves: see _run).
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
@@ -949,25 +950,30 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
     postfix = {}
     model.train()
     t0 = time.perf_counter()
-    last_log = (start, t0)
+    # where the last interval's rate was read from: its step, host time and CUDA event, and the seconds spent
+    # validating and saving since
+    mark = {"step": start, "time": t0, "event": None, "paused": 0.0}
     pauses = 0.0   # seconds of this session spent validating and saving
     # A log step's values (loss, gradient norm, first bad step) travel to the host without waiting, and are read
     # one step later, when the next step is queued behind them: reading them at once would leave the GPU idle
     # while the host catches up (results/dev/session10/call1: 10-20 ms at every log step of the 400m preset)
     pending = None
 
-    def send_log(done, lr, grad_norm, elapsed):
+    def send_log(done, lr, loss_sum, grad_norm, bad_step, elapsed):
+        """A log step's values on their way to the host, and when it ended: a CUDA event on CUDA (where the host
+        runs ahead of the GPU), else the host's clock."""
         norm = torch.full_like(loss_sum, float("nan")) if grad_norm is None else grad_norm.float()
         values = torch.stack([loss_sum.double(), norm.double(), bad_step.double()]).to("cpu", non_blocking=True)
         arrived = None
         if device.type == "cuda":
-            arrived = torch.cuda.Event()
+            arrived = torch.cuda.Event(enable_timing=True)
             arrived.record()
-        return {"done": done, "lr": lr, "elapsed": elapsed, "values": values, "arrived": arrived}
+        return {"done": done, "lr": lr, "elapsed": elapsed, "values": values, "arrived": arrived,
+                "sent_at": time.perf_counter()}
 
     def read_log(sent):
-        """The log entry of a log step ``sent`` (send_log); its interval's rate runs between the reads."""
-        nonlocal last_log
+        """The log entry of a log step ``sent`` (send_log). Its interval's rate runs from the end of the last log
+        step to the end of this one, less validating and saving: on the GPU's clock where both have an event."""
         if sent["arrived"] is not None:
             sent["arrived"].synchronize()
         done = sent["done"]
@@ -975,14 +981,17 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         if ctx.all_max([bad], device)[0]:
             check_finite(done)   # raises, naming any non-finite parameter
         loss = ctx.all_sum([loss_total], device)[0] / (config.grad_accum * ctx.world)
-        now = time.perf_counter()
+        if sent["arrived"] is not None and mark["event"] is not None:
+            seconds = mark["event"].elapsed_time(sent["arrived"]) / 1e3
+        else:
+            seconds = sent["sent_at"] - mark["time"]
         # over the steps since the last log step (the first interval includes compilation)
-        rate = tokens_per_step * (done - last_log[0]) / (now - last_log[1])
-        last_log = (done, now)
+        rate = tokens_per_step * (done - mark["step"]) / max(seconds - mark["paused"], 1e-9)
+        mark.update(step=done, time=sent["sent_at"], event=sent["arrived"], paused=0.0)
         entry = {"step": done, "loss": loss, "lr": sent["lr"], "time_s": sent["elapsed"],
                  "grad_norm": None if math.isnan(norm) else norm,
-                 "tokens_per_s": tokens_per_step * (done - start) / (now - t0), "recent_tokens_per_s": rate,
-                 "mfu": mfu(params, rate, peak, ctx.world)}
+                 "tokens_per_s": tokens_per_step * (done - start) / (sent["sent_at"] - t0),
+                 "recent_tokens_per_s": rate, "mfu": mfu(params, rate, peak, ctx.world)}
         log["train"].append(entry)
         postfix["loss"] = f"{loss:.3f}"
         postfix["tok/s"] = f"{rate / 1e3:.1f}K"
@@ -992,26 +1001,33 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
             folder.wrote = True
             write_log(out, log)
     for step in range(start, config.steps):
-        # Summed on the device: reading a loss back synchronises, so it happens at log steps only.
+        # Summed on the device: reading a loss back synchronises, so it happens a step after each log step.
         loss_sum = torch.zeros((), device=device)
         for micro in range(config.grad_accum):
-            rng = np.random.default_rng([config.seed, step, ctx.rank * config.grad_accum + micro])
-            x, y, cu_seqlens = data.sample(config.batch_size, config.seq_len, rng, config.pack)
-            x, y = to_device(x, device), to_device(y, device)
-            last = micro == config.grad_accum - 1
-            if shard:
-                # gradients are reduced over the ranks after the last micro-batch only
-                model.set_requires_gradient_sync(last)
-            sync = contextlib.nullcontext() if last or ctx.world == 1 or shard else engine.no_sync()
             try:
+                rng = np.random.default_rng([config.seed, step, ctx.rank * config.grad_accum + micro])
+                x, y, cu_seqlens = data.sample(config.batch_size, config.seq_len, rng, config.pack)
+                x, y = to_device(x, device), to_device(y, device)
+                last = micro == config.grad_accum - 1
+                if shard:
+                    # gradients are reduced over the ranks after the last micro-batch only
+                    model.set_requires_gradient_sync(last)
+                sync = contextlib.nullcontext() if last or ctx.world == 1 or shard else engine.no_sync()
                 with sync:
                     with autocast:
                         logits = forward(engine, x, cu_seqlens, compiled)
                     loss = cross_entropy(logits, y)
                     (loss / config.grad_accum).backward()
-            except NonFiniteParameters:
-                # the previous update made a parameter non-finite
-                raise diverged(int(bad_step) or step) from None
+            except BaseException as error:
+                if pending is not None and ctx.world == 1:
+                    # the last log step's entry reaches log.json before the run stops (with more processes, each
+                    # would wait in read_log's collectives for the others)
+                    with contextlib.suppress(Exception):
+                        read_log(pending)
+                if isinstance(error, NonFiniteParameters):
+                    # the previous update made a parameter non-finite
+                    raise diverged(int(bad_step) or step) from None
+                raise
             loss_sum += loss.detach()
         lr = optimizer.param_groups[0]["lr"]
         if config.grad_clip:
@@ -1033,7 +1049,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         evaluates = done % config.eval_every == 0 or done == config.steps
         saves = done % config.checkpoint_every == 0 or done == config.steps
         if done % config.log_every == 0 or done == config.steps:
-            pending = send_log(done, lr, grad_norm, elapsed)
+            pending = send_log(done, lr, loss_sum, grad_norm, bad_step, elapsed)
             if evaluates or saves:
                 # a validation or a save waits for the GPU anyway, and the log it writes holds this entry
                 read_log(pending)
@@ -1050,7 +1066,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
             saved_now = True
         pause = time.perf_counter() - paused
         pauses += pause
-        last_log = (last_log[0], last_log[1] + pause)
+        mark["paused"] += pause
         bar.set_postfix(postfix, refresh=False)
         bar.update(1)
         stop = signals.signum

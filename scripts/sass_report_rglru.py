@@ -95,10 +95,10 @@ def kernels(n: int, args):
     grouped = dict(shape, NGP=triton_fwd.MAX_GROUPS, HAS_H0=True, VARLEN=False)
     y_order = 2 if args.dtype == "fp32" else 1
     return [
-        ("fwd summary", triton_fwd._rglru_chunk_kernel, dict(grouped, Y_ORDER=y_order, SUMMARY=True, HAS_FINAL=True), WC,
-         per_thread, 1),
-        ("fwd replay", triton_fwd._rglru_chunk_kernel, dict(grouped, Y_ORDER=y_order, SUMMARY=False, HAS_FINAL=True), WC,
-         per_thread, 1),
+        ("fwd summary", triton_fwd._rglru_chunk_kernel,
+         dict(grouped, Y_ORDER=y_order, SUMMARY=True, HAS_FINAL=True), WC, per_thread, 1),
+        ("fwd replay", triton_fwd._rglru_chunk_kernel,
+         dict(grouped, Y_ORDER=y_order, SUMMARY=False, HAS_FINAL=True), WC, per_thread, 1),
         ("bwd summary", triton_bwd._rglru_bwd_summary_kernel, shape, WC, per_thread, 1),
         ("bwd dW", triton_bwd._rglru_bwd_dw_kernel, dict(grouped, M=2 * H * n * n + 3 * H * n, HAS_DH=True), WC,
          per_thread, 1),

@@ -88,6 +88,18 @@ def test_resume_refuses_other_data_and_records_the_absolute_path(tmp_path, monke
 # 2. Divergence, kept checkpoints
 
 
+def test_divergence_found_where_a_log_step_is_read_a_step_later_names_the_parameters(tmp_path):
+    """No save and no validation before the end: the divergence is found when a log step's values are read (the
+    step after it), and nothing is written."""
+    data = text_corpus(_text(tmp_path))
+    config = _config(tmp_path / "run", steps=40, lr=50.0, min_lr=50.0, warmup_steps=0, grad_clip=0,
+                     checkpoint_every=100, eval_every=100)
+    with pytest.raises(TrainingDiverged, match=r"training diverged at step \d+.*no checkpoint was written.*"
+                                               r"\(non-finite: "):
+        train(config, data=data)
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
 def test_divergence_stops_before_saving_and_keeps_the_last_good_checkpoint(tmp_path):
     data = text_corpus(_text(tmp_path))
     config = _config(tmp_path / "run", steps=20, lr=50.0, min_lr=50.0, warmup_steps=0, grad_clip=0,

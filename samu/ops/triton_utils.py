@@ -50,7 +50,7 @@ def launch(kernel, grid, *args, **kwargs):
     # everything Triton specialises a launch on: a tensor's dtype and 16-byte alignment; for any other
     # argument (ints, floats, constexprs, flags) its type and value, stricter than Triton's own classes
     # (the type too: True and 1 compile differently); then the options (num_warps, ...) and the device
-    key = [torch._C._cuda_getDevice()]
+    key = []
     call = []
     for a in values:
         if isinstance(a, torch.Tensor):
@@ -65,6 +65,8 @@ def launch(kernel, grid, *args, **kwargs):
     for k, v in kwargs.items():
         if k not in named:
             key.append((k, (type(v), v)))
+    device = torch._C._cuda_getDevice()
+    key.append(device)
     key = tuple(key)
     hit = cache.get(key)
     if hit is None:
@@ -77,7 +79,7 @@ def launch(kernel, grid, *args, **kwargs):
         return compiled
     run, prefix = hit
     g = (*grid, 1, 1)
-    run(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(key[0]), *prefix, *call)
+    run(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(device), *prefix, *call)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -276,3 +276,32 @@ def test_first_use_gating_runs_the_real_gate_on_the_gpu_then_dispatches_triton(e
     y, _ = samu.samu_mixer(*args)
     ref, _ = samu.samu_mixer(*args, backend="torch")
     assert torch.allclose(y.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_a_caller_that_drops_the_final_state_tells_the_variants_that_can_skip_it(monkeypatch):
+    """samu_mixer passes final=output_final_state to a variant with drops_final, and nothing to one without."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    dispatch.variants("samu")
+    seen = {}
+
+    def run_for(name):
+        def run(x, *args, **kw):
+            seen[name] = kw
+            return x.clone(), x[:, -1].float()
+        return run
+
+    names = {"test_drops_final": True, "test_keeps_final": False}
+    for name, drops in names.items():
+        dispatch.register(dispatch.Variant("samu", name, run_for(name), lambda B, L, D, H: None,
+                                           lambda B, L, D: ("0", 0), "test dummy", drops_final=drops))
+    try:
+        x = randn((1, 5, 8), 0)
+        params = samu_params(8, 1)
+        for wanted in (False, True):
+            for name in names:
+                y, h = samu.samu_mixer(x, *params, output_final_state=wanted, backend=name)
+                assert (h is None) != wanted
+            assert seen["test_drops_final"] == {"final": wanted} and seen["test_keeps_final"] == {}
+    finally:
+        for name in names:
+            dispatch._VARIANTS["samu"].pop(name, None)

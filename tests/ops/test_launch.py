@@ -144,7 +144,7 @@ def test_the_cache_holds_no_tensor_and_starts_over_when_full(cached, monkeypatch
     for n in range(5):
         triton_utils.launch(k, (1,), y, y, n, flag=True)
     # cleared when full (keys 16, 0, 1), then filled again with 2, 3, 4
-    assert sorted(key[3][1] for key in k._samu_launch[-1]) == [2, 3, 4]
+    assert sorted(key[2][1] for key in k._samu_launch[-1]) == [2, 3, 4]
     # a tuple argument would keep its tensors in the key: never cached
     for _ in range(2):
         triton_utils.launch(k, (1,), y, (y, y), 16, flag=True)

@@ -588,9 +588,10 @@ def _rglru_chunk_kernel(
     gsums,               # [2, B, NG, D] fp32: per group, the map through the whole group
     states,              # [B, NC, D] fp32: the state entering every chunk (replay writes it)
     y,                   # [B, L, D] x.dtype (replay)
-    h_last,              # [B, D] fp32 final state (replay); packed, [N, D]
+    h_last,              # [B, D] fp32 final state (replay, HAS_FINAL); packed, [N, D]
     words,               # [3, NC] int32: packing_triton.chunk_boundaries (VARLEN)
-    fin_a, fin_b,        # [N, D] fp32 each: per sequence, the map from its last chunk's start to its end (VARLEN)
+    fin_a, fin_b,        # [N, D] fp32 each: per sequence, the map from its last chunk's start to its end
+                         # (VARLEN, HAS_FINAL)
     L, NC, G, NG, c,
     one,                 # 1, as a runtime value (see below)
     D: tl.constexpr, n: tl.constexpr, H: tl.constexpr,
