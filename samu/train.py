@@ -712,7 +712,7 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
 
     # train() sets the thread count for its run only.
     threads = torch.get_num_threads()
-    # the run checks its loss and gradient norm every step on the device (read at log steps) and its parameters
+    # the run checks its loss and gradient norm every step on the device (read with the log) and its parameters
     # before every validation and save, so the mixers' per-call finiteness check, a host synchronisation each,
     # is off for it
     check = set_check_finite(False)
