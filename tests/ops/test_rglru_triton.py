@@ -9,7 +9,7 @@ import torch
 
 import samu
 from samu.ops import dispatch
-from tests.helpers import assert_gate, gate_check, randn, rel_err, rglru_params
+from tests.helpers import assert_gate, assert_same_results_of_two_forms, gate_check, randn, rel_err, rglru_params
 
 pytestmark = pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
 
@@ -224,11 +224,7 @@ def test_packed_kernels_without_a_final_state_cotangent():
     without = torch.autograd.grad(y, [x, h0, *params], dy)
     y, h = run(x, *params, h0, 8.0, _config(K=8, WC=2), cu)
     zero = torch.autograd.grad([y, h], [x, h0, *params], [dy, torch.zeros_like(h)])
-    for a, b in zip(without, zero):
-        if DEVICE == "cpu":
-            assert torch.equal(a, b)
-        else:
-            assert rel_err(a, b) < 1e-6
+    assert_same_results_of_two_forms(without, zero)
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -248,11 +244,7 @@ def test_a_call_that_drops_the_final_state_equals_one_that_keeps_it(packed):
         y, h = run(x, *params, h0, 8.0, _config(K=8, WC=2), cu, final=final)
         assert (h is None) == (not final)
         results.append((y.detach(), *torch.autograd.grad(y, [x, h0, *params], dy)))
-    for a, b in zip(*results):
-        if DEVICE == "cpu":
-            assert torch.equal(a, b)
-        else:
-            assert rel_err(a, b) < 1e-6
+    assert_same_results_of_two_forms(*results)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ import torch
 
 import samu
 from samu.ops import dispatch
-from tests.helpers import assert_gate, gate_check, randn, rel_err, samu_params
+from tests.helpers import assert_gate, assert_same_results_of_two_forms, gate_check, randn, rel_err, samu_params
 
 pytestmark = pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
 
@@ -212,11 +212,7 @@ def test_a_call_that_drops_the_final_state_equals_one_that_keeps_it(packed):
         y, h = run(x, *params, h0, 2.0, _config(8, 4, 2), cu, final=final)
         assert (h is None) == (not final)
         results.append((y.detach(), *torch.autograd.grad(y, [x, h0, *params], dy)))
-    for a, b in zip(*results):
-        if DEVICE == "cpu":
-            assert torch.equal(a, b)
-        else:
-            assert rel_err(a, b) < 1e-6
+    assert_same_results_of_two_forms(*results)
 
 
 def test_custom_ops_pass_opcheck():
