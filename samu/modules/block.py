@@ -10,7 +10,8 @@ import torch.nn as nn
 from samu.modules.layers import (Conv1D, GatedMLP, Linear, RMSNorm, check_sequence, check_tensor, check_token,
                                  lecun_normal_, linear_onto, product_dtype)
 from samu.modules.mixers import RGLRUMixer, SAMUMixer
-from samu.ops.glue import conv_gelu, fused_backend
+from samu.ops.glue import conv_gelu, fused_backend, fused_kernels
+from samu.ops.linear import autocast_dtype
 from samu.ops.packing import sequence_offsets
 from samu.ops.scan import state_dtype
 from samu.ops.sequence_parallel import conv_halo
@@ -191,11 +192,46 @@ class ResidualLayer(nn.Module):
 
     def decode(self, x_t, state: BlockState):
         """x_t [B, width] -> x_t, updating ``state`` in place (unchecked; RecurrentBlock.decode)."""
+        if self._one_row(x_t):
+            return self._decode_row(x_t, state)
         # each norm also writes x_t + the next product's bias, which adds the residual in its epilogue
         u_t, residual = self.temporal_norm.decode(x_t, self.block.linear_out.bias)
         x_t = self.block.decode(u_t, state, residual)
         v_t, residual = self.mlp_norm.decode(x_t, self.mlp.down.bias)
         return self.mlp.decode(v_t, residual)
+
+    def _products(self):
+        block, mlp = self.block, self.mlp
+        return (block.linear_in, block.linear_out, mlp.gate_up, mlp.down)
+
+    def _one_row(self, x_t) -> bool:
+        """Whether a decoding step of x_t runs on samu.ops.rowprod_triton's one-row products: one row, the fused
+        kernels' backend for every part, no autocast, and every product's weight and bias and both norms'
+        weights in x_t's dtype."""
+        if x_t.shape[0] != 1 or not x_t.is_contiguous() or autocast_dtype(x_t.device.type) is not None:
+            return False
+        if not all(fused_kernels(x_t, b) for b in (self.temporal_norm.backend, self.mlp_norm.backend,
+                                                   self.mlp.backend)):
+            return False
+        tensors = [self.temporal_norm.weight, self.mlp_norm.weight]
+        for linear in self._products():
+            tensors += [linear.weight, linear.bias]
+        return all(t is not None and t.dtype == x_t.dtype and t.is_contiguous() for t in tensors)
+
+    def _decode_row(self, x_t, state: BlockState):
+        """decode() at batch 1 in five launches: the in-projection with the temporal norm in its prologue, the
+        block's step, the out-projection onto x_t, gate_up with the MLP's norm, down with the GeGLU gate onto
+        the sum (samu.ops.rowprod_triton)."""
+        from samu.ops.rowprod_triton import row_product
+
+        linear_in, linear_out, gate_up, down = self._products()
+        block = self.block
+        z = row_product(x_t, linear_in.weight, linear_in.bias,
+                        norm=(self.temporal_norm.weight, self.temporal_norm.eps))
+        g = block.mixer.block_step(z, block.conv1d.weight, block.conv1d.bias, state.conv, state.mixer)
+        x_t = row_product(g, linear_out.weight, linear_out.bias, residual=x_t)
+        h = row_product(x_t, gate_up.weight, gate_up.bias, norm=(self.mlp_norm.weight, self.mlp_norm.eps))
+        return row_product(h, down.weight, down.bias, geglu=True, residual=x_t)
 
     def step(self, x_t, state=None):
         check_token("x_t", x_t, self.block.width)

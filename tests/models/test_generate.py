@@ -182,6 +182,49 @@ def test_decoding_through_the_fused_kernels_follows_the_forward(config, monkeypa
     assert torch.equal(out[:3], tokens[0, :3]) and len(out) == 9
 
 
+@pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.mixer)
+def test_batch_one_decoding_through_the_one_row_products_follows_the_forward(config, monkeypatch):
+    # at batch 1 a layer's step is four one-row products around the block's step kernel (the interpreter on CPU)
+    from samu.ops import rowprod_triton
+
+    calls = []
+    kernel = rowprod_triton.row_product
+    monkeypatch.setattr(rowprod_triton, "row_product", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
+    torch.manual_seed(8)
+    model = LanguageModel(config, backend=sorted(dispatch.variants(config.mixer))[0], device=DEVICE)
+    tokens = torch.randint(0, 19, (1, 7), device=DEVICE)
+    with torch.no_grad():
+        logits, _ = model(tokens)
+        state = model.init_state(1)
+        for t in range(7):
+            assert rel_err(model.decode(tokens[:, t], state), logits[:, t]) < 1e-5, t
+        assert len(calls) == 4 * config.num_layers * 7
+        # the functional step leaves the caller's row alone
+        layer, x_t = model.layers[0], torch.randn(1, config.width, device=DEVICE)
+        kept = x_t.clone()
+        layer.step(x_t)
+        assert torch.equal(x_t, kept)
+        # at batch 2 the layers keep the products of the forward (cuBLAS on CUDA)
+        calls.clear()
+        model.decode(tokens[:, 0].repeat(2), model.init_state(2))
+        assert not calls
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.mixer)
+def test_graphed_decoding_of_one_row_equals_eager_decoding_bit_for_bit(config, dtype):
+    # batch 1: the one-row products (with programmatic dependent launch on sm_90) inside and outside a graph
+    model = _model(config, 6, device="cuda").to(dtype)
+    for temperature, top_k in ((0.0, None), (0.9, 5)):
+        kw = dict(temperature=temperature, top_k=top_k, seed=11)
+        graphed = generate(model, torch.tensor([5, 1, 2]), 300, graph=True, **kw)
+        eager = generate(model, torch.tensor([5, 1, 2]), 300, graph=False, **kw)
+        assert torch.equal(graphed, eager) and graphed.is_cuda
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -48,6 +48,7 @@ def _cases():
     from samu.ops import geglu_triton as gg
     from samu.ops import glue_triton as g
     from samu.ops import rmsnorm_triton as r
+    from samu.ops import rowprod_triton as rp
     from samu.ops import step_triton as s
     from samu.ops.samu import triton_shift as sh
 
@@ -78,6 +79,13 @@ def _cases():
             for MATH in (1, 2):
                 yield (s._rglru_step, ("c",), dict(BB=s.STEP_ROWS, BH=BH, ROWS=s.GATE_ROWS, MATH=MATH, K=K),
                        s.RGLRU_WARPS)
+    # decoding's one-row products: every prologue, with and without the residual and programmatic launch
+    rows = {**{n: "*bf16" for n in ("w", "b", "x", "res", "nw", "y")}, "K": "i32"}
+    for pro in (rp.PLAIN, rp.NORM, rp.GEGLU):
+        for res in (False, True):
+            for pdl in (False, True):
+                yield (rp._row_product, ("eps",), dict(BN=rp.BN, BK=rp.BK, KP=2048 if pro == rp.NORM else 1, PRO=pro,
+                                                       HAS_RES=res, PDL=pdl), rp.WARPS, rows)
     # SAMU's sequence-parallel correction (float64 sums and turns)
     sums = {"mass": "*fp64", "drift": "*fp64", "omega": "*fp64", "n_ttiles": "i32", "n_ntiles": "i32"}
     yield sh._shift_fwd, (), dict(BT=sh.BT, BN=sh.BN), 4, {**sums, "y0": "*bf16"}

@@ -1,0 +1,89 @@
+"""Decoding's one-row products in Triton: y = W pro(x) + b (+ residual) for a single row x, one launch each.
+
+At batch 1 a decoding step is ~100 small kernels, each bound by its fixed cost (launch, ramp, tail) rather than
+by the bytes it reads. These products fold the work between them into their prologues and epilogues, so a
+layer is five launches (the in-projection with its RMSNorm, the block's step, the out-projection onto the
+residual, gate_up with its RMSNorm, down with its GeGLU onto the residual) instead of eight, and on Hopper
+(sm_90) and later they launch with programmatic dependent launch (PDL): a product may launch while the kernel
+before it runs and waits (``gdc_wait``) only before it reads its input. Kernels of this shape measured alone
+(results/dev/session9/scripts/pdl.py) took 12 such layers in 0.438 ms against 0.813 ms as PyTorch ops; this
+kernel's first form, which loaded the weight tile after the prologue, made a real decode slower (0.739 against
+0.568 ms a token, docs/performance.md "Decoding", v6).
+
+A program owns BN = 8 output rows and walks the input in BK = 512 columns (the tiles that measured best),
+loading each weight tile before the prologue's work so that its loads are in flight together; the prologue's
+values are rounded to x's dtype where the unfused ops round (the norm's output, GeLU and the gate's product),
+and the sum, bias and residual are rounded once. No PDL in Triton's interpreter, which runs the same code.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import cuda as tlc
+
+from samu.ops.triton_utils import _INTERPRET, cast_to, cdiv, gelu_tanh, launch, next_power_of_2
+
+BN = 8
+BK = 512
+WARPS = 4
+PLAIN, NORM, GEGLU = 0, 1, 2
+
+
+@triton.jit
+def _row_product(w, b, x, res, nw, y, N, K, eps, BN: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr,
+                 PRO: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr):
+    """y[rows] = W[rows] @ pro(x) + b[rows] (+ res[rows]). PRO: PLAIN x [K]; NORM RMSNorm(x) * nw, x [K];
+    GEGLU gelu_tanh(gate) * up, x = [gate | up] [2K]."""
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    mask_n = rows < N
+    if PDL:
+        tlc.gdc_wait()               # the kernel before this one has finished and its writes are seen
+        tlc.gdc_launch_dependents()  # the next one may launch now (it waits the same way)
+    dt = y.dtype.element_ty
+    rstd = 1.0
+    if PRO == 1:
+        ck = tl.arange(0, KP)
+        whole = tl.load(x + ck, mask=ck < K, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(whole * whole, axis=0) / K + eps)   # as the RMSNorm kernel (rmsnorm_triton)
+    acc = tl.zeros([BN, BK], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        cols = k0 + tl.arange(0, BK)
+        mk = cols < K
+        # the weight tile first: its loads are the ones to have in flight together (the prologue's loads and
+        # arithmetic written first put half of them behind it; session 9's SASS)
+        wt = tl.load(w + rows[:, None].to(tl.int64) * K + cols[None, :], mask=mask_n[:, None] & mk[None, :],
+                     other=0.0)
+        if PRO == 2:
+            gate = tl.load(x + cols, mask=mk, other=0.0).to(tl.float32)
+            up = tl.load(x + K + cols, mask=mk, other=0.0).to(tl.float32)
+            g = cast_to(gelu_tanh(gate), dt).to(tl.float32)   # as the GeGLU kernel (geglu_triton)
+            xv = cast_to(g * up, dt).to(tl.float32)
+        elif PRO == 1:
+            v = tl.load(x + cols, mask=mk, other=0.0).to(tl.float32)
+            xv = cast_to(v * rstd * tl.load(nw + cols, mask=mk, other=0.0).to(tl.float32), dt).to(tl.float32)
+        else:
+            xv = tl.load(x + cols, mask=mk, other=0.0).to(tl.float32)
+        acc += wt.to(tl.float32) * xv[None, :]
+    out = tl.sum(acc, axis=1) + tl.load(b + rows, mask=mask_n, other=0.0).to(tl.float32)
+    if HAS_RES:
+        out += tl.load(res + rows, mask=mask_n, other=0.0).to(tl.float32)
+    tl.store(y + rows, cast_to(out, dt), mask=mask_n)
+
+
+def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, norm=None, geglu: bool = False,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+    """[1, N] = W pro(x) + bias (+ residual) for one row x [1, K] ([1, 2K] with ``geglu``), weight [N, K]:
+    ``norm`` = (norm weight [K], eps) applies RMSNorm to x first, ``geglu`` GeLU_tanh(gate) * up of x's two
+    halves; everything contiguous and in one dtype (unchecked: ResidualLayer._one_row decides)."""
+    N, K = weight.shape
+    y = x.new_empty(1, N)
+    pro = GEGLU if geglu else NORM if norm is not None else PLAIN
+    nw, eps = norm if norm is not None else (bias, 0.0)
+    # griddepcontrol exists from sm_90 on, and not on ROCm
+    pdl = not _INTERPRET and torch.version.hip is None and torch.cuda.get_device_capability(x.device)[0] >= 9
+    launch(_row_product, (cdiv(N, BN),), weight, bias, x, residual if residual is not None else y, nw, y, N, K,
+           float(eps), BN=BN, BK=BK, KP=next_power_of_2(K) if pro == NORM else 1, PRO=pro,
+           HAS_RES=residual is not None, PDL=pdl, num_warps=WARPS, **({"launch_pdl": True} if pdl else {}))
+    return y

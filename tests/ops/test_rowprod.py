@@ -1,0 +1,86 @@
+"""Decoding's one-row products (samu.ops.rowprod_triton) against the same maths in float64.
+
+The kernel runs in the interpreter on CPU (compiled, with programmatic dependent launch on sm_90, on CUDA).
+Rule, declared before any run: the float64 reference rounds where the kernel rounds (the RMSNorm's output, GeLU
+and the gate's product, to the dtype) and nowhere else. fp32 results are within 1e-6 (relative Frobenius) of it.
+Every bf16 element is within one unit of bf16 of it (eps |exact|, eps = 2^-7), plus the fp32 sums' own error
+(K 2^-24 (sum |w x'| + |b| + |residual|)), plus, where a prologue rounds, one unit of each rounded input
+(eps sum |w| |x'|): the kernel computes x' in fp32, so an element next to a rounding boundary may round the
+other way than float64's, by one unit.
+"""
+
+import pytest
+import torch
+
+from samu.ops import dispatch
+from tests.helpers import poison_allocations, rel_err
+
+pytestmark = pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+EPS = 2.0 ** -7   # bf16
+
+
+@pytest.fixture(autouse=True)
+def nan_outputs(monkeypatch):
+    poison_allocations(monkeypatch)
+
+
+def _gelu64(v):
+    return v * torch.sigmoid(2 * 0.7978845608028654 * (v + 0.044715 * v ** 3))
+
+
+def _exact(x, w, b, norm, geglu, res, dtype):
+    """(float64 result, sum |w x'| + |b| + |residual|, sum |w x'|) with x' the prologue's output rounded to dtype,
+    as the kernel."""
+    K = w.shape[1]
+    xd = x.double()[0]
+    if geglu:
+        gate, up = xd[:K], xd[K:]
+        xp = (_gelu64(gate).to(dtype).double() * up).to(dtype).double()
+    elif norm is not None:
+        nw, eps = norm
+        xp = (xd / torch.sqrt((xd * xd).mean() + eps) * nw.double()).to(dtype).double()
+    else:
+        xp = xd
+    out = w.double() @ xp + b.double()
+    scale = w.double().abs() @ xp.abs() + b.double().abs()
+    if res is not None:
+        out = out + res.double()[0]
+        scale = scale + res.double()[0].abs()
+    return out, scale, w.double().abs() @ xp.abs()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("mode", ["plain", "norm", "geglu"])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_row_product_matches_float64(dtype, mode, with_residual):
+    from samu.ops.rowprod_triton import row_product
+
+    torch.manual_seed(3)
+    N, K = 37, 600   # a partial last program of rows, two column blocks with a partial second
+    w = (torch.randn(N, K, device=DEVICE) / K ** 0.5).to(dtype)
+    b = torch.randn(N, device=DEVICE).to(dtype)
+    x = torch.randn(1, 2 * K if mode == "geglu" else K, device=DEVICE).to(dtype)
+    norm = (torch.rand(K, device=DEVICE).add(0.5).to(dtype), 1e-6) if mode == "norm" else None
+    res = torch.randn(1, N, device=DEVICE).to(dtype) if with_residual else None
+    y = row_product(x, w, b, norm=norm, geglu=mode == "geglu", residual=res)
+    assert y.shape == (1, N) and y.dtype == dtype
+    exact, scale, rounded = _exact(x, w, b, norm, mode == "geglu", res, dtype)
+    if dtype == torch.float32:
+        assert rel_err(y[0], exact) < 1e-6
+    else:
+        bound = EPS * exact.abs() + K * 2.0 ** -24 * scale + (EPS * rounded if mode != "plain" else 0.0)
+        assert ((y[0].double() - exact).abs() <= bound).all()
+
+
+def test_row_product_leaves_its_inputs_alone():
+    from samu.ops.rowprod_triton import row_product
+
+    torch.manual_seed(4)
+    w, b = torch.randn(9, 20, device=DEVICE), torch.randn(9, device=DEVICE)
+    x, res = torch.randn(1, 20, device=DEVICE), torch.randn(1, 9, device=DEVICE)
+    before = (x.clone(), res.clone())
+    y = row_product(x, w, b, residual=res)
+    assert torch.equal(x, before[0]) and torch.equal(res, before[1])
+    assert rel_err(y[0], (w.double() @ x.double()[0] + b.double() + res.double()[0])) < 1e-6
