@@ -10,8 +10,9 @@ before it runs and waits (``gdc_wait``) only before it reads its input. Kernels 
 kernel's first form, which loaded the weight tile after the prologue, made a real decode slower (0.739 against
 0.568 ms a token, docs/performance.md "Decoding", v6).
 
-A program owns BN = 8 output rows and walks the input in BK = 512 columns (the tiles that measured best),
-loading each weight tile before the prologue's work so that its loads are in flight together; the prologue's
+A program owns BN = 8 output rows and walks the input in BK = 512 columns (the tiles that measured best). Its
+first weight tile is loaded before the wait for the kernel before (weights do not depend on it, so under PDL
+that load overlaps the other kernel's tail), and each later tile while the one before it is used; the prologue's
 values are rounded to x's dtype where the unfused ops round (the norm's output, GeLU and the gate's product),
 and the sum, bias and residual are rounded once. No PDL in Triton's interpreter, which runs the same code.
 """
@@ -23,7 +24,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import cuda as tlc
 
-from samu.ops.triton_utils import _INTERPRET, cast_to, cdiv, gelu_tanh, launch, next_power_of_2
+from samu.ops.triton_utils import cast_to, cdiv, gelu_tanh, launch, next_power_of_2, pdl
 
 BN = 8
 BK = 512
@@ -38,6 +39,11 @@ def _row_product(w, b, x, res, nw, y, N, K, eps, BN: tl.constexpr, BK: tl.conste
     GEGLU gelu_tanh(gate) * up, x = [gate | up] [2K]."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     mask_n = rows < N
+    p_w = w + rows[:, None].to(tl.int64) * K
+    # the first weight tile before the wait: weights do not depend on the kernel before, so with PDL their
+    # loads overlap its tail
+    cols = tl.arange(0, BK)
+    wt = tl.load(p_w + cols[None, :], mask=mask_n[:, None] & (cols < K)[None, :], other=0.0)
     if PDL:
         tlc.gdc_wait()               # the kernel before this one has finished and its writes are seen
         tlc.gdc_launch_dependents()  # the next one may launch now (it waits the same way)
@@ -51,10 +57,9 @@ def _row_product(w, b, x, res, nw, y, N, K, eps, BN: tl.constexpr, BK: tl.conste
     for k0 in range(0, K, BK):
         cols = k0 + tl.arange(0, BK)
         mk = cols < K
-        # the weight tile first: its loads are the ones to have in flight together (the prologue's loads and
-        # arithmetic written first put half of them behind it; session 9's SASS)
-        wt = tl.load(w + rows[:, None].to(tl.int64) * K + cols[None, :], mask=mask_n[:, None] & mk[None, :],
-                     other=0.0)
+        # the next weight tile in flight while this one is used (past K: masked, no traffic)
+        w_cur = wt
+        wt = tl.load(p_w + (cols + BK)[None, :], mask=mask_n[:, None] & (cols + BK < K)[None, :], other=0.0)
         if PRO == 2:
             gate = tl.load(x + cols, mask=mk, other=0.0).to(tl.float32)
             up = tl.load(x + K + cols, mask=mk, other=0.0).to(tl.float32)
@@ -65,7 +70,7 @@ def _row_product(w, b, x, res, nw, y, N, K, eps, BN: tl.constexpr, BK: tl.conste
             xv = cast_to(v * rstd * tl.load(nw + cols, mask=mk, other=0.0).to(tl.float32), dt).to(tl.float32)
         else:
             xv = tl.load(x + cols, mask=mk, other=0.0).to(tl.float32)
-        acc += wt.to(tl.float32) * xv[None, :]
+        acc += w_cur.to(tl.float32) * xv[None, :]
     out = tl.sum(acc, axis=1) + tl.load(b + rows, mask=mask_n, other=0.0).to(tl.float32)
     if HAS_RES:
         out += tl.load(res + rows, mask=mask_n, other=0.0).to(tl.float32)
@@ -81,9 +86,8 @@ def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, no
     y = x.new_empty(1, N)
     pro = GEGLU if geglu else NORM if norm is not None else PLAIN
     nw, eps = norm if norm is not None else (bias, 0.0)
-    # griddepcontrol exists from sm_90 on, and not on ROCm
-    pdl = not _INTERPRET and torch.version.hip is None and torch.cuda.get_device_capability(x.device)[0] >= 9
+    options = pdl(x.device)
     launch(_row_product, (cdiv(N, BN),), weight, bias, x, residual if residual is not None else y, nw, y, N, K,
            float(eps), BN=BN, BK=BK, KP=next_power_of_2(K) if pro == NORM else 1, PRO=pro,
-           HAS_RES=residual is not None, PDL=pdl, num_warps=WARPS, **({"launch_pdl": True} if pdl else {}))
+           HAS_RES=residual is not None, PDL=bool(options), num_warps=WARPS, **options)
     return y

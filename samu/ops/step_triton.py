@@ -17,9 +17,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import cuda as tlc
 
 from samu.ops.rglru.triton_fwd import _sigmoid_channel, _softplus, math_mode
-from samu.ops.triton_utils import cast_to, cdiv, gelu_tanh, launch, next_power_of_2, one_minus_exp_neg, tanh
+from samu.ops.triton_utils import cast_to, cdiv, gelu_tanh, launch, next_power_of_2, one_minus_exp_neg, pdl, tanh
 
 # input rows of the RG-LRU gate matrices one pass of the matvec reads; warps of a program (a decoding step
 # at batch 1 is latency-bound: SAMU takes at most one warp per 32 modes, so no thread holds a copy)
@@ -80,18 +81,24 @@ def _store_out(y, new, x, ch, ok, D, K: tl.constexpr):
 
 @triton.jit
 def _samu_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, state, N, sx, radial_bound,
-               BN: tl.constexpr, K: tl.constexpr):
+               BN: tl.constexpr, K: tl.constexpr, PDL: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, BN)   # [BN] modes
     ok = k < N
     D = 2 * N
-    xb = x + b * sx
-    x_re = _conv_in(xb, cw, cb, state, b, k, ok, D, K, True)
-    x_im = _conv_in(xb, cw, cb, state, b, N + k, ok, D, K, True)
+    # the parameters first: no kernel before this one writes them, so under PDL their loads overlap its tail
     u0_re = tl.load(directions + k, mask=ok, other=0.0)
     u0_im = tl.load(directions + N + k, mask=ok, other=0.0)
     u1_re = tl.load(directions + D + k, mask=ok, other=0.0)
     u1_im = tl.load(directions + D + N + k, mask=ok, other=0.0)
+    nu_k = tl.load(nu + k, mask=ok, other=0.0)
+    theta_k = tl.load(theta_log + k, mask=ok, other=0.0)
+    if PDL:
+        tlc.gdc_wait()               # the kernel before this one has finished and its writes are seen
+        tlc.gdc_launch_dependents()
+    xb = x + b * sx
+    x_re = _conv_in(xb, cw, cb, state, b, k, ok, D, K, True)
+    x_im = _conv_in(xb, cw, cb, state, b, N + k, ok, D, K, True)
     # p = x . (u / |u|) for the two directions; c = A p; m = exp(kappa tanh(c0 / kappa)); phi = c1
     p0 = tl.sum(x_re * u0_re + x_im * u0_im, axis=0) / tl.sqrt(tl.sum(u0_re * u0_re + u0_im * u0_im, axis=0))
     p1 = tl.sum(x_re * u1_re + x_im * u1_im, axis=0) / tl.sqrt(tl.sum(u1_re * u1_re + u1_im * u1_im, axis=0))
@@ -99,9 +106,9 @@ def _samu_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, st
     phi = tl.load(amplitudes + 2) * p0 + tl.load(amplitudes + 3) * p1
     m = tl.exp(radial_bound * tanh(c0 / radial_bound))
     # lambda = exp(-w) e^{i (exp(theta_log) + phi)}, gamma = sqrt(1 - exp(-2 w)), w = m e^nu
-    w = m * tl.exp(tl.load(nu + k, mask=ok, other=0.0))
+    w = m * tl.exp(nu_k)
     rho = tl.exp(-w)
-    psi = tl.exp(tl.load(theta_log + k, mask=ok, other=0.0)) + phi
+    psi = tl.exp(theta_k) + phi
     lam_re, lam_im = rho * tl.cos(psi), rho * tl.sin(psi)
     gamma = tl.sqrt(one_minus_exp_neg(2.0 * w))
     h_re = tl.load(h + b * D + k, mask=ok, other=0.0)
@@ -116,9 +123,12 @@ def _samu_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, st
 
 @triton.jit
 def _rglru_step(x, w_a, b_a, w_x, b_x, a_param, h, y, h_out, cw, cb, state, B, D, HD, sx, c, BB: tl.constexpr,
-                BH: tl.constexpr, ROWS: tl.constexpr, MATH: tl.constexpr, K: tl.constexpr):
+                BH: tl.constexpr, ROWS: tl.constexpr, MATH: tl.constexpr, K: tl.constexpr, PDL: tl.constexpr):
     # one program: BB batch rows of one head, so the head's gate matrices are read once for BB rows
     rb, head = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    if PDL:
+        tlc.gdc_wait()               # as in _samu_step
+        tlc.gdc_launch_dependents()
     r = (rb.to(tl.int64) * BB + tl.arange(0, BB))[:, None]   # [BB, 1] batch rows
     r_ok = r < B
     j = tl.arange(0, BH)   # [BH] output channels of the head
@@ -152,6 +162,12 @@ def _rglru_step(x, w_a, b_a, w_x, b_x, a_param, h, y, h_out, cw, cb, state, B, D
     _store_out(y + r * D, new, xb, ch, ok, D, K)
 
 
+def _pdl(x_t):
+    """The PDL constexpr and launch option together (triton_utils.pdl)."""
+    options = pdl(x_t.device)
+    return dict(PDL=bool(options), **options)
+
+
 def _conv_args(conv):
     """(weight, bias, state, K) of the block's Conv1D (x_t is then z [B, 2D]); no pointers and K = 0 for the
     mixer's own step."""
@@ -171,7 +187,7 @@ def samu_step(x_t, nu, theta_log, directions, amplitudes, h, radial_bound, h_out
     BN = next_power_of_2(D // 2)
     launch(_samu_step, (B,), x=x_t, nu=nu, theta_log=theta_log, directions=directions, amplitudes=amplitudes, h=h, y=y,
            h_out=h_out, cw=cw, cb=cb, state=cs, N=D // 2, sx=x_t.stride(0), radial_bound=float(radial_bound),
-           BN=BN, K=K, num_warps=max(1, min(SAMU_WARPS, BN // 32)))
+           BN=BN, K=K, num_warps=max(1, min(SAMU_WARPS, BN // 32)), **_pdl(x_t))
     return y
 
 
@@ -185,5 +201,5 @@ def rglru_step(x_t, w_a, b_a, w_x, b_x, a_param, h, c, h_out, conv=None):
     launch(_rglru_step, (cdiv(B, STEP_ROWS), H),
            x=x_t, w_a=w_a, b_a=b_a, w_x=w_x, b_x=b_x, a_param=a_param, h=h, y=y, h_out=h_out, cw=cw, cb=cb, state=cs,
            B=B, D=D, HD=D // H, sx=x_t.stride(0), c=float(c), BB=STEP_ROWS, BH=max(16, next_power_of_2(D // H)),
-           ROWS=GATE_ROWS, MATH=math_mode(False), K=K, num_warps=RGLRU_WARPS)
+           ROWS=GATE_ROWS, MATH=math_mode(False), K=K, num_warps=RGLRU_WARPS, **_pdl(x_t))
     return y

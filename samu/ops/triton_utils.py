@@ -82,6 +82,22 @@ def launch(kernel, grid, *args, **kwargs):
     run(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(device), *prefix, *call)
 
 
+_PDL = {}
+
+
+def pdl(device: torch.device) -> dict:
+    """Launch options for programmatic dependent launch on ``device``: ``{"launch_pdl": True}`` where it exists
+    (CUDA sm_90 and later; not ROCm, not the interpreter), else none. A kernel launched so may start while the
+    one before it runs; it must call ``triton.language.extra.cuda.gdc_wait()`` before it reads anything that
+    kernel writes (a no-op when launched without), and may call ``gdc_launch_dependents()`` to let the next
+    one start."""
+    key = (device.type, device.index)
+    if key not in _PDL:
+        _PDL[key] = (not _INTERPRET and device.type == "cuda" and torch.version.hip is None
+                     and torch.cuda.get_device_capability(device)[0] >= 9)
+    return {"launch_pdl": True} if _PDL[key] else {}
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for positive integers (host code)."""
     return -(-a // b)

@@ -74,18 +74,19 @@ def _cases():
         yield gg._geglu_bwd, (), dict(BLOCK=block), 4
     for K in (0, 1, 4):   # the mixer's own step, and the block's with Conv1D widths 1 and 4
         for BN in (32, 64, 256, 512, 1024):   # the GPU tests', the presets' and the 400m's
-            yield s._samu_step, ("radial_bound",), dict(BN=BN, K=K), max(1, min(s.SAMU_WARPS, BN // 32))
+            yield (s._samu_step, ("radial_bound",), dict(BN=BN, K=K, PDL=True),
+                   max(1, min(s.SAMU_WARPS, BN // 32)))
         for BH in (16, 32, 64, 128, 256):
             for MATH in (1, 2):
-                yield (s._rglru_step, ("c",), dict(BB=s.STEP_ROWS, BH=BH, ROWS=s.GATE_ROWS, MATH=MATH, K=K),
-                       s.RGLRU_WARPS)
-    # decoding's one-row products: every prologue, with and without the residual and programmatic launch
+                yield (s._rglru_step, ("c",), dict(BB=s.STEP_ROWS, BH=BH, ROWS=s.GATE_ROWS, MATH=MATH, K=K,
+                                                   PDL=True), s.RGLRU_WARPS)
+    # decoding's one-row products: every prologue, with and without the residual, launched as on sm_90 (PDL;
+    # the step kernels above too)
     rows = {**{n: "*bf16" for n in ("w", "b", "x", "res", "nw", "y")}, "K": "i32"}
     for pro in (rp.PLAIN, rp.NORM, rp.GEGLU):
         for res in (False, True):
-            for pdl in (False, True):
-                yield (rp._row_product, ("eps",), dict(BN=rp.BN, BK=rp.BK, KP=2048 if pro == rp.NORM else 1, PRO=pro,
-                                                       HAS_RES=res, PDL=pdl), rp.WARPS, rows)
+            yield (rp._row_product, ("eps",), dict(BN=rp.BN, BK=rp.BK, KP=2048 if pro == rp.NORM else 1, PRO=pro,
+                                                   HAS_RES=res, PDL=True), rp.WARPS, rows)
     # SAMU's sequence-parallel correction (float64 sums and turns)
     sums = {"mass": "*fp64", "drift": "*fp64", "omega": "*fp64", "n_ttiles": "i32", "n_ntiles": "i32"}
     yield sh._shift_fwd, (), dict(BT=sh.BT, BN=sh.BN), 4, {**sums, "y0": "*bf16"}
