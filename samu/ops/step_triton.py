@@ -123,12 +123,11 @@ def _samu_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, st
 
 @triton.jit
 def _rglru_step(x, w_a, b_a, w_x, b_x, a_param, h, y, h_out, cw, cb, state, B, D, HD, sx, c, BB: tl.constexpr,
-                BH: tl.constexpr, ROWS: tl.constexpr, MATH: tl.constexpr, K: tl.constexpr, PDL: tl.constexpr):
-    # one program: BB batch rows of one head, so the head's gate matrices are read once for BB rows
+                BH: tl.constexpr, ROWS: tl.constexpr, MATH: tl.constexpr, K: tl.constexpr):
+    # one program: BB batch rows of one head, so the head's gate matrices are read once for BB rows. Launched
+    # without PDL: with it (a wait at the top, the next product let in at once) a batch-1 decode took 0.66
+    # against 0.59 ms a token (results/dev/session11/call2)
     rb, head = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    if PDL:
-        tlc.gdc_wait()               # as in _samu_step
-        tlc.gdc_launch_dependents()
     r = (rb.to(tl.int64) * BB + tl.arange(0, BB))[:, None]   # [BB, 1] batch rows
     r_ok = r < B
     j = tl.arange(0, BH)   # [BH] output channels of the head
@@ -162,12 +161,6 @@ def _rglru_step(x, w_a, b_a, w_x, b_x, a_param, h, y, h_out, cw, cb, state, B, D
     _store_out(y + r * D, new, xb, ch, ok, D, K)
 
 
-def _pdl(x_t):
-    """The PDL constexpr and launch option together (triton_utils.pdl)."""
-    options = pdl(x_t.device)
-    return dict(PDL=bool(options), **options)
-
-
 def _conv_args(conv):
     """(weight, bias, state, K) of the block's Conv1D (x_t is then z [B, 2D]); no pointers and K = 0 for the
     mixer's own step."""
@@ -185,9 +178,12 @@ def samu_step(x_t, nu, theta_log, directions, amplitudes, h, radial_bound, h_out
     cw, cb, cs, K = _conv_args(conv)
     y = torch.empty_like(h, dtype=x_t.dtype)
     BN = next_power_of_2(D // 2)
+    # PDL: with it and the row products' prefetch a batch-1 decode took 0.478 against 0.502 ms a token
+    # (results/dev/session11/call2)
+    options = pdl(x_t.device)
     launch(_samu_step, (B,), x=x_t, nu=nu, theta_log=theta_log, directions=directions, amplitudes=amplitudes, h=h, y=y,
            h_out=h_out, cw=cw, cb=cb, state=cs, N=D // 2, sx=x_t.stride(0), radial_bound=float(radial_bound),
-           BN=BN, K=K, num_warps=max(1, min(SAMU_WARPS, BN // 32)), **_pdl(x_t))
+           BN=BN, K=K, PDL=bool(options), num_warps=max(1, min(SAMU_WARPS, BN // 32)), **options)
     return y
 
 
@@ -201,5 +197,5 @@ def rglru_step(x_t, w_a, b_a, w_x, b_x, a_param, h, c, h_out, conv=None):
     launch(_rglru_step, (cdiv(B, STEP_ROWS), H),
            x=x_t, w_a=w_a, b_a=b_a, w_x=w_x, b_x=b_x, a_param=a_param, h=h, y=y, h_out=h_out, cw=cw, cb=cb, state=cs,
            B=B, D=D, HD=D // H, sx=x_t.stride(0), c=float(c), BB=STEP_ROWS, BH=max(16, next_power_of_2(D // H)),
-           ROWS=GATE_ROWS, MATH=math_mode(False), K=K, num_warps=RGLRU_WARPS, **_pdl(x_t))
+           ROWS=GATE_ROWS, MATH=math_mode(False), K=K, num_warps=RGLRU_WARPS)
     return y

@@ -78,10 +78,10 @@ def _cases():
                    max(1, min(s.SAMU_WARPS, BN // 32)))
         for BH in (16, 32, 64, 128, 256):
             for MATH in (1, 2):
-                yield (s._rglru_step, ("c",), dict(BB=s.STEP_ROWS, BH=BH, ROWS=s.GATE_ROWS, MATH=MATH, K=K,
-                                                   PDL=True), s.RGLRU_WARPS)
+                yield (s._rglru_step, ("c",), dict(BB=s.STEP_ROWS, BH=BH, ROWS=s.GATE_ROWS, MATH=MATH, K=K),
+                       s.RGLRU_WARPS)
     # decoding's one-row products: every prologue, with and without the residual, launched as on sm_90 (PDL;
-    # the step kernels above too)
+    # SAMU's step above too)
     rows = {**{n: "*bf16" for n in ("w", "b", "x", "res", "nw", "y")}, "K": "i32"}
     for pro in (rp.PLAIN, rp.NORM, rp.GEGLU):
         for res in (False, True):
