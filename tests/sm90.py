@@ -104,16 +104,16 @@ def run_case(op, variant, shape, dtype, documents, rglru_config=None, with_state
     torch.autograd.backward(outputs, [torch.zeros_like(o) for o in outputs])
 
 
-def compile_mixers():
-    """Every specialisation the packing and plain calls of one variant per mixer launch, with and without
-    states, compiled for sm_90 (the guard tests/ops/test_offline_compile.py runs)."""
-    for op, variant in (("samu", "triton_grouped"), ("rglru", "triton_chunked")):
-        compiler = Compiler()
-        patch(compiler)
-        for documents in (0, 5):
-            for with_state in (False, True):
-                run_case(op, variant, (1, 300, 256), torch.bfloat16, documents, with_state=with_state)
-        print(op, len(compiler.rows), "kernels")
+def compile_mixers(op: str):
+    """Every specialisation the packing and plain calls of one variant of ``op`` launch, with and without
+    states, compiled for sm_90 (the guard tests/ops/test_offline_compile.py runs, one op per process)."""
+    variant = {"samu": "triton_grouped", "rglru": "triton_chunked"}[op]
+    compiler = Compiler()
+    patch(compiler)
+    for documents in (0, 5):
+        for with_state in (False, True):
+            run_case(op, variant, (1, 300, 256), torch.bfloat16, documents, with_state=with_state)
+    print(op, len(compiler.rows), "kernels")
     print("compiled")
 
 

@@ -10,8 +10,8 @@ before it runs and waits (``gdc_wait``) only before it reads its input. Kernels 
 kernel's first form, which loaded the weight tile after the prologue, made a real decode slower (0.739 against
 0.568 ms a token, docs/performance.md "Decoding", v6).
 
-A program owns BN = 8 output rows and walks the input in BK = 512 columns (the tiles that measured best). Its
-first weight tile is loaded before the wait for the kernel before (weights do not depend on it, so under PDL
+A program owns BN output rows and walks the input in BK columns (``tiles``: what measured best for each of the
+400m preset's four products, results/dev/session11/call4). Its first weight tile is loaded before the wait for the kernel before (weights do not depend on it, so under PDL
 that load overlaps the other kernel's tail), and each later tile while the one before it is used; the prologue's
 values are rounded to x's dtype where the unfused ops round (the norm's output, GeLU and the gate's product),
 and the sum, bias and residual are rounded once. No PDL in Triton's interpreter, which runs the same code.
@@ -26,8 +26,6 @@ from triton.language.extra import cuda as tlc
 
 from samu.ops.triton_utils import cast_to, cdiv, gelu_tanh, launch, next_power_of_2, pdl
 
-BN = 8
-BK = 512
 WARPS = 4
 PLAIN, NORM, GEGLU = 0, 1, 2
 
@@ -77,6 +75,18 @@ def _row_product(w, b, x, res, nw, y, N, K, eps, BN: tl.constexpr, BK: tl.conste
     tl.store(y + rows, cast_to(out, dt), mask=mask_n)
 
 
+def tiles(N: int, K: int, pro: int) -> tuple:
+    """(BN, BK) of a product of N outputs over K inputs with prologue ``pro``. Timed in a graphed batch-1 decode
+    of the 400m preset, each product's 9 tilings with the others fixed (results/dev/session11/call4, rowsweep.py):
+    the plain and GeGLU products (out-projection N = K = 1664; down N = 1664, K = 4992) took [8, 1024] best, 9 and
+    41 µs a token less than [8, 512]; gate_up with its norm (N = 9984 = 6 K) [16, 256], 18 µs less; the
+    in-projection with its norm (N = 2 K) was within 1 µs at [8, 512] and [4, 512]. Together 0.483 -> 0.411 ms a
+    token."""
+    if pro != NORM:
+        return 8, 1024
+    return (16, 256) if N >= 4 * K else (8, 512)
+
+
 def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, norm=None, geglu: bool = False,
                 residual: torch.Tensor | None = None) -> torch.Tensor:
     """[1, N] = W pro(x) + bias (+ residual) for one row x [1, K] ([1, 2K] with ``geglu``), weight [N, K]:
@@ -86,6 +96,7 @@ def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, no
     y = x.new_empty(1, N)
     pro = GEGLU if geglu else NORM if norm is not None else PLAIN
     nw, eps = norm if norm is not None else (bias, 0.0)
+    BN, BK = tiles(N, K, pro)
     options = pdl(x.device)
     launch(_row_product, (cdiv(N, BN),), weight, bias, x, residual if residual is not None else y, nw, y, N, K,
            float(eps), BN=BN, BK=BK, KP=next_power_of_2(K) if pro == NORM else 1, PRO=pro,

@@ -80,12 +80,13 @@ def _cases():
             for MATH in (1, 2):
                 yield (s._rglru_step, ("c",), dict(BB=s.STEP_ROWS, BH=BH, ROWS=s.GATE_ROWS, MATH=MATH, K=K),
                        s.RGLRU_WARPS)
-    # decoding's one-row products: every prologue, with and without the residual, launched as on sm_90 (PDL;
-    # SAMU's step above too)
+    # decoding's one-row products: every prologue with the tiles it takes (the 400m preset's four products),
+    # with and without the residual, launched as on sm_90 (PDL; SAMU's step above too)
     rows = {**{n: "*bf16" for n in ("w", "b", "x", "res", "nw", "y")}, "K": "i32"}
-    for pro in (rp.PLAIN, rp.NORM, rp.GEGLU):
+    for pro, N, K in ((rp.PLAIN, 1664, 1664), (rp.GEGLU, 1664, 4992), (rp.NORM, 3328, 1664), (rp.NORM, 9984, 1664)):
+        BN, BK = rp.tiles(N, K, pro)
         for res in (False, True):
-            yield (rp._row_product, ("eps",), dict(BN=rp.BN, BK=rp.BK, KP=2048 if pro == rp.NORM else 1, PRO=pro,
+            yield (rp._row_product, ("eps",), dict(BN=BN, BK=BK, KP=2048 if pro == rp.NORM else 1, PRO=pro,
                                                    HAS_RES=res, PDL=True), rp.WARPS, rows)
     # SAMU's sequence-parallel correction (float64 sums and turns)
     sums = {"mass": "*fp64", "drift": "*fp64", "omega": "*fp64", "n_ttiles": "i32", "n_ntiles": "i32"}
@@ -93,28 +94,40 @@ def _cases():
     yield sh._shift_bwd, (), dict(BT=sh.BT, BN=sh.BN), 4, sums
 
 
-def compile_all():
-    for fn, floats, constexprs, warps, *types in _cases():   # each with the warps it launches with
-        source = ASTSource(fn=fn, signature=_signature(fn, floats, *types), constexprs=constexprs)
-        triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+def compile_all(part: int = 0, parts: int = 1):
+    """Compile every ``parts``-th case from ``part`` on (the test splits them over processes)."""
+    for i, (fn, floats, constexprs, warps, *types) in enumerate(_cases()):   # each with the warps it launches with
+        if i % parts == part:
+            source = ASTSource(fn=fn, signature=_signature(fn, floats, *types), constexprs=constexprs)
+            triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     print("compiled")
 
 
-def test_fused_kernels_compile_for_sm90():
-    # in a child: this process decorated the kernels for the interpreter (conftest), which cannot compile
+def _in_children(calls, timeout):
+    """Run each Python statement in its own child process, all at once (compiling is CPU-bound and a CI
+    machine has cores to spare while pytest runs one test), outside the interpreter: this process decorated
+    the kernels for the interpreter (conftest), which cannot compile. Asserts every child printed "compiled"."""
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     root = Path(__file__).resolve().parents[2]
-    run = subprocess.run([sys.executable, "-c", "from tests.ops.test_offline_compile import compile_all; compile_all()"],
-                         cwd=root, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-3000:]
+    children = [subprocess.Popen([sys.executable, "-c", call], cwd=root, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for call in calls]
+    try:
+        for call, child in zip(calls, children):
+            out, err = child.communicate(timeout=timeout)
+            assert child.returncode == 0 and "compiled" in out, (call, err[-3000:])
+    finally:
+        for child in children:
+            child.kill()
+
+
+def test_fused_kernels_compile_for_sm90():
+    _in_children([f"from tests.ops.test_offline_compile import compile_all; compile_all({i}, 2)" for i in range(2)],
+                 timeout=300)
 
 
 def test_mixer_kernels_compile_for_sm90():
     """Every kernel one SAMU and one RG-LRU variant launch, unpacked and packed, with and without states
     (tests/sm90.py): the interpreter does not check what the compiler does (a loop-carried name whose type
     changes broke a packed kernel on the GPU alone)."""
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    root = Path(__file__).resolve().parents[2]
-    run = subprocess.run([sys.executable, "-c", "from tests.sm90 import compile_mixers; compile_mixers()"],
-                         cwd=root, env=env, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-3000:]
+    _in_children([f"from tests.sm90 import compile_mixers; compile_mixers({op!r})" for op in ("samu", "rglru")],
+                 timeout=900)
