@@ -206,13 +206,19 @@ class ResidualLayer(nn.Module):
 
     def _one_row(self, x_t) -> bool:
         """Whether a decoding step of x_t runs on samu.ops.rowprod_triton's one-row products: one row, the fused
-        kernels' backend for every part, no autocast, and every product's weight and bias and both norms'
-        weights in x_t's dtype."""
+        kernels' backend for every part, no autocast, every product's weight and bias and both norms' weights in
+        x_t's dtype, and on CUDA programmatic dependent launch (where they were timed faster than cuBLAS's
+        products; without it, unmeasured)."""
         if x_t.shape[0] != 1 or not x_t.is_contiguous() or autocast_dtype(x_t.device.type) is not None:
             return False
         if not all(fused_kernels(x_t, b) for b in (self.temporal_norm.backend, self.mlp_norm.backend,
                                                    self.mlp.backend)):
             return False
+        if x_t.device.type == "cuda":
+            from samu.ops.triton_utils import pdl   # Triton is there: fused_kernels said so
+
+            if not pdl(x_t.device):
+                return False
         tensors = [self.temporal_norm.weight, self.mlp_norm.weight]
         for linear in self._products():
             tensors += [linear.weight, linear.bias]

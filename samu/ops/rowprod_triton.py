@@ -10,11 +10,13 @@ before it runs and waits (``gdc_wait``) only before it reads its input. Kernels 
 kernel's first form, which loaded the weight tile after the prologue, made a real decode slower (0.739 against
 0.568 ms a token, docs/performance.md "Decoding", v6).
 
-A program owns BN output rows and walks the input in BK columns (``tiles``: what measured best for each of the
-400m preset's four products, results/dev/session11/call4). Its first weight tile is loaded before the wait for the kernel before (weights do not depend on it, so under PDL
-that load overlaps the other kernel's tail), and each later tile while the one before it is used; the prologue's
-values are rounded to x's dtype where the unfused ops round (the norm's output, GeLU and the gate's product),
-and the sum, bias and residual are rounded once. No PDL in Triton's interpreter, which runs the same code.
+A program owns BN output rows and walks the input in BK columns (``tiles``, timed for the 400m preset's four
+products: results/dev/session11/call4). Its first weight tile is loaded before the wait for the kernel before
+(under PDL that load overlaps the other kernel's tail; so no kernel just before a product may write its
+weights: decoding's products follow other decoding kernels), and each later tile while the one before it is
+used; the prologue's values are rounded to x's dtype where the unfused ops round (the norm's output, GeLU and
+the gate's product), and the sum, bias and residual are rounded once. No PDL in Triton's interpreter, which runs
+the same code.
 """
 
 from __future__ import annotations
@@ -77,11 +79,11 @@ def _row_product(w, b, x, res, nw, y, N, K, eps, BN: tl.constexpr, BK: tl.conste
 
 def tiles(N: int, K: int, pro: int) -> tuple:
     """(BN, BK) of a product of N outputs over K inputs with prologue ``pro``. Timed in a graphed batch-1 decode
-    of the 400m preset, each product's 9 tilings with the others fixed (results/dev/session11/call4, rowsweep.py):
-    the plain and GeGLU products (out-projection N = K = 1664; down N = 1664, K = 4992) took [8, 1024] best, 9 and
-    41 µs a token less than [8, 512]; gate_up with its norm (N = 9984 = 6 K) [16, 256], 18 µs less; the
-    in-projection with its norm (N = 2 K) was within 1 µs at [8, 512] and [4, 512]. Together 0.483 -> 0.411 ms a
-    token."""
+    of the 400m preset, each product's 9 tilings with the others at [8, 512] (results/dev/session11/call4,
+    rowsweep.py): the out-projection (plain, N = K = 1664) 9.5 µs a token less at [8, 1024] (and at [4, 1024]);
+    down (GeGLU, N = 1664, K = 4992) 41 µs less at [8, 1024]; gate_up (RMSNorm, N = 9984 = 6 K) 18 µs less at
+    [16, 256]; the in-projection (RMSNorm, N = 2 K) within 1 µs at [8, 512] and [4, 512]. The sweep's best four
+    together took 0.411 against 0.483 ms a token; this rule's four (two of them the ties) are yet to be timed."""
     if pro != NORM:
         return 8, 1024
     return (16, 256) if N >= 4 * K else (8, 512)
@@ -95,10 +97,10 @@ def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, no
     N, K = weight.shape
     y = x.new_empty(1, N)
     pro = GEGLU if geglu else NORM if norm is not None else PLAIN
-    nw, eps = norm if norm is not None else (bias, 0.0)
+    nw, eps = norm if norm is not None else (None, 0.0)
     BN, BK = tiles(N, K, pro)
     options = pdl(x.device)
-    launch(_row_product, (cdiv(N, BN),), weight, bias, x, residual if residual is not None else y, nw, y, N, K,
-           float(eps), BN=BN, BK=BK, KP=next_power_of_2(K) if pro == NORM else 1, PRO=pro,
-           HAS_RES=residual is not None, PDL=bool(options), num_warps=WARPS, **options)
+    launch(_row_product, (cdiv(N, BN),), w=weight, b=bias, x=x, res=residual, nw=nw, y=y, N=N, K=K, eps=float(eps),
+           BN=BN, BK=BK, KP=next_power_of_2(K) if pro == NORM else 1, PRO=pro, HAS_RES=residual is not None,
+           PDL=bool(options), num_warps=WARPS, **options)
     return y

@@ -89,8 +89,14 @@ def _block_step(mixer, z, conv_weight, conv_bias, conv_state, params, mixer_stat
     if fused:
         from samu.ops import step_triton
 
-        kernel = step_triton.samu_step if mixer == "samu" else step_triton.rglru_step
-        return kernel(z, *_fp32(params), mixer_state, config, mixer_state, conv=(conv_weight, conv_bias, conv_state))
+        fp32 = _fp32(params)
+        conv = (conv_weight, conv_bias, conv_state)
+        if mixer == "rglru":
+            return step_triton.rglru_step(z, *fp32, mixer_state, config, mixer_state, conv=conv)
+        # the SAMU kernel may read its parameters before the in-projection has finished, unless they were
+        # just copied (a copy kernel would then be the one before it)
+        early = all(a is b for a, b in zip(fp32, params))
+        return step_triton.samu_step(z, *fp32, mixer_state, config, mixer_state, conv=conv, early=early)
     zx = z[:, None, :E]
     xc, _ = causal_conv(zx, conv_weight, conv_bias, conv_state)
     conv_state.copy_(last_inputs(zx, conv_state, conv_weight.shape[0]))

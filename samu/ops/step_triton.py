@@ -86,7 +86,8 @@ def _samu_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, st
     k = tl.arange(0, BN)   # [BN] modes
     ok = k < N
     D = 2 * N
-    # the parameters first: no kernel before this one writes them, so under PDL their loads overlap its tail
+    # the parameters first: under PDL (samu_step's ``early``) no kernel just before writes them, so their loads
+    # overlap its tail
     u0_re = tl.load(directions + k, mask=ok, other=0.0)
     u0_im = tl.load(directions + N + k, mask=ok, other=0.0)
     u1_re = tl.load(directions + D + k, mask=ok, other=0.0)
@@ -170,17 +171,18 @@ def _conv_args(conv):
     return weight.contiguous(), bias.contiguous(), state, weight.shape[0]
 
 
-def samu_step(x_t, nu, theta_log, directions, amplitudes, h, radial_bound, h_out, conv=None):
+def samu_step(x_t, nu, theta_log, directions, amplitudes, h, radial_bound, h_out, conv=None, early=False):
     """y_t [B, D] in x_t's dtype; writes the new fp32 state into h_out (which may be h). With ``conv`` =
     (weight [K, D], bias [D], contiguous state [B, K-1, D]) x_t is z [B, 2D], y_t is the block's
-    mixer_t * GeLU(z_y) and the Conv1D state is updated in place."""
+    mixer_t * GeLU(z_y) and the Conv1D state is updated in place. ``early``: launch with programmatic
+    dependent launch where there is one, reading nu, theta_log and directions before the wait for the kernel
+    before, which must not write them (the block's decode step, after the in-projection: results/dev/session11,
+    call2, with the row products' prefetch, 0.502 -> 0.478 ms a batch-1 token)."""
     B, D = h.shape
     cw, cb, cs, K = _conv_args(conv)
     y = torch.empty_like(h, dtype=x_t.dtype)
     BN = next_power_of_2(D // 2)
-    # PDL: with it and the row products' prefetch a batch-1 decode took 0.478 against 0.502 ms a token
-    # (results/dev/session11/call2)
-    options = pdl(x_t.device)
+    options = pdl(x_t.device) if early else {}
     launch(_samu_step, (B,), x=x_t, nu=nu, theta_log=theta_log, directions=directions, amplitudes=amplitudes, h=h, y=y,
            h_out=h_out, cw=cw, cb=cb, state=cs, N=D // 2, sx=x_t.stride(0), radial_bound=float(radial_bound),
            BN=BN, K=K, PDL=bool(options), num_warps=max(1, min(SAMU_WARPS, BN // 32)), **options)

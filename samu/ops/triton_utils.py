@@ -82,19 +82,22 @@ def launch(kernel, grid, *args, **kwargs):
     run(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(device), *prefix, *call)
 
 
-_PDL = {}
+_PDL = {}   # (device type, index) -> whether programmatic dependent launch is there (asked once a device)
 
 
 def pdl(device: torch.device) -> dict:
     """Launch options for programmatic dependent launch on ``device``: ``{"launch_pdl": True}`` where it exists
-    (CUDA sm_90 and later; not ROCm, not the interpreter), else none. A kernel launched so may start while the
-    one before it runs; it must call ``triton.language.extra.cuda.gdc_wait()`` before it reads anything that
-    kernel writes (a no-op when launched without), and may call ``gdc_launch_dependents()`` to let the next
-    one start."""
+    (CUDA sm_90 and later, a Triton with ``gdc_wait``; not ROCm, not the interpreter), else none. A kernel
+    launched so may start while the one before it runs: it must call ``triton.language.extra.cuda.gdc_wait()``
+    before it reads anything that kernel may have written (a no-op when launched without), so it may read
+    before the wait only tensors that no kernel just before it writes, and may call ``gdc_launch_dependents()``
+    to let the next one start."""
     key = (device.type, device.index)
     if key not in _PDL:
+        from triton.language.extra import cuda as tlc
+
         _PDL[key] = (not _INTERPRET and device.type == "cuda" and torch.version.hip is None
-                     and torch.cuda.get_device_capability(device)[0] >= 9)
+                     and hasattr(tlc, "gdc_wait") and torch.cuda.get_device_capability(device)[0] >= 9)
     return {"launch_pdl": True} if _PDL[key] else {}
 
 

@@ -1,5 +1,5 @@
-"""The fused glue, GeGLU, RMSNorm, decoding-step and sequence-parallel correction kernels compile for sm_90
-(H100/H200) on any machine, no GPU needed.
+"""The fused glue, GeGLU, RMSNorm, decoding-step, one-row product and sequence-parallel correction kernels
+compile for sm_90 (H100/H200) on any machine, no GPU needed.
 
 The Triton interpreter runs kernels as Python, so it accepts some code the compiler refuses (a plain
 global read inside a kernel, say); compiling each specialisation the block launches catches that on CPU.
@@ -8,6 +8,7 @@ global read inside a kernel, say); compiling each specialisation the block launc
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,7 @@ def _cases():
     from samu.ops import glue_triton as g
     from samu.ops import rmsnorm_triton as r
     from samu.ops import rowprod_triton as rp
+    from samu.ops.triton_utils import next_power_of_2
     from samu.ops import step_triton as s
     from samu.ops.samu import triton_shift as sh
 
@@ -86,8 +88,10 @@ def _cases():
     for pro, N, K in ((rp.PLAIN, 1664, 1664), (rp.GEGLU, 1664, 4992), (rp.NORM, 3328, 1664), (rp.NORM, 9984, 1664)):
         BN, BK = rp.tiles(N, K, pro)
         for res in (False, True):
-            yield (rp._row_product, ("eps",), dict(BN=BN, BK=BK, KP=2048 if pro == rp.NORM else 1, PRO=pro,
-                                                   HAS_RES=res, PDL=True), rp.WARPS, rows)
+            KP = next_power_of_2(K) if pro == rp.NORM else 1   # as row_product, which passes None for absent pointers
+            absent = {n: None for n, there in (("res", res), ("nw", pro == rp.NORM)) if not there}
+            yield (rp._row_product, ("eps",), dict(BN=BN, BK=BK, KP=KP, PRO=pro, HAS_RES=res, PDL=True, **absent),
+                   rp.WARPS, {**rows, **{n: "constexpr" for n in absent}})
     # SAMU's sequence-parallel correction (float64 sums and turns)
     sums = {"mass": "*fp64", "drift": "*fp64", "omega": "*fp64", "n_ttiles": "i32", "n_ntiles": "i32"}
     yield sh._shift_fwd, (), dict(BT=sh.BT, BN=sh.BN), 4, {**sums, "y0": "*bf16"}
@@ -111,13 +115,15 @@ def _in_children(calls, timeout):
     root = Path(__file__).resolve().parents[2]
     children = [subprocess.Popen([sys.executable, "-c", call], cwd=root, env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True) for call in calls]
+    deadline = time.monotonic() + timeout
     try:
         for call, child in zip(calls, children):
-            out, err = child.communicate(timeout=timeout)
+            out, err = child.communicate(timeout=max(1.0, deadline - time.monotonic()))
             assert child.returncode == 0 and "compiled" in out, (call, err[-3000:])
     finally:
         for child in children:
             child.kill()
+            child.wait()
 
 
 def test_fused_kernels_compile_for_sm90():

@@ -54,11 +54,15 @@ def _exact(x, w, b, norm, geglu, res, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("mode", ["plain", "norm", "geglu"])
 @pytest.mark.parametrize("with_residual", [False, True])
-def test_row_product_matches_float64(dtype, mode, with_residual):
+@pytest.mark.parametrize("tiling", [None, (8, 128), (16, 256)])
+def test_row_product_matches_float64(dtype, mode, with_residual, tiling, monkeypatch):
+    from samu.ops import rowprod_triton
     from samu.ops.rowprod_triton import row_product
 
+    if tiling is not None:   # the tiles rowprod_triton.tiles gives the 400m preset's shapes, and more column blocks
+        monkeypatch.setattr(rowprod_triton, "tiles", lambda N, K, pro: tiling)
     torch.manual_seed(3)
-    N, K = 37, 600   # a partial last program of rows, two column blocks with a partial second
+    N, K = 37, 600   # a partial last program of rows; column blocks: 1 or 2 as shipped, 5 and 3 with a partial last
     w = (torch.randn(N, K, device=DEVICE) / K ** 0.5).to(dtype)
     b = torch.randn(N, device=DEVICE).to(dtype)
     x = torch.randn(1, 2 * K if mode == "geglu" else K, device=DEVICE).to(dtype)

@@ -47,7 +47,7 @@ def _config(K, BN, G, unroll=2, main_BN=0):
 # the last chunk's lanes past L). The interpreter runs tl.range loops as plain loops, so the unroll
 # cases check only the plumbing; test_unrolled_walks_pass_the_gate_on_gpu checks the compiled code.
 SHAPES = [(2, 37, 10, 8, 4, 1, 1), (2, 37, 10, 8, 4, 2, 2), (1, 1, 6, 8, 4, 3, 1), (2, 1, 6, 8, 4, 1, 1),
-          (2, 48, 12, 16, 4, 2, 1), (1, 70, 8, 4, 2, 4, 3), (2, 33, 10, 8, 4, 2, 1)]
+          (2, 32, 12, 16, 4, 2, 1), (1, 70, 8, 4, 2, 4, 3), (2, 33, 10, 8, 4, 2, 1)]
 
 
 @pytest.mark.parametrize("B,L,D,K,BN,G,unroll", SHAPES)
@@ -167,8 +167,9 @@ def _packed_config(config):
 # packed sequences: lengths 1, a chunk exactly, a chunk and one, ragged; boundaries at chunk edges and inside
 # and a one-token sequence at a chunk's last token (23 for chunks of 8 and 4 tokens)
 PACKED = [0, 1, 9, 17, 18, 23, 24, 40, 41, 44, 70]
-# the first five of them (lengths 1, 8, 8, 1, 5), for tests that hold two forms of the kernels to each other
-SHORT = PACKED[:6]
+# the first six of them (lengths 1, 8, 8, 1, 5, 1: the last at a chunk's last token), for tests that hold two
+# forms of the kernels to each other
+SHORT = PACKED[:7]
 
 
 # (K, BN, G, initial states, a final-state cotangent): the last is what training runs (neither)
