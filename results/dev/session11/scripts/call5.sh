@@ -6,7 +6,8 @@
 # 1. HEAD's one-row products with per-shape tiles (rowprod_triton.tiles, from session 11's call4 sweep): the decode
 #    path's GPU tests, then a batch-1 decode (predicted ~0.41 ms a token for SAMU).
 # 2. RG-LRU's decoding step in two launches (ab/split): its GPU tests, then decodes at batch 1 and 64 beside HEAD
-#    (HEAD SPLIT HEAD SPLIT). Land the patch only if it is faster.
+#    (HEAD SPLIT SPLIT HEAD). Land the patch only if it is faster. The split tree's records carry HEAD's commit (one
+#    SAMU_GIT_COMMIT for the call): their folder names (g*-split) say which tree ran.
 set -u
 cd "$(dirname "$0")/../../../.."
 ROOT=$PWD
@@ -28,5 +29,5 @@ gen() {  # gen TAG DIR BATCHES MIXERS
 }
 gen g1-head "$ROOT" 1,64 samu,rglru
 gen g2-split "$ROOT/ab/split" 1,64 rglru
-gen g3-head "$ROOT" 1,64 rglru
-gen g4-split "$ROOT/ab/split" 1,64 rglru
+gen g3-split "$ROOT/ab/split" 1,64 rglru
+gen g4-head "$ROOT" 1,64 rglru
