@@ -1000,6 +1000,14 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         if is_main:
             folder.wrote = True
             write_log(out, log)
+
+    def flush():
+        """The pending log step's entry read and written now."""
+        nonlocal pending
+        if pending is not None:
+            read_log(pending)
+            pending = None
+
     for step in range(start, config.steps):
         # Summed on the device: reading a loss back synchronises, so it happens a step after each log step.
         loss_sum = torch.zeros((), device=device)
@@ -1019,11 +1027,11 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
                     loss = cross_entropy(logits, y)
                     (loss / config.grad_accum).backward()
             except BaseException as error:
-                if pending is not None and ctx.world == 1:
+                if ctx.world == 1:
                     # the last log step's entry reaches log.json before the run stops (with more processes, each
                     # would wait in read_log's collectives for the others)
                     with contextlib.suppress(Exception):
-                        read_log(pending)
+                        flush()
                 if isinstance(error, NonFiniteParameters):
                     # the previous update made a parameter non-finite
                     raise diverged(int(bad_step) or step) from None
@@ -1043,17 +1051,14 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         session = time.perf_counter() - t0
         elapsed, trained = time_before + session, train_before + session - pauses
         saved_now = False
-        if pending is not None:
-            read_log(pending)
-            pending = None
+        flush()
         evaluates = done % config.eval_every == 0 or done == config.steps
         saves = done % config.checkpoint_every == 0 or done == config.steps
         if done % config.log_every == 0 or done == config.steps:
             pending = send_log(done, lr, loss_sum, grad_norm, bad_step, elapsed)
             if evaluates or saves:
                 # a validation or a save waits for the GPU anyway, and the log it writes holds this entry
-                read_log(pending)
-                pending = None
+                flush()
         # validation and saving do not count against the next interval's tokens/s and MFU
         paused = time.perf_counter()
         if evaluates:
@@ -1074,9 +1079,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
             # the ranks stop together after the same step (one small collective a step)
             stop = int(ctx.all_max([float(stop or 0)], device)[0]) or None
         if stop and done < config.steps:
-            if pending is not None:
-                read_log(pending)
-                pending = None
+            flush()
             if not saved_now:
                 save(done, elapsed, trained)
             bar.close()

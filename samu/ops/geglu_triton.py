@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from samu.ops.triton_utils import cast_to, cdiv, gelu_tanh, gelu_tanh_grad, launch
+from samu.ops.triton_utils import cast_to, cdiv, gelu_gate, gelu_tanh, gelu_tanh_grad, launch
 
 # columns of one program; rows of at most FEW_ROWS (decoding) take narrower programs, for latency
 BLOCK, FEW_BLOCK, FEW_ROWS = 1024, 256, 1024
@@ -26,8 +26,7 @@ def _geglu_fwd(z, a, H, BLOCK: tl.constexpr):
     src = z + row * 2 * H + c
     gate = tl.load(src, mask=ok, other=0.0).to(tl.float32)
     up = tl.load(src + H, mask=ok, other=0.0).to(tl.float32)
-    g = cast_to(gelu_tanh(gate), a.dtype.element_ty).to(tl.float32)
-    tl.store(a + row * H + c, cast_to(g * up, a.dtype.element_ty), mask=ok)
+    tl.store(a + row * H + c, cast_to(gelu_gate(gate, up, a.dtype.element_ty), a.dtype.element_ty), mask=ok)
 
 
 @triton.jit

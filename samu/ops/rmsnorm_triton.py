@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from samu.ops.triton_utils import cast_to, cdiv, launch, next_power_of_2
+from samu.ops.triton_utils import cast_to, cdiv, inv_rms, launch, next_power_of_2
 
 ROWS, FEW_ROWS = 32, 1024
 
@@ -34,7 +34,7 @@ def _rmsnorm_fwd(x, add, weight, shift, y, total, rstd, shifted, R, W, eps, BW: 
             v = cast_to(v + tl.load(add + row + c, mask=c_ok, other=0.0).to(tl.float32), total.dtype.element_ty)
             tl.store(total + row + c, v, mask=c_ok)
             v = v.to(tl.float32)
-        s = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / W + eps)
+        s = inv_rms(v, W, eps)
         tl.store(rstd + r, s)
         tl.store(y + row + c, cast_to(v * s * w, y.dtype.element_ty), mask=c_ok)
         if HAS_SHIFT:

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import cuda as tlc
 
-from samu.ops.triton_utils import cast_to, cdiv, gelu_tanh, launch, next_power_of_2, pdl
+from samu.ops.triton_utils import cast_to, cdiv, gelu_gate, inv_rms, launch, next_power_of_2, pdl
 
 WARPS = 4
 PLAIN, NORM, GEGLU = 0, 1, 2
@@ -52,7 +52,7 @@ def _row_product(w, b, x, res, nw, y, N, K, eps, BN: tl.constexpr, BK: tl.conste
     if PRO == 1:
         ck = tl.arange(0, KP)
         whole = tl.load(x + ck, mask=ck < K, other=0.0).to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(whole * whole, axis=0) / K + eps)   # as the RMSNorm kernel (rmsnorm_triton)
+        rstd = inv_rms(whole, K, eps)
     acc = tl.zeros([BN, BK], dtype=tl.float32)
     for k0 in range(0, K, BK):
         cols = k0 + tl.arange(0, BK)
@@ -63,8 +63,7 @@ def _row_product(w, b, x, res, nw, y, N, K, eps, BN: tl.constexpr, BK: tl.conste
         if PRO == 2:
             gate = tl.load(x + cols, mask=mk, other=0.0).to(tl.float32)
             up = tl.load(x + K + cols, mask=mk, other=0.0).to(tl.float32)
-            g = cast_to(gelu_tanh(gate), dt).to(tl.float32)   # as the GeGLU kernel (geglu_triton)
-            xv = cast_to(g * up, dt).to(tl.float32)
+            xv = gelu_gate(gate, up, dt)
         elif PRO == 1:
             v = tl.load(x + cols, mask=mk, other=0.0).to(tl.float32)
             xv = cast_to(v * rstd * tl.load(nw + cols, mask=mk, other=0.0).to(tl.float32), dt).to(tl.float32)

@@ -20,7 +20,8 @@ import triton.language as tl
 from triton.language.extra import cuda as tlc
 
 from samu.ops.rglru.triton_fwd import _sigmoid_channel, _softplus, math_mode
-from samu.ops.triton_utils import cast_to, cdiv, gelu_tanh, launch, next_power_of_2, one_minus_exp_neg, pdl, tanh
+from samu.ops.triton_utils import (cast_to, cdiv, gelu_gate, launch, next_power_of_2, one_minus_exp_neg, pdl,
+                                   tanh)
 
 # input rows of the RG-LRU gate matrices one pass of the matvec reads; warps of a program (a decoding step
 # at batch 1 is latency-bound: SAMU takes at most one warp per 32 modes, so no thread holds a copy)
@@ -74,8 +75,8 @@ def _store_out(y, new, x, ch, ok, D, K: tl.constexpr):
     """y[ch] = new in y's dtype, times GeLU(z_y[ch]) after the block's roundings when K > 0."""
     out = cast_to(new, y.dtype.element_ty)
     if K > 0:
-        g = cast_to(gelu_tanh(tl.load(x + D + ch, mask=ok, other=0.0).to(tl.float32)), y.dtype.element_ty)
-        out = cast_to(out.to(tl.float32) * g.to(tl.float32), y.dtype.element_ty)
+        gate = tl.load(x + D + ch, mask=ok, other=0.0).to(tl.float32)
+        out = cast_to(gelu_gate(gate, out.to(tl.float32), y.dtype.element_ty), y.dtype.element_ty)
     tl.store(y + ch, out, mask=ok)
 
 

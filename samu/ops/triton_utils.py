@@ -205,6 +205,21 @@ def cast_to(x, dtype: tl.constexpr):
 
 
 @triton.jit
+def gelu_gate(gate, up, dtype: tl.constexpr):
+    """GeLU_tanh(gate) * up (fp32 in, fp32 out) rounded to ``dtype`` where the unfused ops round: GeLU's output,
+    then the product (the GeGLU kernel, the block step's gate, the down product's prologue)."""
+    g = cast_to(gelu_tanh(gate), dtype).to(tl.float32)
+    return cast_to(g * up, dtype).to(tl.float32)
+
+
+@triton.jit
+def inv_rms(v, n, eps):
+    """1 / sqrt(mean(v^2) + eps) over the n entries of the row v (fp32; entries past n are zero): RMSNorm's
+    scale, as its kernel and the normed one-row products compute it."""
+    return 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / n + eps)
+
+
+@triton.jit
 def prefetch_l2(p):
     """Ask the L2 cache for the lines at pointers ``p`` (any shape) ahead of the loads that will read them: no
     register waits for the line and no value changes (PTX ``prefetch.global.L2``, NVIDIA GPUs only, as
