@@ -1,4 +1,5 @@
-"""Triton kernels of one decoding step of each mixer (samu.ops.step): one launch per token and mixer.
+"""Triton kernels of one decoding step of each mixer (samu.ops.step): one launch per token for SAMU, two for
+RG-LRU (its gate products split over input blocks, then the update).
 
 Both evaluate the serial reference's definitions (samu.reference) for a single token in fp32, read the
 mixer state [B, D] fp32 and write the new state and y_t (the mixer's own step into a fresh buffer, the
@@ -9,7 +10,8 @@ in-projection row z = [z_x | z_y] [B, 2D], runs the block's causal Conv1D of wid
 state [B, K-1, D] shifted in place), the mixer, and writes y_t = mixer_t * GeLU(z_y), rounding where the
 block's forward rounds (the Conv1D output, the mixer output and the GeLU in the storage dtype), so a
 decode follows the forward of samu.ops.glue and the mixers. A program owns its batch rows' channels
-(SAMU: one row, all channels; RG-LRU: 16 rows, one head), so no two programs touch the same state.
+(SAMU: one row, all channels; RG-LRU's gate products: 16 rows, 32 channels of one head), so no two programs
+touch the same state.
 """
 
 from __future__ import annotations
@@ -23,13 +25,16 @@ from samu.ops.rglru.triton_fwd import _sigmoid_channel, _softplus, math_mode
 from samu.ops.triton_utils import (cast_to, cdiv, gelu_gate, launch, next_power_of_2, one_minus_exp_neg, pdl,
                                    tanh)
 
-# input rows of the RG-LRU gate matrices one pass of the matvec reads; warps of a program (a decoding step
+# input rows of the RG-LRU gate matrices one program of the matvec reads; warps of a program (a decoding step
 # at batch 1 is latency-bound: SAMU takes at most one warp per 32 modes, so no thread holds a copy)
 GATE_ROWS = 32
 SAMU_WARPS = 8
 RGLRU_WARPS = 8
-# batch rows of one RG-LRU program (the gate matvecs as one [rows, head] @ [head, head] product)
+# batch rows of one RG-LRU program (the gate matvecs as [rows, GATE_ROWS] @ [GATE_ROWS, head] products), and
+# the channels of one program of its update
 STEP_ROWS = 16
+UPDATE_CHANNELS = 128
+UPDATE_WARPS = 4
 
 
 @triton.jit
@@ -124,43 +129,58 @@ def _samu_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, st
 
 
 @triton.jit
-def _rglru_step(x, w_a, b_a, w_x, b_x, a_param, h, y, h_out, cw, cb, state, B, D, HD, sx, c, BB: tl.constexpr,
-                BH: tl.constexpr, ROWS: tl.constexpr, MATH: tl.constexpr, K: tl.constexpr):
-    # one program: BB batch rows of one head, so the head's gate matrices are read once for BB rows. Launched
-    # without PDL: with it (a wait at the top, the next product let in at once) a batch-1 decode took 0.66
-    # against 0.59 ms a token (results/dev/session11/call2)
-    rb, head = tl.program_id(0), tl.program_id(1).to(tl.int64)
+def _rglru_step_gates(x, w_a, w_x, cw, cb, state, xc, part, B, D, HD, sx, BB: tl.constexpr, BH: tl.constexpr,
+                      ROWS: tl.constexpr, K: tl.constexpr):
+    """Phase 1 of RG-LRU's step: one program per (BB batch rows, head, ROWS input channels of it) computes those
+    channels' mixer input (the Conv1D over its state, shifting that state: each (row, channel) belongs to one
+    program, so no program reads a state another one writes), stores it in xc (fp32) and stores its share of
+    both gates' pre-activations, [BB, ROWS] @ [ROWS, BH], in part[gate, input block]."""
+    rb, head, ib = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     r = (rb.to(tl.int64) * BB + tl.arange(0, BB))[:, None]   # [BB, 1] batch rows
     r_ok = r < B
+    i = ib * ROWS + tl.arange(0, ROWS)   # [ROWS] input channels of the head
+    i_ok = i < HD
     j = tl.arange(0, BH)   # [BH] output channels of the head
     j_ok = j < HD
-    xb = x + r * sx
-    # gate_a = sigmoid(x_h w_a[h] + b_a), gate_x likewise: [BB, ROWS] @ [ROWS, BH] per pass over ROWS inputs
-    acc_a = tl.zeros((BB, BH), tl.float32)
-    acc_x = tl.zeros((BB, BH), tl.float32)
-    for i0 in tl.range(0, HD, ROWS):
-        i = i0 + tl.arange(0, ROWS)   # [ROWS] input channels
-        i_ok = i < HD
-        xi = _conv_in(xb, cw, cb, state, r, head * HD + i[None, :], r_ok & i_ok[None, :], D, K, False)
-        wm = i_ok[:, None] & j_ok[None, :]
-        w_off = head * HD * HD + i[:, None] * HD + j[None, :]
-        acc_a = tl.dot(xi, tl.load(w_a + w_off, mask=wm, other=0.0), acc_a, input_precision="ieee")
-        acc_x = tl.dot(xi, tl.load(w_x + w_off, mask=wm, other=0.0), acc_x, input_precision="ieee")
-    ch = (head * HD + j)[None, :]
-    col_ok = j_ok[None, :]
-    ok = r_ok & col_ok
-    # the Conv1D of the head's channels again, now shifting its state: _conv_in's barrier comes after
-    # every thread's reads of that state, the matvec's included
-    xt = _conv_in(xb, cw, cb, state, r, ch, ok, D, K, True)
+    ok = r_ok & i_ok[None, :]
+    ch = head * HD + i[None, :]
+    xi = _conv_in(x + r * sx, cw, cb, state, r, ch, ok, D, K, True)
+    tl.store(xc + r * D + ch, xi, mask=ok)
+    wm = i_ok[:, None] & j_ok[None, :]
+    w_off = head * HD * HD + i[:, None] * HD + j[None, :]
+    pa = tl.dot(xi, tl.load(w_a + w_off, mask=wm, other=0.0), input_precision="ieee")
+    px = tl.dot(xi, tl.load(w_x + w_off, mask=wm, other=0.0), input_precision="ieee")
+    n_ib = tl.num_programs(2).to(tl.int64)
+    out = (ib * B + r) * D + (head * HD + j)[None, :]
+    m = r_ok & j_ok[None, :]
+    tl.store(part + out, pa, mask=m)
+    tl.store(part + n_ib * B * D + out, px, mask=m)
+
+
+@triton.jit
+def _rglru_step_update(x, xc, part, b_a, b_x, a_param, h, y, h_out, B, D, NI, sx, c, BB: tl.constexpr,
+                       BC: tl.constexpr, MATH: tl.constexpr, K: tl.constexpr):
+    """Phase 2 of RG-LRU's step, for BB batch rows and BC channels: each gate's pre-activation is its NI partial
+    sums added in input-block order (deterministic), then the gates, the new state and y_t."""
+    r = (tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB))[:, None]
+    ch = (tl.program_id(1) * BC + tl.arange(0, BC))[None, :]
+    col_ok = ch < D
+    ok = (r < B) & col_ok
+    acc_a = tl.zeros((BB, BC), tl.float32)
+    acc_x = tl.zeros((BB, BC), tl.float32)
+    for ib in range(0, NI):
+        acc_a += tl.load(part + (ib * B + r) * D + ch, mask=ok, other=0.0)
+        acc_x += tl.load(part + ((NI + ib) * B + r) * D + ch, mask=ok, other=0.0)   # r is int64: so is the sum
     # the forward kernels' correctly rounded per-channel functions
     gate_a = _sigmoid_channel(acc_a + tl.load(b_a + ch, mask=col_ok, other=0.0), MATH)
     gate_x = _sigmoid_channel(acc_x + tl.load(b_x + ch, mask=col_ok, other=0.0), MATH)
     log_a = -c * gate_a * _softplus(tl.load(a_param + ch, mask=col_ok, other=0.0), MATH)
     # h = a h + sqrt(1 - a^2) gate_x x, with 1 - a^2 = 1 - exp(2 log a) free of cancellation
+    xt = tl.load(xc + r * D + ch, mask=ok, other=0.0)
     hv = tl.load(h + r * D + ch, mask=ok, other=0.0)
     new = tl.exp(log_a) * hv + tl.sqrt(one_minus_exp_neg(-2.0 * log_a)) * gate_x * xt
     tl.store(h_out + r * D + ch, new, mask=ok)
-    _store_out(y + r * D, new, xb, ch, ok, D, K)
+    _store_out(y + r * D, new, x + r * sx, ch, ok, D, K)
 
 
 def _conv_args(conv):
@@ -192,13 +212,20 @@ def samu_step(x_t, nu, theta_log, directions, amplitudes, h, radial_bound, h_out
 
 def rglru_step(x_t, w_a, b_a, w_x, b_x, a_param, h, c, h_out, conv=None):
     """y_t [B, D] in x_t's dtype; writes the new fp32 state into h_out (which may be h); ``conv`` as for
-    samu_step."""
+    samu_step. Two launches: the gate products split over input blocks (phase 1: many programs, where one
+    program a head took 13-18 µs a layer at batch 1 and 64, results/dev/session11/call2), then the update."""
     B, D = h.shape
     H = w_a.shape[0]
+    HD = D // H
     cw, cb, cs, K = _conv_args(conv)
     y = torch.empty_like(h, dtype=x_t.dtype)
-    launch(_rglru_step, (cdiv(B, STEP_ROWS), H),
-           x=x_t, w_a=w_a, b_a=b_a, w_x=w_x, b_x=b_x, a_param=a_param, h=h, y=y, h_out=h_out, cw=cw, cb=cb, state=cs,
-           B=B, D=D, HD=D // H, sx=x_t.stride(0), c=float(c), BB=STEP_ROWS, BH=max(16, next_power_of_2(D // H)),
-           ROWS=GATE_ROWS, MATH=math_mode(False), K=K, num_warps=RGLRU_WARPS)
+    NI = cdiv(HD, GATE_ROWS)
+    xc = h.new_empty(B, D)
+    part = h.new_empty(2, NI, B, D)
+    launch(_rglru_step_gates, (cdiv(B, STEP_ROWS), H, NI), x=x_t, w_a=w_a, w_x=w_x, cw=cw, cb=cb, state=cs, xc=xc,
+           part=part, B=B, D=D, HD=HD, sx=x_t.stride(0), BB=STEP_ROWS, BH=max(16, next_power_of_2(HD)),
+           ROWS=GATE_ROWS, K=K, num_warps=RGLRU_WARPS)
+    launch(_rglru_step_update, (cdiv(B, STEP_ROWS), cdiv(D, UPDATE_CHANNELS)), x=x_t, xc=xc, part=part, b_a=b_a,
+           b_x=b_x, a_param=a_param, h=h, y=y, h_out=h_out, B=B, D=D, NI=NI, sx=x_t.stride(0), c=float(c),
+           BB=STEP_ROWS, BC=UPDATE_CHANNELS, MATH=math_mode(False), K=K, num_warps=UPDATE_WARPS)
     return y

@@ -78,10 +78,13 @@ def _cases():
         for BN in (32, 64, 256, 512, 1024):   # the GPU tests', the presets' and the 400m's
             yield (s._samu_step, ("radial_bound",), dict(BN=BN, K=K, PDL=True),
                    max(1, min(s.SAMU_WARPS, BN // 32)))
+        scratch = {"xc": "*fp32", "NI": "i32"}   # RG-LRU's phase-1 outputs are fp32
         for BH in (16, 32, 64, 128, 256):
-            for MATH in (1, 2):
-                yield (s._rglru_step, ("c",), dict(BB=s.STEP_ROWS, BH=BH, ROWS=s.GATE_ROWS, MATH=MATH, K=K),
-                       s.RGLRU_WARPS)
+            yield (s._rglru_step_gates, (), dict(BB=s.STEP_ROWS, BH=BH, ROWS=s.GATE_ROWS, K=K), s.RGLRU_WARPS,
+                   scratch)
+        for MATH in (1, 2):
+            yield (s._rglru_step_update, ("c",), dict(BB=s.STEP_ROWS, BC=s.UPDATE_CHANNELS, MATH=MATH, K=K),
+                   s.UPDATE_WARPS, scratch)
     # decoding's one-row products: every prologue with the tiles it takes (the 400m preset's four products),
     # with and without the residual, launched as on sm_90 (PDL; SAMU's step above too)
     rows = {**{n: "*bf16" for n in ("w", "b", "x", "res", "nw", "y")}, "K": "i32"}
