@@ -48,6 +48,7 @@ from samu.models.checkpoint import (CheckpointError, WriteError, atomic_write, i
 from samu.models.flops import mfu, peak_flops
 from samu.models.model import local_part
 from samu.modules import RecurrentBlock
+from samu.ops import adamw
 from samu.ops.checks import NonFiniteParameters, set_check_finite
 from samu.ops.packing import sequence_offsets
 from samu.paths import RUN_MARKER, FileLock
@@ -307,7 +308,18 @@ def _optimizer(model: CausalLM, config: TrainConfig, device: torch.device) -> to
     decay, rest = ([p for _, p in group] for group in _parameter_groups(model))
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
     # the fused CUDA kernel: one launch for every parameter, where the default walks them in a few dozen
-    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, fused=device.type == "cuda")
+    options = dict(lr=config.lr, betas=config.betas, fused=device.type == "cuda")
+    if config.grad_clip and _adamw_kernels(device):
+        optimizer = adamw.ClippedAdamW(groups, max_norm=config.grad_clip, **options)
+        if adamw.unsupported(optimizer) is None:
+            return optimizer
+    return torch.optim.AdamW(groups, **options)
+
+
+def _adamw_kernels(device: torch.device) -> bool:
+    """Whether a clipped run steps on samu's AdamW kernels where they can (samu.ops.adamw): on CUDA, where they do
+    what torch's fused AdamW and the norm before it do with ~1.6 GB a step less traffic for the 400m preset."""
+    return device.type == "cuda"
 
 
 def _named_optimizer_state(model: CausalLM, state: dict) -> dict:
@@ -323,9 +335,13 @@ def _named_optimizer_state(model: CausalLM, state: dict) -> dict:
 
 def clipped_step(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
     """One optimizer step on the gradients scaled down to a total norm of at most ``max_norm``; returns
-    their total norm before (a device scalar). The fused AdamW scales them itself as it reads them (its
-    ``grad_scale``, cleared again after the step), which saves a read of every gradient (~0.4 ms a step
-    for the 400m preset on an H200); the default one needs them scaled in place first."""
+    their total norm before (a device scalar). A ClippedAdamW (samu.ops.adamw) clips to its own max_norm, the
+    run's. Else the fused AdamW scales them itself as it reads them (its ``grad_scale``, cleared again after the
+    step), which saves a read of every gradient (~0.4 ms a step for the 400m preset on an H200); the default one
+    needs them scaled in place first."""
+    if isinstance(optimizer, adamw.ClippedAdamW):
+        optimizer.step()
+        return optimizer.grad_norm
     params = [p for p in model.parameters() if p.grad is not None]
     norm = nn.utils.get_total_norm([p.grad for p in params], foreach=True)
     if not optimizer.defaults.get("fused"):
@@ -841,7 +857,8 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
                 tqdm.write(f"training eagerly: {why}")
         else:
             engine = torch.compile(engine)
-    log.update(compiled=compiled, activation_checkpointing=config.activation_checkpointing, packed=config.pack)
+    log.update(compiled=compiled, activation_checkpointing=config.activation_checkpointing, packed=config.pack,
+               optimizer_kernels=isinstance(optimizer, adamw.ClippedAdamW))
     peak, params = peak_flops(device), model.num_params()
     autocast = _autocast(config, device)
     ckpt_path = out / (SHARDED if sharded else CHECKPOINT)

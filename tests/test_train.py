@@ -104,6 +104,28 @@ def test_resume_continues_exactly(tmp_path, grad_accum):
     assert resumed.log["resumed_env"][0]["git_commit"] == resumed.log["env"]["git_commit"]
 
 
+@pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
+def test_clipped_steps_on_the_adamw_kernels_train_alike_and_resume_exactly(tmp_path, monkeypatch):
+    """samu.ops.adamw's step (what a run takes on CUDA; forced here, in the interpreter on CPU) trains as torch's
+    AdamW does, to fp32 rounding, says so in the log, and resumes to the bit."""
+    import samu.train as training
+
+    data = text_corpus(_text(tmp_path))
+    plain = train(_config(tmp_path, "torch"), data=data)
+    assert plain.log["optimizer_kernels"] is (torch.cuda.is_available() and dispatch.triton_available())
+    monkeypatch.setattr(training, "_adamw_kernels", lambda device: True)
+    whole = train(_config(tmp_path, "whole"), data=data)
+    assert whole.log["optimizer_kernels"]
+    for (name, a), b in zip(whole.model.named_parameters(), plain.model.parameters()):
+        assert rel_err(a, b) < 1e-4, name
+    with pytest.raises(_Interrupted):
+        train(_config(tmp_path, "parts"), data=_StopAfter(data, 4))
+    resumed = train(_config(tmp_path, "parts"), data=data, resume=True)
+    for (name, a), (_, b) in zip(whole.model.state_dict().items(), resumed.model.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert _untimed(resumed.log["train"]) == _untimed(whole.log["train"])
+
+
 def test_a_run_uses_deterministic_algorithms_and_restores_the_setting(tmp_path, monkeypatch):
     """On by default (a compiled run resumed on CUDA equals an uninterrupted one only with them,
     results/dev/issue10/resume_check_1.txt, _2.txt), warn-only unless the caller had them strict, without the NaN

@@ -1,4 +1,4 @@
-"""The fused glue, GeGLU, RMSNorm, decoding-step, one-row product and sequence-parallel correction kernels
+"""The fused glue, GeGLU, RMSNorm, decoding-step, one-row product, sequence-parallel correction and AdamW kernels
 compile for sm_90 (H100/H200) on any machine, no GPU needed.
 
 The Triton interpreter runs kernels as Python, so it accepts some code the compiler refuses (a plain
@@ -46,6 +46,7 @@ def _signature(fn, floats=(), types=None):
 
 
 def _cases():
+    from samu.ops import adamw_triton as aw
     from samu.ops import geglu_triton as gg
     from samu.ops import glue_triton as g
     from samu.ops import rmsnorm_triton as r
@@ -99,6 +100,11 @@ def _cases():
     sums = {"mass": "*fp64", "drift": "*fp64", "omega": "*fp64", "n_ttiles": "i32", "n_ntiles": "i32"}
     yield sh._shift_fwd, (), dict(BT=sh.BT, BN=sh.BN), 4, {**sums, "y0": "*bf16"}
     yield sh._shift_bwd, (), dict(BT=sh.BT, BN=sh.BN), 4, sums
+    # the clipped AdamW step (int64 tables of offsets and float64 bits)
+    tables = {"table": "*i64", "chunks": "*i64", "C": "i32"}
+    yield aw._sum_squares, (), dict(BLOCK=aw.BLOCK, PASSES=aw.PASSES), aw.WARPS, tables
+    yield aw._clip, ("max_norm",), dict(BLOCK=aw.BLOCK), aw.WARPS, tables
+    yield aw._adamw, (), dict(BLOCK=aw.BLOCK, PASSES=aw.PASSES), aw.WARPS, tables
 
 
 def compile_all(part: int = 0, parts: int = 1):

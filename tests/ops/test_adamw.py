@@ -1,0 +1,144 @@
+"""The clipped AdamW step's kernels against the same step in float64 (torch's AdamW on float64 copies after
+clipping in float64), and against torch's fused AdamW, whose state it shares.
+
+The kernels run in the interpreter on CPU (CUDA where there is one), with chunks of 2 x 512 elements so that
+parameters of one partial chunk, of whole chunks and of whole chunks and a partial one are all stepped.
+Rule, declared before any run: after three steps (the gradients' norm above the limit, below it, above it again;
+weight decay in one group, none in the other; eps 1e-3, so that a misplaced eps shows), every parameter and both
+moments are within 1e-6 (relative Frobenius) of float64, and the returned norms within 1e-6 of the float64
+norms; two runs give the same bits; a parameter without a gradient is left as it is, with no state.
+"""
+
+import pytest
+import torch
+from torch import nn
+
+from samu.ops import adamw, dispatch
+from tests.helpers import rel_err
+
+pytestmark = pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SIZES = (37, 1024, 2500, 3)   # one partial chunk, one whole, two whole and a partial, a tiny one
+SCALES = (30.0, 1e-3, 10.0)   # gradients above the limit of 1, below it, above it
+HYPER = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-3)
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    from samu.ops import adamw_triton
+
+    monkeypatch.setattr(adamw_triton, "BLOCK", 512)
+    monkeypatch.setattr(adamw_triton, "PASSES", 2)
+    monkeypatch.setattr(adamw_triton, "CHUNK", 1024)
+
+
+def _params(dtype=torch.float32, device=DEVICE):
+    g = torch.Generator().manual_seed(0)
+    return [nn.Parameter(torch.randn(n, generator=g, dtype=torch.float64).to(device=device, dtype=dtype))
+            for n in SIZES] + [nn.Parameter(torch.ones(5, dtype=dtype, device=device))]   # never has a gradient
+
+
+def _optimizer(params, **kw):
+    groups = [{"params": params[:2], "weight_decay": 0.1}, {"params": params[2:], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, **HYPER, **kw)
+
+
+def _gradients(step):
+    g = torch.Generator().manual_seed(100 + step)
+    return [torch.randn(n, generator=g, dtype=torch.float64) * SCALES[step] for n in SIZES]
+
+
+def _set(params, grads):
+    for p, g in zip(params, grads):
+        p.grad = g.to(device=p.device, dtype=p.dtype)
+
+
+def _float64_run(steps=len(SCALES)):
+    params = _params(torch.float64, "cpu")
+    opt = _optimizer(params, foreach=False)
+    norms = []
+    for step in range(steps):
+        _set(params, _gradients(step))
+        norm = nn.utils.get_total_norm([p.grad for p in params[:len(SIZES)]])
+        nn.utils.clip_grads_with_norm_(params[:len(SIZES)], 1.0, norm)
+        opt.step()
+        norms.append(norm)
+    return params, opt, norms
+
+
+def _kernel_run(steps=len(SCALES), params=None, opt=None):
+    params = _params() if params is None else params
+    opt = _optimizer(params, fused=True) if opt is None else opt
+    assert adamw.unsupported(opt) is None
+    norms = []
+    for step in range(steps):
+        _set(params, _gradients(step))
+        norms.append(adamw.clipped_step(opt, 1.0))
+    return params, opt, norms
+
+
+def test_matches_float64():
+    want, want_opt, want_norms = _float64_run()
+    got, opt, norms = _kernel_run()
+    for a, b in zip(norms, want_norms):
+        assert rel_err(a.cpu(), b) < 1e-6
+    for i, (p, q) in enumerate(zip(got[:len(SIZES)], want)):
+        assert rel_err(p.cpu(), q) < 1e-6, i
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert rel_err(opt.state[p][key].cpu(), want_opt.state[q][key]) < 1e-6, (i, key)
+        assert float(opt.state[p]["step"]) == len(SCALES)
+    untouched = got[-1]
+    assert torch.equal(untouched.detach(), torch.ones_like(untouched)) and not opt.state[untouched]
+
+
+def test_same_bits_every_run():
+    (a, opt_a, norms_a), (b, opt_b, norms_b) = _kernel_run(), _kernel_run()
+    for p, q in zip(a, b):
+        assert torch.equal(p, q)
+    for n, m in zip(norms_a, norms_b):
+        assert torch.equal(n, m)
+
+
+@pytest.mark.parametrize("first", ["kernels", "torch"])
+def test_state_moves_between_the_kernels_and_torch(first):
+    """Two steps by one, the state saved and loaded into an optimizer of the other, a third step by it: the same
+    result as three steps in float64 (the state dict's format is torch's fused AdamW's)."""
+    want, _, _ = _float64_run()
+    params = _params()
+    opt = _optimizer(params, fused=True)
+    for step in range(2):
+        _set(params, _gradients(step))
+        if first == "kernels":
+            adamw.clipped_step(opt, 1.0)
+        else:
+            norm = nn.utils.get_total_norm([p.grad for p in params[:len(SIZES)]])
+            nn.utils.clip_grads_with_norm_(params[:len(SIZES)], 1.0, norm)
+            opt.step()
+    moved = [nn.Parameter(p.detach().clone()) for p in params]
+    other = _optimizer(moved, fused=True)
+    other.load_state_dict(opt.state_dict())
+    _set(moved, _gradients(2))
+    if first == "kernels":
+        norm = nn.utils.get_total_norm([p.grad for p in moved[:len(SIZES)]])
+        nn.utils.clip_grads_with_norm_(moved[:len(SIZES)], 1.0, norm)
+        other.step()
+    else:
+        adamw.clipped_step(other, 1.0)
+    for i, (p, q) in enumerate(zip(moved[:len(SIZES)], want)):
+        assert rel_err(p.cpu(), q) < 1e-6, i
+
+
+def test_what_it_does_not_take():
+    params = _params()
+    assert "amsgrad" in adamw.unsupported(torch.optim.AdamW(params, amsgrad=True))
+    assert "AdamW only" in adamw.unsupported(torch.optim.Adam(params))
+    assert "fp32" in adamw.unsupported(torch.optim.AdamW([nn.Parameter(torch.ones(3, dtype=torch.float64))]))
+    matrix = nn.Parameter(torch.ones(4, 6, device=DEVICE))
+    matrix.grad = torch.ones(6, 4, device=DEVICE).t()   # not contiguous
+    opt = torch.optim.AdamW([params[0], matrix], fused=True)
+    assert adamw.unsupported(opt) is None
+    with pytest.raises(ValueError, match="gradient of parameter 0"):
+        adamw.clipped_step(opt, 1.0)
+    with pytest.raises(ValueError, match="max_norm"):
+        adamw.clipped_step(opt, 0.0)
