@@ -2,7 +2,7 @@
 optimizer step's own time (CUDA events around train.clipped_step). Usage: python optab.py TAG MODE [STEPS]
 MODE: kernels (as shipped on CUDA: samu.ops.adamw.ClippedAdamW), torch (torch's fused AdamW with the norm before it,
 as before session 12: train._adamw_kernels patched to say no)."""
-import json, os, sys
+import json, os, sys, time
 import torch
 import samu.train as tr
 from torch.optim.lr_scheduler import LambdaLR
@@ -13,7 +13,7 @@ W = os.environ["W"]
 if mode == "torch":
     tr._adamw_kernels = lambda device: False
 orig_step, orig_clip = LambdaLR.step, tr.clipped_step
-st = {"ev": [], "clip": []}
+st = {"ev": [], "clip": [], "host": []}
 
 
 def clip(model, optimizer, max_norm):
@@ -28,6 +28,7 @@ def step(self, *a, **k):
     r = orig_step(self, *a, **k)
     e = torch.cuda.Event(enable_timing=True); e.record()
     st["ev"].append(e)
+    st["host"].append(time.time())   # wall clock: set beside nvidia-smi's samples
     return r
 
 
@@ -44,7 +45,7 @@ gpu = [a.elapsed_time(b) for a, b in zip(ev, ev[1:])]
 clipms = [a.elapsed_time(b) for a, b in st["clip"]]
 log = json.load(open(f"/tmp/runs/{tag}/log.json"))
 rec = {"tag": tag, "mode": mode, "steps": steps, "optimizer_kernels": log.get("optimizer_kernels"), "gpu_ms": gpu,
-       "clip_ms": clipms, "log": log["train"]}
+       "clip_ms": clipms, "host_time": st["host"][1:], "log": log["train"]}
 json.dump(rec, open(os.path.join(W, f"optab_{tag}.json"), "w"), indent=1)
 s, c = sorted(gpu[20:]), sorted(clipms[20:])
 print(f"{tag} {mode} (kernels {log.get('optimizer_kernels')}): step median {s[len(s) // 2]:.2f} ms, mean "
