@@ -81,66 +81,76 @@ def _bits(x: float) -> int:
     return int(np.array(float(x), dtype=np.float64).view(np.int64))
 
 
-def _aligned(t: torch.Tensor, base: int, what: str, name: int, width: int = 16) -> int:
-    """t's offset from ``base`` in fp32 elements (t starting on a ``width``-byte boundary)."""
-    gap = t.data_ptr() - base
-    if gap % width or t.dtype != torch.float32 or (t.dim() and not t.is_contiguous()):
-        raise ValueError(f"clipped_step: the {what} of parameter {name} is not a contiguous fp32 tensor on a "
+def _check(t: torch.Tensor, what: str, i: int, width: int = 16) -> None:
+    if t.dtype != torch.float32 or t.is_sparse or (t.dim() and not t.is_contiguous()) or t.data_ptr() % width:
+        raise ValueError(f"clipped_step: the {what} of parameter {i} is not a dense contiguous fp32 tensor on a "
                          f"{width}-byte boundary")
-    return gap // 4
+
+
+class _Rows:
+    """The table's rows but the gradients' offsets, for one set of parameters and state tensors (checked once: the
+    host time of a step matters, results/dev/session12/call4), and the chunks, which depend on the sizes alone."""
+
+    def __init__(self, entries, device):
+        from samu.ops.adamw_triton import CHUNK, COLUMNS, M, NUMEL, P, STEP, V
+
+        self.base = entries[0][0]
+        base = self.base.data_ptr()
+        self.fixed = np.zeros((len(entries), COLUMNS), dtype=np.int64)
+        for i, (p, _, state, _) in enumerate(entries):
+            if state["step"].device != p.device:
+                raise ValueError(f"clipped_step: the step counter of parameter {i} is on {state['step'].device}, "
+                                 f"not {p.device} (an AdamW made with fused=True keeps it there)")
+            for column, t, what, width in ((P, p, "data", 16), (M, state["exp_avg"], "exp_avg", 16),
+                                           (V, state["exp_avg_sq"], "exp_avg_sq", 16),
+                                           (STEP, state["step"], "step counter", 4)):
+                _check(t, what, i, width)
+                self.fixed[i, column] = (t.data_ptr() - base) // 4
+            self.fixed[i, NUMEL] = p.numel()
+        self.steps = [state["step"] for _, _, state, _ in entries]
+        pairs = [(r, s) for r, (p, _, _, _) in enumerate(entries) for s in range(0, p.numel(), CHUNK)]
+        self.chunks = torch.tensor(pairs, dtype=torch.int64).to(device)
 
 
 def clipped_step(optimizer: torch.optim.AdamW, max_norm: float) -> torch.Tensor:
     """One AdamW step of ``optimizer`` (``unsupported`` must say None) on every parameter that has a gradient, the
     gradients divided by max(1, (norm + 1e-6) / max_norm) as they are read; returns their total norm before (a
     device scalar, fp32; nan or inf where a gradient is not finite, and then the step writes non-finite values)."""
-    from samu.ops.adamw_triton import CHUNK, COLUMNS, clipped_adamw
+    from samu.ops.adamw_triton import G, LR, clipped_adamw
 
     if not max_norm > 0:
         raise ValueError(f"max_norm must be positive, got {max_norm}")
-    rows, hyper, numels, steps = [], [], [], []
-    base_tensor = None
-    for group in optimizer.param_groups:
+    entries, hyper = [], []
+    for gi, group in enumerate(optimizer.param_groups):
         lr, wd, (beta1, beta2), eps = group["lr"], group["weight_decay"], group["betas"], group["eps"]
-        h = [_bits(lr), _bits(1.0 - lr * wd), _bits(beta1), _bits(beta2), _bits(eps)]
+        hyper.append([_bits(lr), _bits(1.0 - lr * wd), _bits(beta1), _bits(beta2), _bits(eps)])
         for p in group["params"]:
             g = p.grad
-            if g is None:
-                continue
-            if g.is_sparse:
-                raise ValueError(f"clipped_step: parameter {len(rows)} has a sparse gradient")
-            state = optimizer.state[p]
-            if not state:   # as torch's AdamW makes it (its fused form keeps the step counter on the device)
-                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            if base_tensor is None:
-                base_tensor = p
-            base = base_tensor.data_ptr()
-            i = len(rows)
-            if state["step"].device != p.device:
-                raise ValueError(f"clipped_step: the step counter of parameter {i} is on {state['step'].device}, "
-                                 f"not {p.device} (an AdamW made with fused=True keeps it there)")
-            rows.append([_aligned(p, base, "data", i), _aligned(g, base, "gradient", i),
-                         _aligned(state["exp_avg"], base, "exp_avg", i),
-                         _aligned(state["exp_avg_sq"], base, "exp_avg_sq", i),
-                         _aligned(state["step"], base, "step counter", i, width=4), p.numel()])
-            hyper.append(h)
-            numels.append(p.numel())
-            steps.append(state["step"])
-    if base_tensor is None:
-        device = optimizer.param_groups[0]["params"][0].device
-        return torch.zeros((), dtype=torch.float32, device=device)
-    device = base_tensor.device
-    # the chunks depend on the sizes alone: made once for a run's sizes
-    key = (device, tuple(numels))
-    cached = getattr(optimizer, "_samu_chunks", None)
+            if g is not None:
+                state = optimizer.state[p]
+                if not state:   # as torch's AdamW makes it (its fused form keeps the step counter on the device)
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                entries.append((p, g, state, gi))
+    if not entries:
+        return torch.zeros((), dtype=torch.float32, device=optimizer.param_groups[0]["params"][0].device)
+    device = entries[0][0].device
+    # what the fixed rows were made from: a state replaced (load_state_dict) or a parameter moved makes them again
+    # (the rows hold the step counters, so a new counter never takes an old one's address)
+    key = [(p.data_ptr(), state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(), state["step"].data_ptr())
+           for p, _, state, _ in entries]
+    cached = getattr(optimizer, "_samu_rows", None)
     if cached is None or cached[0] != key:
-        pairs = [(r, s) for r, n in enumerate(numels) for s in range(0, n, CHUNK)]
-        optimizer._samu_chunks = cached = (key, torch.tensor(pairs, dtype=torch.int64).to(device))
-    table = np.concatenate([np.array(rows, dtype=np.int64), np.array(hyper, dtype=np.int64)], axis=1)
-    assert table.shape[1] == COLUMNS
+        optimizer._samu_rows = cached = (key, _Rows(entries, device))
+    rows = cached[1]
+    base = rows.base.data_ptr()
+    table = rows.fixed.copy()
+    for i, (_, g, _, _) in enumerate(entries):
+        _check(g, "gradient", i)
+    table[:, G] = (np.array([g.data_ptr() for _, g, _, _ in entries], dtype=np.int64) - base) // 4
+    table[:, LR:] = np.array(hyper, dtype=np.int64)[[gi for _, _, _, gi in entries]]
     table = torch.from_numpy(table)
     table = table.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else table
-    torch._foreach_add_(steps, 1.0)
-    return clipped_adamw(base_tensor, table, cached[1], max_norm)[0]
+    torch._foreach_add_(rows.steps, 1.0)
+    return clipped_adamw(rows.base, table, rows.chunks, max_norm)[0]
