@@ -335,11 +335,13 @@ def _named_optimizer_state(model: CausalLM, state: dict) -> dict:
 
 def clipped_step(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
     """One optimizer step on the gradients scaled down to a total norm of at most ``max_norm``; returns
-    their total norm before (a device scalar). A ClippedAdamW (samu.ops.adamw) clips to its own max_norm, the
-    run's. Else the fused AdamW scales them itself as it reads them (its ``grad_scale``, cleared again after the
-    step), which saves a read of every gradient (~0.4 ms a step for the 400m preset on an H200); the default one
-    needs them scaled in place first."""
+    their total norm before (a device scalar). A ClippedAdamW (samu.ops.adamw) clips to its own max_norm, which
+    must be this one. Else the fused AdamW scales them itself as it reads them (its ``grad_scale``, cleared again
+    after the step), which saves a read of every gradient (~0.4 ms a step for the 400m preset on an H200); the
+    default one needs them scaled in place first."""
     if isinstance(optimizer, adamw.ClippedAdamW):
+        if optimizer.max_norm != max_norm:
+            raise ValueError(f"max_norm is {max_norm}, but the ClippedAdamW clips to {optimizer.max_norm}")
         optimizer.step()
         return optimizer.grad_norm
     params = [p for p in model.parameters() if p.grad is not None]

@@ -12,12 +12,16 @@ The optimizer stays a ``torch.optim.AdamW``: the same state (``exp_avg``, ``exp_
 counter on the parameter's device that its fused form keeps) and the same ``state_dict``, so a checkpoint moves
 between this step and torch's. The update is torch's: decoupled weight decay p (1 - lr wd), the moments, the bias
 corrections in float64 from the step counter, p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps); each element in
-fp32 in the same order of operations as torch's fused kernel, which mixes in float64 where it multiplies by a
-hyperparameter, so the two agree to a few fp32 roundings, not to the bit. The squared gradients are summed in a
-fixed order: every run with the same gradients gives the same norm and the same parameters.
+fp32 in the order of operations of torch's fused kernel, which mixes in float64 where it multiplies by a
+hyperparameter and rounds its square roots and divisions correctly, where Triton's fp32 square root and division on
+CUDA are within an ulp or two: the two agree to a few fp32 roundings, not to the bit. The squared gradients are
+summed in a fixed order: every run with the same gradients gives the same norm and the same parameters. The norm is
+of the gradients the optimizer holds: where they are shards (FSDP), ``unsupported`` says no and torch's step runs.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import torch
@@ -26,17 +30,38 @@ from samu.ops import dispatch
 
 
 class ClippedAdamW(torch.optim.AdamW):
-    """torch's AdamW whose ``step`` clips the gradients to a total norm of ``max_norm`` first, both on the kernels
-    here (``clipped_step``; ``unsupported`` says where they cannot run). ``grad_norm`` holds the last step's norm
-    before clipping (a device scalar). Its state and ``state_dict`` are AdamW's (make it with ``fused=True`` on CUDA
-    so that a loaded step counter lands on the device, as the kernels read it there)."""
+    """torch's AdamW whose ``step`` clips the gradients to a total norm of ``max_norm`` first: on the kernels here
+    (``clipped_step``) where ``unsupported`` says nothing against the optimizer and the step's gradients are dense
+    contiguous fp32 tensors on 16-byte boundaries, else by torch's norm, clip and AdamW step (the same result to
+    fp32 rounding). ``grad_norm`` holds the last step's norm before clipping (a device scalar). Its state and
+    ``state_dict`` are AdamW's. A GradScaler unscales its gradients before its step and skips a step with an
+    inf or nan among them, as for an unfused AdamW."""
 
-    def __init__(self, params, max_norm: float, **kwargs):
+    def __init__(self, params, *, max_norm: float, **kwargs):
         if not max_norm > 0:
             raise ValueError(f"max_norm must be positive, got {max_norm}")
+        self._why = None   # unsupported(self), asked again after the groups change (add_param_group, load_state_dict)
         super().__init__(params, **kwargs)
+        # the kernels take no grad_scale / found_inf: a GradScaler must unscale and check the gradients itself
+        self._step_supports_amp_scaling = False
         self.max_norm = float(max_norm)
         self.grad_norm = None
+
+    def __getstate__(self):
+        return {**super().__getstate__(), "max_norm": self.max_norm}
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._why, self.grad_norm = None, None
+        self._step_supports_amp_scaling = False
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        self._why = None
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        self._why = None   # the saved groups' flags replace these
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -44,15 +69,30 @@ class ClippedAdamW(torch.optim.AdamW):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self.grad_norm = clipped_step(self, self.max_norm)
+        if self._why is None:
+            self._why = unsupported(self) or ""
+        if not self._why:
+            try:
+                self.grad_norm = clipped_step(self, self.max_norm)
+                return loss
+            except UnusableGradient:   # a view into a bucket, say: torch's step below, which takes any layout
+                pass
+        params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
+        self.grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        torch.nn.utils.clip_grads_with_norm_(params, self.max_norm, self.grad_norm)
+        super().step()
         return loss
+
+
+class UnusableGradient(ValueError):
+    """A gradient the kernels cannot read (not a dense contiguous fp32 tensor on a 16-byte boundary)."""
 
 
 def unsupported(optimizer: torch.optim.Optimizer) -> str | None:
     """Why ``clipped_step`` cannot step ``optimizer`` (None where it can): it takes a ``torch.optim.AdamW`` (or a
     ClippedAdamW) without amsgrad, maximize or differentiable, with float hyperparameters, over dense contiguous
-    fp32 parameters of one device that are plain tensors (not sharded DTensors), on CUDA or in the Triton
-    interpreter."""
+    fp32 parameters on 16-byte boundaries of one device that are plain tensors (not sharded: DTensors, FSDP's flat
+    parameters), on CUDA or in the Triton interpreter."""
     if type(optimizer) not in (torch.optim.AdamW, ClippedAdamW):
         return f"it steps torch.optim.AdamW only, not {type(optimizer).__name__}"
     device = None
@@ -64,10 +104,10 @@ def unsupported(optimizer: torch.optim.Optimizer) -> str | None:
                 isinstance(b, torch.Tensor) for b in group["betas"]):
             return "tensor hyperparameters"
         for p in group["params"]:
-            if type(p.detach()) is not torch.Tensor:
-                return f"parameters of type {type(p.detach()).__name__} (sharded)"
-            if p.dtype != torch.float32 or not p.is_contiguous():
-                return "parameters that are not contiguous fp32"
+            if type(p.detach()) is not torch.Tensor or getattr(p, "_is_flat_param", False):
+                return f"sharded parameters ({type(p.detach()).__name__})"
+            if p.dtype != torch.float32 or not p.is_contiguous() or p.data_ptr() % 16:
+                return "parameters that are not contiguous fp32 on 16-byte boundaries"
             if device is None:
                 device = p.device
             elif p.device != device:
@@ -81,10 +121,10 @@ def _bits(x: float) -> int:
     return int(np.array(float(x), dtype=np.float64).view(np.int64))
 
 
-def _check(t: torch.Tensor, what: str, i: int, width: int = 16) -> None:
+def _check(t: torch.Tensor, what: str, where: tuple[int, int], width: int = 16, error=ValueError) -> None:
     if t.dtype != torch.float32 or t.is_sparse or (t.dim() and not t.is_contiguous()) or t.data_ptr() % width:
-        raise ValueError(f"clipped_step: the {what} of parameter {i} is not a dense contiguous fp32 tensor on a "
-                         f"{width}-byte boundary")
+        raise error(f"clipped_step: the {what} of parameter {where[1]} of group {where[0]} is not a dense "
+                    f"contiguous fp32 tensor on a {width}-byte boundary")
 
 
 class _Rows:
@@ -97,25 +137,26 @@ class _Rows:
         self.base = entries[0][0]
         base = self.base.data_ptr()
         self.fixed = np.zeros((len(entries), COLUMNS), dtype=np.int64)
-        for i, (p, _, state, _) in enumerate(entries):
-            if state["step"].device != p.device:
-                raise ValueError(f"clipped_step: the step counter of parameter {i} is on {state['step'].device}, "
-                                 f"not {p.device} (an AdamW made with fused=True keeps it there)")
+        for i, (p, _, state, where) in enumerate(entries):
             for column, t, what, width in ((P, p, "data", 16), (M, state["exp_avg"], "exp_avg", 16),
                                            (V, state["exp_avg_sq"], "exp_avg_sq", 16),
                                            (STEP, state["step"], "step counter", 4)):
-                _check(t, what, i, width)
+                _check(t, what, where, width)
                 self.fixed[i, column] = (t.data_ptr() - base) // 4
             self.fixed[i, NUMEL] = p.numel()
         self.steps = [state["step"] for _, _, state, _ in entries]
-        pairs = [(r, s) for r, (p, _, _, _) in enumerate(entries) for s in range(0, p.numel(), CHUNK)]
-        self.chunks = torch.tensor(pairs, dtype=torch.int64).to(device)
+        sizes = self.fixed[:, NUMEL]
+        per_row = -(-sizes // CHUNK)
+        rows = np.repeat(np.arange(len(entries)), per_row)
+        starts = (np.arange(len(rows)) - np.repeat(np.cumsum(per_row) - per_row, per_row)) * CHUNK
+        self.chunks = torch.from_numpy(np.stack([rows, starts], axis=1)).to(device)
 
 
 def clipped_step(optimizer: torch.optim.AdamW, max_norm: float) -> torch.Tensor:
     """One AdamW step of ``optimizer`` (``unsupported`` must say None) on every parameter that has a gradient, the
     gradients divided by max(1, (norm + 1e-6) / max_norm) as they are read; returns their total norm before (a
-    device scalar, fp32; nan or inf where a gradient is not finite, and then the step writes non-finite values)."""
+    device scalar, fp32; nan or inf where a gradient is not finite, and then the step writes non-finite values).
+    Raises UnusableGradient, having changed nothing, where a gradient is not one the kernels read."""
     from samu.ops.adamw_triton import G, LR, clipped_adamw
 
     if not max_norm > 0:
@@ -124,17 +165,22 @@ def clipped_step(optimizer: torch.optim.AdamW, max_norm: float) -> torch.Tensor:
     for gi, group in enumerate(optimizer.param_groups):
         lr, wd, (beta1, beta2), eps = group["lr"], group["weight_decay"], group["betas"], group["eps"]
         hyper.append([_bits(lr), _bits(1.0 - lr * wd), _bits(beta1), _bits(beta2), _bits(eps)])
-        for p in group["params"]:
+        for pi, p in enumerate(group["params"]):
             g = p.grad
             if g is not None:
-                state = optimizer.state[p]
-                if not state:   # as torch's AdamW makes it (its fused form keeps the step counter on the device)
-                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                entries.append((p, g, state, gi))
+                _check(g, "gradient", (gi, pi), error=UnusableGradient)
+                entries.append((p, g, optimizer.state[p], (gi, pi)))
     if not entries:
-        return torch.zeros((), dtype=torch.float32, device=optimizer.param_groups[0]["params"][0].device)
+        first = next((p for group in optimizer.param_groups for p in group["params"]), None)
+        return torch.zeros((), dtype=torch.float32, device=None if first is None else first.device)
+    for p, _, state, _ in entries:
+        if not state:   # as torch's AdamW makes it (its fused form keeps the step counter on the device)
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        elif state["step"].device != p.device:
+            # an unfused AdamW's counter (a state saved by one and loaded here), kept where the kernels read it
+            state["step"] = state["step"].to(device=p.device, dtype=torch.float32)
     device = entries[0][0].device
     # what the fixed rows were made from: a state replaced (load_state_dict) or a parameter moved makes them again
     # (the rows hold the step counters, so a new counter never takes an old one's address)
@@ -144,13 +190,11 @@ def clipped_step(optimizer: torch.optim.AdamW, max_norm: float) -> torch.Tensor:
     if cached is None or cached[0] != key:
         optimizer._samu_rows = cached = (key, _Rows(entries, device))
     rows = cached[1]
-    base = rows.base.data_ptr()
     table = rows.fixed.copy()
-    for i, (_, g, _, _) in enumerate(entries):
-        _check(g, "gradient", i)
-    table[:, G] = (np.array([g.data_ptr() for _, g, _, _ in entries], dtype=np.int64) - base) // 4
-    table[:, LR:] = np.array(hyper, dtype=np.int64)[[gi for _, _, _, gi in entries]]
+    table[:, G] = (np.array([g.data_ptr() for _, g, _, _ in entries], dtype=np.int64) - rows.base.data_ptr()) // 4
+    table[:, LR:] = np.array(hyper, dtype=np.int64)[[where[0] for _, _, _, where in entries]]
     table = torch.from_numpy(table)
-    table = table.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else table
-    torch._foreach_add_(rows.steps, 1.0)
-    return clipped_adamw(rows.base, table, rows.chunks, max_norm)[0]
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        table = table.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else table
+        torch._foreach_add_(rows.steps, 1.0)
+        return clipped_adamw(rows.base, table, rows.chunks, max_norm)[0]

@@ -118,9 +118,10 @@ def clipped_adamw(base: torch.Tensor, table: torch.Tensor, chunks: torch.Tensor,
     """The clipped step over the table's rows (samu.ops.adamw builds it, step counters already advanced): returns
     [norm, divisor] (fp32, on base's device)."""
     C = chunks.shape[0]
-    partial = torch.empty(C, dtype=torch.float32, device=base.device)
-    out = torch.empty(2, dtype=torch.float32, device=base.device)
-    launch(_sum_squares, (C,), base, table, chunks, partial, BLOCK=BLOCK, PASSES=PASSES, num_warps=WARPS)
-    launch(_clip, (1,), partial, C, out, float(max_norm), BLOCK=BLOCK, num_warps=WARPS)
-    launch(_adamw, (C,), base, table, chunks, out, BLOCK=BLOCK, PASSES=PASSES, num_warps=WARPS)
+    partial = base.new_empty(C)
+    out = base.new_empty(2)
+    launch(_sum_squares, (C,), base=base, table=table, chunks=chunks, partial=partial, BLOCK=BLOCK, PASSES=PASSES,
+           num_warps=WARPS)
+    launch(_clip, (1,), partial=partial, C=C, out=out, max_norm=float(max_norm), BLOCK=BLOCK, num_warps=WARPS)
+    launch(_adamw, (C,), base=base, table=table, chunks=chunks, clip=out, BLOCK=BLOCK, PASSES=PASSES, num_warps=WARPS)
     return out

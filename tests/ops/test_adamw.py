@@ -4,9 +4,11 @@ clipping in float64), and against torch's fused AdamW, whose state it shares.
 The kernels run in the interpreter on CPU (CUDA where there is one), with chunks of 2 x 512 elements so that
 parameters of one partial chunk, of whole chunks and of whole chunks and a partial one are all stepped.
 Rule, declared before any run: after three steps (the gradients' norm above the limit, below it, above it again;
-weight decay in one group, none in the other; eps 1e-3, so that a misplaced eps shows), every parameter and both
-moments are within 1e-6 (relative Frobenius) of float64, and the returned norms within 1e-6 of the float64
-norms; two runs give the same bits; a parameter without a gradient is left as it is, with no state.
+weight decay, lr, betas and eps of each group its own, the lrs changed between steps; eps 1e-3 and 1e-2, so that a
+misplaced eps shows), every parameter and both moments are within 1e-6 (relative Frobenius) of float64, and the
+returned norms within 1e-6 of the float64 norms; two runs give the same bits; a parameter without a gradient is
+left as it is, with no state; a non-finite gradient gives a non-finite norm and nan exactly where torch's clip and
+step put them.
 """
 
 import pytest
@@ -14,7 +16,7 @@ import torch
 from torch import nn
 
 from samu.ops import adamw, dispatch
-from tests.helpers import rel_err
+from tests.helpers import poison_allocations, rel_err
 
 pytestmark = pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
 
@@ -28,6 +30,7 @@ HYPER = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-3)
 def small_chunks(monkeypatch):
     from samu.ops import adamw_triton
 
+    poison_allocations(monkeypatch)
     monkeypatch.setattr(adamw_triton, "BLOCK", 512)
     monkeypatch.setattr(adamw_triton, "PASSES", 2)
     monkeypatch.setattr(adamw_triton, "CHUNK", 1024)
@@ -39,9 +42,16 @@ def _params(dtype=torch.float32, device=DEVICE):
             for n in SIZES] + [nn.Parameter(torch.ones(5, dtype=dtype, device=device))]   # never has a gradient
 
 
-def _optimizer(params, **kw):
-    groups = [{"params": params[:2], "weight_decay": 0.1}, {"params": params[2:], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, **HYPER, **kw)
+def _optimizer(params, kind=torch.optim.AdamW, **kw):
+    groups = [{"params": params[:2], "weight_decay": 0.1},
+              {"params": params[2:], "weight_decay": 0.0, "lr": 3e-2, "betas": (0.8, 0.99), "eps": 1e-2}]
+    return kind(groups, **HYPER, **kw)
+
+
+def _decay_lr(opt):
+    # as a schedule would between steps
+    for group in opt.param_groups:
+        group["lr"] *= 0.7
 
 
 def _gradients(step):
@@ -63,6 +73,7 @@ def _float64_run(steps=len(SCALES)):
         norm = nn.utils.get_total_norm([p.grad for p in params[:len(SIZES)]])
         nn.utils.clip_grads_with_norm_(params[:len(SIZES)], 1.0, norm)
         opt.step()
+        _decay_lr(opt)
         norms.append(norm)
     return params, opt, norms
 
@@ -75,6 +86,7 @@ def _kernel_run(steps=len(SCALES), params=None, opt=None):
     for step in range(steps):
         _set(params, _gradients(step))
         norms.append(adamw.clipped_step(opt, 1.0))
+        _decay_lr(opt)
     return params, opt, norms
 
 
@@ -115,6 +127,7 @@ def test_state_moves_between_the_kernels_and_torch(first):
             norm = nn.utils.get_total_norm([p.grad for p in params[:len(SIZES)]])
             nn.utils.clip_grads_with_norm_(params[:len(SIZES)], 1.0, norm)
             opt.step()
+        _decay_lr(opt)
     moved = [nn.Parameter(p.detach().clone()) for p in params]
     other = _optimizer(moved, fused=True)
     other.load_state_dict(opt.state_dict())
@@ -149,16 +162,97 @@ def test_a_loaded_state_is_the_one_stepped():
     assert float(opt.state[params[0]]["step"]) == 3
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered")   # the interpreter's inf / inf, as intended
+def test_a_non_finite_gradient_gives_what_torch_gives():
+    params = _params()
+    opt = _optimizer(params, fused=True)
+    want = [nn.Parameter(p.detach().clone()) for p in params]
+    want_opt = _optimizer(want, fused=True)
+    grads = _gradients(0)
+    grads[2][5] = float("inf")
+    _set(params, grads)
+    _set(want, grads)
+    norm = adamw.clipped_step(opt, 1.0)
+    want_norm = nn.utils.get_total_norm([p.grad for p in want[:len(SIZES)]])
+    nn.utils.clip_grads_with_norm_(want[:len(SIZES)], 1.0, want_norm)
+    want_opt.step()
+    assert not torch.isfinite(norm) and not torch.isfinite(want_norm)
+    for p, q in zip(params, want):
+        assert torch.equal(p.isnan(), q.isnan())
+
+
+def test_clipped_adamw_steps_on_the_kernels_or_else_as_torch():
+    """ClippedAdamW's step is clipped_step where the kernels take the optimizer and the gradients, and torch's clip
+    and step where they do not (a gradient that is not contiguous; maximize): within 1e-6 of float64 either way.
+    It tells a GradScaler to unscale for it, and keeps max_norm through a copy."""
+    import copy
+
+    want, _, want_norms = _float64_run()
+    params = _params()
+    opt = _optimizer(params, adamw.ClippedAdamW, max_norm=1.0, fused=True)
+    for step in range(len(SCALES)):
+        _set(params, _gradients(step))
+        opt.step()
+        assert rel_err(opt.grad_norm.cpu(), want_norms[step]) < 1e-6
+        _decay_lr(opt)
+    for p, q in zip(params, want):
+        assert rel_err(p.cpu(), q) < 1e-6
+    assert opt._step_supports_amp_scaling is False and copy.deepcopy(opt).max_norm == 1.0
+    with pytest.raises(TypeError):
+        adamw.ClippedAdamW(params, 1.0)   # max_norm is keyword-only: lr comes second in torch's AdamW
+    with pytest.raises(ValueError, match="max_norm"):
+        adamw.ClippedAdamW(params, max_norm=0.0)
+
+    def one_step(opt, grad):
+        matrix = opt.param_groups[0]["params"][0]
+        matrix.grad = grad
+        opt.step()
+        return matrix
+
+    start = torch.randn(6, 4, generator=torch.Generator().manual_seed(1))
+    grad = torch.randn(4, 6, generator=torch.Generator().manual_seed(2)).t().to(DEVICE)   # not contiguous
+    for options in (dict(), dict(maximize=True)):
+        got = one_step(adamw.ClippedAdamW([nn.Parameter(start.clone().to(DEVICE))], max_norm=1.0, **options), grad)
+        ref = nn.Parameter(start.double())
+        ref.grad = grad.double().cpu()
+        nn.utils.clip_grads_with_norm_([ref], 1.0, nn.utils.get_total_norm([ref.grad]))
+        torch.optim.AdamW([ref], foreach=False, **options).step()
+        assert rel_err(got.cpu(), ref) < 1e-6, options
+
+
+@pytest.mark.gpu
+def test_an_unfused_state_steps_on_the_kernels():
+    """An unfused AdamW keeps its step counters on the host; loaded into a ClippedAdamW on CUDA they move to the
+    device, where the kernels read them."""
+    want, _, _ = _float64_run()
+    params = _params()
+    opt = _optimizer(params, fused=False, foreach=False)
+    for step in range(2):
+        _set(params, _gradients(step))
+        norm = nn.utils.get_total_norm([p.grad for p in params[:len(SIZES)]])
+        nn.utils.clip_grads_with_norm_(params[:len(SIZES)], 1.0, norm)
+        opt.step()
+        _decay_lr(opt)
+    clipped = _optimizer(params, adamw.ClippedAdamW, max_norm=1.0, fused=True)
+    clipped.load_state_dict(opt.state_dict())
+    _set(params, _gradients(2))
+    clipped.step()
+    assert clipped.state[params[0]]["step"].device == params[0].device
+    for p, q in zip(params[:len(SIZES)], want):
+        assert rel_err(p.cpu(), q) < 1e-6
+
+
 def test_what_it_does_not_take():
     params = _params()
     assert "amsgrad" in adamw.unsupported(torch.optim.AdamW(params, amsgrad=True))
     assert "AdamW only" in adamw.unsupported(torch.optim.Adam(params))
     assert "fp32" in adamw.unsupported(torch.optim.AdamW([nn.Parameter(torch.ones(3, dtype=torch.float64))]))
+    assert "16-byte" in adamw.unsupported(torch.optim.AdamW([nn.Parameter(torch.ones(9)[1:])]))
     matrix = nn.Parameter(torch.ones(4, 6, device=DEVICE))
     matrix.grad = torch.ones(6, 4, device=DEVICE).t()   # not contiguous
     opt = torch.optim.AdamW([params[0], matrix], fused=True)
     assert adamw.unsupported(opt) is None
-    with pytest.raises(ValueError, match="gradient of parameter 0"):
+    with pytest.raises(adamw.UnusableGradient, match="gradient of parameter 1 of group 0"):
         adamw.clipped_step(opt, 1.0)
     with pytest.raises(ValueError, match="max_norm"):
         adamw.clipped_step(opt, 0.0)

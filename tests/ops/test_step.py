@@ -46,8 +46,9 @@ def test_samu_step_matches_the_reference(B, D, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("B,D,H", [(1, 16, 2), (2, 40, 4), (1, 96, 2), (1, 128, 2), (18, 16, 2)])
-# head dims 8, 10, 48, 64; 18 rows: more than one program's STEP_ROWS
+@pytest.mark.parametrize("B,D,H", [(1, 16, 2), (2, 40, 4), (1, 96, 2), (1, 128, 2), (18, 16, 2), (3, 300, 4)])
+# head dims 8, 10, 48, 64, 75; 18 rows: more than one program's STEP_ROWS; 300 channels: three programs of the
+# update's UPDATE_CHANNELS, the last one partial
 def test_rglru_step_matches_the_reference(B, D, H, dtype):
     _check(rglru_step, rglru_params(D, H, seed=D), B, D, dtype, seed=B + D, c=8.0)
 
