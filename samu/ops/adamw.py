@@ -22,6 +22,7 @@ of the gradients the optimizer holds: where they are shards (FSDP), ``unsupporte
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import numpy as np
 import torch
@@ -31,17 +32,24 @@ from samu.ops import dispatch
 
 class ClippedAdamW(torch.optim.AdamW):
     """torch's AdamW whose ``step`` clips the gradients to a total norm of ``max_norm`` first: on the kernels here
-    (``clipped_step``) where ``unsupported`` says nothing against the optimizer and the step's gradients are dense
-    contiguous fp32 tensors on 16-byte boundaries, else by torch's norm, clip and AdamW step (the same result to
-    fp32 rounding). ``grad_norm`` holds the last step's norm before clipping (a device scalar). Its state and
-    ``state_dict`` are AdamW's. A GradScaler unscales its gradients before its step and skips a step with an
-    inf or nan among them, as for an unfused AdamW."""
+    (``clipped_step``, which leaves the gradients as they are) where ``unsupported`` says nothing against the
+    optimizer and the step's gradients are dense contiguous fp32 tensors on 16-byte boundaries, else by torch's norm,
+    clip (in place) and AdamW step, the same result to fp32 rounding, with a warning the first time it comes to that
+    where the kernels were expected. ``grad_norm`` holds the last step's norm before clipping (a device scalar). Its
+    state and ``state_dict`` are AdamW's. A GradScaler unscales its gradients before its step and skips a step with
+    an inf or nan among them, as for an unfused AdamW. FSDP's flat parameters (FSDP1) are refused: the norm would be
+    a shard's (clip with FSDP's ``clip_grad_norm_`` and step a plain AdamW there); FSDP2's DTensors take torch's
+    path, whose norm is the whole one."""
 
     def __init__(self, params, *, max_norm: float, **kwargs):
         if not max_norm > 0:
             raise ValueError(f"max_norm must be positive, got {max_norm}")
-        self._why = None   # unsupported(self), asked again after the groups change (add_param_group, load_state_dict)
+        self._why = None   # unsupported(self), asked again after the groups change (add_param_group, a load)
+        self._warned = False
         super().__init__(params, **kwargs)
+        if any(getattr(p, "_is_flat_param", False) for group in self.param_groups for p in group["params"]):
+            raise ValueError("ClippedAdamW cannot clip FSDP's flat parameters (each rank holds a shard): clip with "
+                             "FSDP's clip_grad_norm_ and step a torch.optim.AdamW")
         # the kernels take no grad_scale / found_inf: a GradScaler must unscale and check the gradients itself
         self._step_supports_amp_scaling = False
         self.max_norm = float(max_norm)
@@ -51,17 +59,14 @@ class ClippedAdamW(torch.optim.AdamW):
         return {**super().__getstate__(), "max_norm": self.max_norm}
 
     def __setstate__(self, state):
+        # also what load_state_dict calls, with the saved groups, whose flags replace these
         super().__setstate__(state)
-        self._why, self.grad_norm = None, None
+        self._why, self._warned, self.grad_norm = None, False, None
         self._step_supports_amp_scaling = False
 
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
         self._why = None
-
-    def load_state_dict(self, state_dict):
-        super().load_state_dict(state_dict)
-        self._why = None   # the saved groups' flags replace these
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -75,29 +80,38 @@ class ClippedAdamW(torch.optim.AdamW):
             try:
                 self.grad_norm = clipped_step(self, self.max_norm)
                 return loss
-            except UnusableGradient:   # a view into a bucket, say: torch's step below, which takes any layout
-                pass
+            except Unusable as why:   # a gradient that is a view into a bucket, say: torch's step takes it
+                if not self._warned:
+                    warnings.warn(f"ClippedAdamW steps by torch's clip and AdamW step: {why}", stacklevel=2)
+                    self._warned = True
         params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
         self.grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         torch.nn.utils.clip_grads_with_norm_(params, self.max_norm, self.grad_norm)
-        super().step()
+        # AdamW's own step without the hook wrapper torch puts around it (this step's wrapper ran the hooks once)
+        adamw_step = torch.optim.AdamW.step
+        if getattr(adamw_step, "hooked", False):
+            adamw_step = adamw_step.__wrapped__
+        adamw_step(self)
         return loss
 
 
-class UnusableGradient(ValueError):
-    """A gradient the kernels cannot read (not a dense contiguous fp32 tensor on a 16-byte boundary)."""
+class Unusable(ValueError):
+    """What clipped_step raises, having stepped nothing, where it cannot step now: a gradient it cannot read (not
+    a dense contiguous fp32 tensor on a 16-byte boundary), or parameters or states that changed since the last step
+    into something ``unsupported`` refuses."""
 
 
 def unsupported(optimizer: torch.optim.Optimizer) -> str | None:
     """Why ``clipped_step`` cannot step ``optimizer`` (None where it can): it takes a ``torch.optim.AdamW`` (or a
-    ClippedAdamW) without amsgrad, maximize or differentiable, with float hyperparameters, over dense contiguous
+    ClippedAdamW) without amsgrad, maximize, differentiable or capturable (its table is copied from the host at
+    every step), with float hyperparameters, over dense contiguous
     fp32 parameters on 16-byte boundaries of one device that are plain tensors (not sharded: DTensors, FSDP's flat
     parameters), on CUDA or in the Triton interpreter."""
     if type(optimizer) not in (torch.optim.AdamW, ClippedAdamW):
         return f"it steps torch.optim.AdamW only, not {type(optimizer).__name__}"
     device = None
     for group in optimizer.param_groups:
-        for flag in ("amsgrad", "maximize", "differentiable"):
+        for flag in ("amsgrad", "maximize", "differentiable", "capturable"):
             if group.get(flag):
                 return f"AdamW with {flag}=True"
         if any(isinstance(group[k], torch.Tensor) for k in ("lr", "weight_decay", "eps")) or any(
@@ -156,7 +170,8 @@ def clipped_step(optimizer: torch.optim.AdamW, max_norm: float) -> torch.Tensor:
     """One AdamW step of ``optimizer`` (``unsupported`` must say None) on every parameter that has a gradient, the
     gradients divided by max(1, (norm + 1e-6) / max_norm) as they are read; returns their total norm before (a
     device scalar, fp32; nan or inf where a gradient is not finite, and then the step writes non-finite values).
-    Raises UnusableGradient, having changed nothing, where a gradient is not one the kernels read."""
+    Raises Unusable, having stepped nothing, where a gradient is not one the kernels read, or where the parameters
+    or states changed since the last step into something ``unsupported`` refuses."""
     from samu.ops.adamw_triton import G, LR, clipped_adamw
 
     if not max_norm > 0:
@@ -168,7 +183,7 @@ def clipped_step(optimizer: torch.optim.AdamW, max_norm: float) -> torch.Tensor:
         for pi, p in enumerate(group["params"]):
             g = p.grad
             if g is not None:
-                _check(g, "gradient", (gi, pi), error=UnusableGradient)
+                _check(g, "gradient", (gi, pi), error=Unusable)
                 entries.append((p, g, optimizer.state[p], (gi, pi)))
     if not entries:
         first = next((p for group in optimizer.param_groups for p in group["params"]), None)
@@ -188,6 +203,9 @@ def clipped_step(optimizer: torch.optim.AdamW, max_norm: float) -> torch.Tensor:
            for p, _, state, _ in entries]
     cached = getattr(optimizer, "_samu_rows", None)
     if cached is None or cached[0] != key:
+        why = unsupported(optimizer)   # parameters moved or cast since the last step, say
+        if why:
+            raise Unusable(why)
         optimizer._samu_rows = cached = (key, _Rows(entries, device))
     rows = cached[1]
     table = rows.fixed.copy()

@@ -11,6 +11,8 @@ left as it is, with no state; a non-finite gradient gives a non-finite norm and 
 step put them.
 """
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -192,8 +194,11 @@ def test_clipped_adamw_steps_on_the_kernels_or_else_as_torch():
     opt = _optimizer(params, adamw.ClippedAdamW, max_norm=1.0, fused=True)
     for step in range(len(SCALES)):
         _set(params, _gradients(step))
+        grads = [p.grad.clone() for p in params[:len(SIZES)]]
         opt.step()
         assert rel_err(opt.grad_norm.cpu(), want_norms[step]) < 1e-6
+        # the kernels' step: the gradients as they were (torch's clips them in place, at steps 0 and 2 here)
+        assert all(torch.equal(p.grad, g) for p, g in zip(params, grads))
         _decay_lr(opt)
     for p, q in zip(params, want):
         assert rel_err(p.cpu(), q) < 1e-6
@@ -211,8 +216,18 @@ def test_clipped_adamw_steps_on_the_kernels_or_else_as_torch():
 
     start = torch.randn(6, 4, generator=torch.Generator().manual_seed(1))
     grad = torch.randn(4, 6, generator=torch.Generator().manual_seed(2)).t().to(DEVICE)   # not contiguous
+    torch.optim.AdamW([nn.Parameter(torch.ones(1))])   # torch wraps AdamW.step in its hooks' wrapper from here on
     for options in (dict(), dict(maximize=True)):
-        got = one_step(adamw.ClippedAdamW([nn.Parameter(start.clone().to(DEVICE))], max_norm=1.0, **options), grad)
+        opt = adamw.ClippedAdamW([nn.Parameter(start.clone().to(DEVICE))], max_norm=1.0, **options)
+        hooks = []
+        opt.register_step_pre_hook(lambda *a: hooks.append("pre"))
+        opt.register_step_post_hook(lambda *a: hooks.append("post"))
+        with warnings.catch_warnings(record=True) as shown:
+            warnings.simplefilter("always")
+            got = one_step(opt, grad)
+        assert hooks == ["pre", "post"]
+        # a gradient the kernels cannot read says so once; an optimizer they do not take (maximize) goes quietly
+        assert len([w for w in shown if "torch's clip" in str(w.message)]) == (0 if options else 1)
         ref = nn.Parameter(start.double())
         ref.grad = grad.double().cpu()
         nn.utils.clip_grads_with_norm_([ref], 1.0, nn.utils.get_total_norm([ref.grad]))
@@ -248,11 +263,16 @@ def test_what_it_does_not_take():
     assert "AdamW only" in adamw.unsupported(torch.optim.Adam(params))
     assert "fp32" in adamw.unsupported(torch.optim.AdamW([nn.Parameter(torch.ones(3, dtype=torch.float64))]))
     assert "16-byte" in adamw.unsupported(torch.optim.AdamW([nn.Parameter(torch.ones(9)[1:])]))
+    assert "capturable" in adamw.unsupported(torch.optim.AdamW(params, capturable=True))
+    flat = nn.Parameter(torch.ones(8))
+    flat._is_flat_param = True   # as FSDP1 marks its shards
+    with pytest.raises(ValueError, match="clip_grad_norm_"):
+        adamw.ClippedAdamW([flat], max_norm=1.0)
     matrix = nn.Parameter(torch.ones(4, 6, device=DEVICE))
     matrix.grad = torch.ones(6, 4, device=DEVICE).t()   # not contiguous
     opt = torch.optim.AdamW([params[0], matrix], fused=True)
     assert adamw.unsupported(opt) is None
-    with pytest.raises(adamw.UnusableGradient, match="gradient of parameter 1 of group 0"):
+    with pytest.raises(adamw.Unusable, match="gradient of parameter 1 of group 0"):
         adamw.clipped_step(opt, 1.0)
     with pytest.raises(ValueError, match="max_norm"):
         adamw.clipped_step(opt, 0.0)
