@@ -96,17 +96,17 @@ class ClippedAdamW(torch.optim.AdamW):
 
 
 class Unusable(ValueError):
-    """What clipped_step raises, having stepped nothing, where it cannot step now: a gradient it cannot read (not
-    a dense contiguous fp32 tensor on a 16-byte boundary), or parameters or states that changed since the last step
-    into something ``unsupported`` refuses."""
+    """What clipped_step raises, having stepped nothing, where it cannot step now: a gradient, parameter, moment or
+    step counter it cannot read (not a dense contiguous fp32 tensor on a 16-byte boundary), or parameters or states
+    that changed since the last step into something ``unsupported`` refuses."""
 
 
 def unsupported(optimizer: torch.optim.Optimizer) -> str | None:
     """Why ``clipped_step`` cannot step ``optimizer`` (None where it can): it takes a ``torch.optim.AdamW`` (or a
     ClippedAdamW) without amsgrad, maximize, differentiable or capturable (its table is copied from the host at
-    every step), with float hyperparameters, over dense contiguous
-    fp32 parameters on 16-byte boundaries of one device that are plain tensors (not sharded: DTensors, FSDP's flat
-    parameters), on CUDA or in the Triton interpreter."""
+    every step), with float hyperparameters, over dense contiguous fp32 parameters on 16-byte boundaries of one
+    device that are plain tensors (not sharded: DTensors, FSDP's flat parameters), on CUDA or in the Triton
+    interpreter."""
     if type(optimizer) not in (torch.optim.AdamW, ClippedAdamW):
         return f"it steps torch.optim.AdamW only, not {type(optimizer).__name__}"
     device = None
@@ -135,9 +135,9 @@ def _bits(x: float) -> int:
     return int(np.array(float(x), dtype=np.float64).view(np.int64))
 
 
-def _check(t: torch.Tensor, what: str, where: tuple[int, int], width: int = 16, error=ValueError) -> None:
+def _check(t: torch.Tensor, what: str, where: tuple[int, int], width: int = 16) -> None:
     if t.dtype != torch.float32 or t.is_sparse or (t.dim() and not t.is_contiguous()) or t.data_ptr() % width:
-        raise error(f"clipped_step: the {what} of parameter {where[1]} of group {where[0]} is not a dense "
+        raise Unusable(f"clipped_step: the {what} of parameter {where[1]} of group {where[0]} is not a dense "
                     f"contiguous fp32 tensor on a {width}-byte boundary")
 
 
@@ -170,8 +170,8 @@ def clipped_step(optimizer: torch.optim.AdamW, max_norm: float) -> torch.Tensor:
     """One AdamW step of ``optimizer`` (``unsupported`` must say None) on every parameter that has a gradient, the
     gradients divided by max(1, (norm + 1e-6) / max_norm) as they are read; returns their total norm before (a
     device scalar, fp32; nan or inf where a gradient is not finite, and then the step writes non-finite values).
-    Raises Unusable, having stepped nothing, where a gradient is not one the kernels read, or where the parameters
-    or states changed since the last step into something ``unsupported`` refuses."""
+    Raises Unusable, having stepped nothing, where a tensor is not one the kernels read, or where the parameters or
+    states changed since the last step into something ``unsupported`` refuses."""
     from samu.ops.adamw_triton import G, LR, clipped_adamw
 
     if not max_norm > 0:
@@ -183,7 +183,7 @@ def clipped_step(optimizer: torch.optim.AdamW, max_norm: float) -> torch.Tensor:
         for pi, p in enumerate(group["params"]):
             g = p.grad
             if g is not None:
-                _check(g, "gradient", (gi, pi), error=Unusable)
+                _check(g, "gradient", (gi, pi))
                 entries.append((p, g, optimizer.state[p], (gi, pi)))
     if not entries:
         first = next((p for group in optimizer.param_groups for p in group["params"]), None)
