@@ -46,7 +46,6 @@ from samu.models.config import MODEL_CONFIGS, TransformerConfig, model_config_fr
 from samu.models.checkpoint import (CheckpointError, WriteError, atomic_write, is_sharded, load_sharded,
                                     point_link, save_sharded, temporaries)
 from samu.models.flops import mfu, peak_flops
-from samu.models.model import local_part
 from samu.modules import RecurrentBlock
 from samu.ops import adamw
 from samu.ops.checks import NonFiniteParameters, set_check_finite
@@ -336,28 +335,13 @@ def _named_optimizer_state(model: CausalLM, state: dict) -> dict:
 def clipped_step(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
     """One optimizer step on the gradients scaled down to a total norm of at most ``max_norm``; returns
     their total norm before (a device scalar). A ClippedAdamW (samu.ops.adamw) clips to its own max_norm, which
-    must be this one. Else the fused AdamW scales them itself as it reads them (its ``grad_scale``, cleared again
-    after the step), which saves a read of every gradient (~0.4 ms a step for the 400m preset on an H200); the
-    default one needs them scaled in place first."""
+    must be this one; any other optimizer takes PyTorch's clip and step (samu.ops.adamw.torch_clipped_step)."""
     if isinstance(optimizer, adamw.ClippedAdamW):
         if optimizer.max_norm != max_norm:
             raise ValueError(f"max_norm is {max_norm}, but the ClippedAdamW clips to {optimizer.max_norm}")
         optimizer.step()
         return optimizer.grad_norm
-    params = [p for p in model.parameters() if p.grad is not None]
-    norm = nn.utils.get_total_norm([p.grad for p in params], foreach=True)
-    if not optimizer.defaults.get("fused"):
-        nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
-        optimizer.step()
-        return local_part(norm)
-    # sharded gradients (FSDP) give a replicated DTensor norm: the same value, held here
-    norm = local_part(norm)
-    optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)
-    try:
-        optimizer.step()
-    finally:
-        optimizer.grad_scale = None
-    return norm
+    return adamw.torch_clipped_step(optimizer, [p for p in model.parameters() if p.grad is not None], max_norm)
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

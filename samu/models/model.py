@@ -9,16 +9,11 @@ from torch.utils.checkpoint import checkpoint
 from samu.models.config import LMConfig
 from samu.modules.block import BlockState, ResidualLayer
 from samu.modules.layers import RMSNorm, product_dtype
+from samu.ops.checks import local_part
 from samu.ops.embedding import embedding
 from samu.ops.glue import fused_backend
 from samu.ops.linear import linear
 from samu.ops.packing import sequence_offsets
-
-
-def local_part(t: torch.Tensor) -> torch.Tensor:
-    """This process's part of a DTensor (a sharded parameter, a replicated norm); any other tensor as it is."""
-    # by its method: torch.distributed.tensor need not be importable where nothing is sharded
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 class CausalLM(nn.Module):

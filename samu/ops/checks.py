@@ -15,6 +15,12 @@ ALL_DTYPES = IO_DTYPES + (torch.float64,)
 _check_finite = os.environ.get("SAMU_CHECK_FINITE", "1") != "0"
 
 
+def local_part(t: torch.Tensor) -> torch.Tensor:
+    """This process's part of a DTensor (a sharded parameter, a replicated norm); any other tensor as it is."""
+    # by its method: torch.distributed.tensor need not be importable where nothing is sharded
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def set_check_finite(enabled: bool) -> bool:
     """Turn the parameter finiteness check on or off; returns the previous setting.
 

@@ -66,17 +66,22 @@ def _set(params, grads):
         p.grad = g.to(device=p.device, dtype=p.dtype)
 
 
+def _torch_step(params, opt):
+    """torch's clip (over the parameters that get gradients) and step; returns the norm before."""
+    norm = nn.utils.get_total_norm([p.grad for p in params[:len(SIZES)]])
+    nn.utils.clip_grads_with_norm_(params[:len(SIZES)], 1.0, norm)
+    opt.step()
+    return norm
+
+
 def _float64_run(steps=len(SCALES)):
     params = _params(torch.float64, "cpu")
     opt = _optimizer(params, foreach=False)
     norms = []
     for step in range(steps):
         _set(params, _gradients(step))
-        norm = nn.utils.get_total_norm([p.grad for p in params[:len(SIZES)]])
-        nn.utils.clip_grads_with_norm_(params[:len(SIZES)], 1.0, norm)
-        opt.step()
+        norms.append(_torch_step(params, opt))
         _decay_lr(opt)
-        norms.append(norm)
     return params, opt, norms
 
 
@@ -126,18 +131,14 @@ def test_state_moves_between_the_kernels_and_torch(first):
         if first == "kernels":
             adamw.clipped_step(opt, 1.0)
         else:
-            norm = nn.utils.get_total_norm([p.grad for p in params[:len(SIZES)]])
-            nn.utils.clip_grads_with_norm_(params[:len(SIZES)], 1.0, norm)
-            opt.step()
+            _torch_step(params, opt)
         _decay_lr(opt)
     moved = [nn.Parameter(p.detach().clone()) for p in params]
     other = _optimizer(moved, fused=True)
     other.load_state_dict(opt.state_dict())
     _set(moved, _gradients(2))
     if first == "kernels":
-        norm = nn.utils.get_total_norm([p.grad for p in moved[:len(SIZES)]])
-        nn.utils.clip_grads_with_norm_(moved[:len(SIZES)], 1.0, norm)
-        other.step()
+        _torch_step(moved, other)
     else:
         adamw.clipped_step(other, 1.0)
     for i, (p, q) in enumerate(zip(moved[:len(SIZES)], want)):
@@ -175,9 +176,7 @@ def test_a_non_finite_gradient_gives_what_torch_gives():
     _set(params, grads)
     _set(want, grads)
     norm = adamw.clipped_step(opt, 1.0)
-    want_norm = nn.utils.get_total_norm([p.grad for p in want[:len(SIZES)]])
-    nn.utils.clip_grads_with_norm_(want[:len(SIZES)], 1.0, want_norm)
-    want_opt.step()
+    want_norm = _torch_step(want, want_opt)
     assert not torch.isfinite(norm) and not torch.isfinite(want_norm)
     for p, q in zip(params, want):
         assert torch.equal(p.isnan(), q.isnan())
@@ -244,9 +243,7 @@ def test_an_unfused_state_steps_on_the_kernels():
     opt = _optimizer(params, fused=False, foreach=False)
     for step in range(2):
         _set(params, _gradients(step))
-        norm = nn.utils.get_total_norm([p.grad for p in params[:len(SIZES)]])
-        nn.utils.clip_grads_with_norm_(params[:len(SIZES)], 1.0, norm)
-        opt.step()
+        _torch_step(params, opt)
         _decay_lr(opt)
     clipped = _optimizer(params, adamw.ClippedAdamW, max_norm=1.0, fused=True)
     clipped.load_state_dict(opt.state_dict())
