@@ -107,18 +107,22 @@ def test_resume_continues_exactly(tmp_path, grad_accum):
 @pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
 def test_clipped_steps_on_the_adamw_kernels_train_alike_and_resume_exactly(tmp_path, monkeypatch):
     """samu.ops.adamw's step (what a run takes on CUDA; forced here, in the interpreter on CPU) trains as torch's
-    AdamW does, to fp32 rounding, says so in the log, and resumes to the bit."""
+    AdamW does, to fp32 rounding (in fp32: under bf16 autocast on a GPU a last-bit difference in a weight can flip
+    its bf16 rounding, and Adam's normalised step makes that lr-sized), says so in the log, and resumes to the bit
+    (at the run's defaults: bf16 autocast and compiled on CUDA)."""
     import samu.train as training
 
     data = text_corpus(_text(tmp_path))
     monkeypatch.setattr(training, "_adamw_kernels", lambda device: False)
-    plain = train(_config(tmp_path, "torch"), data=data)
+    plain = train(_config(tmp_path, "torch", autocast="none"), data=data)
     assert not plain.log["optimizer_kernels"]
     monkeypatch.setattr(training, "_adamw_kernels", lambda device: True)
+    fp32 = train(_config(tmp_path, "fp32", autocast="none"), data=data)
+    assert fp32.log["optimizer_kernels"]
+    for (name, a), b in zip(fp32.model.named_parameters(), plain.model.parameters()):
+        assert rel_err(a, b) < 1e-4, name
     whole = train(_config(tmp_path, "whole"), data=data)
     assert whole.log["optimizer_kernels"]
-    for (name, a), b in zip(whole.model.named_parameters(), plain.model.parameters()):
-        assert rel_err(a, b) < 1e-4, name
     with pytest.raises(_Interrupted):
         train(_config(tmp_path, "parts"), data=_StopAfter(data, 4))
     resumed = train(_config(tmp_path, "parts"), data=data, resume=True)
