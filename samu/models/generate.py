@@ -66,6 +66,7 @@ class Decoder:
         self.device = device = model.embed.weight.device
         self.batch, self.temperature, self.top_k = batch, temperature, top_k
         self.state = model.init_state(batch)
+        self.plan = model.decode_plan(batch)
         self.token = torch.zeros(batch, dtype=torch.int64, device=device)
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)
         self.bad = torch.zeros(1, dtype=torch.bool, device=device)   # a step saw logits not finite
@@ -80,7 +81,8 @@ class Decoder:
         return sample(logits, self.temperature, self.top_k, u)
 
     def _step(self, model):
-        token = self._sample(model.decode(self.token, self.state), self.uniforms.index_select(0, self.counter)[0])
+        token = self._sample(model.decode(self.token, self.state, self.plan),
+                             self.uniforms.index_select(0, self.counter)[0])
         self.out.index_copy_(0, self.counter, token[None])
         self.token.copy_(token)
         self.counter.add_(1)
@@ -137,13 +139,16 @@ class Decoder:
 
 
 def _key(model, batch, temperature, top_k, graph):
-    """What a decoder's captured graph depends on: the batch, the sampling, every tensor's address, shape
-    and dtype (a moved or cast model gets a new decoder), every backend choice and every module's settings
-    (eps, radial_bound, c, ...: their extra_repr)."""
-    tensors = tuple((t.data_ptr(), tuple(t.shape), t.dtype) for t in (*model.parameters(), *model.buffers()))
+    """What a decoder's captured graph and its plan (LanguageModel.decode_plan) depend on: the batch, the
+    sampling, every tensor's address, shape, strides and dtype (a moved or cast model gets a new decoder), every
+    backend choice and every module's settings (eps, radial_bound, c, ...: their extra_repr), and the autocast
+    state on the model's device."""
+    tensors = tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
+                    for t in (*model.parameters(), *model.buffers()))
     settings = tuple((m.extra_repr(), *(getattr(m, name, None) for name in ("backend", "glue_backend")))
                      for m in model.modules())
-    return batch, float(temperature), top_k, graph, tensors, settings
+    autocast = autocast_dtype(model.embed.weight.device.type)
+    return batch, float(temperature), top_k, graph, tensors, settings, autocast
 
 
 def decoder(model: LanguageModel, batch: int, temperature: float, top_k: int | None, graph: bool) -> Decoder:

@@ -125,12 +125,21 @@ class LanguageModel(CausalLM):
         """A zero state for ``batch`` rows (RecurrentBlock.init_state per layer), on the model's device."""
         return [layer.init_state(batch, device, dtype) for layer in self.layers]
 
-    def decode(self, token, state: list[BlockState]):
-        """logits [B, vocab_size] for token [B], updating ``state`` (from init_state) in place; unchecked."""
+    def decode(self, token, state: list[BlockState], plan: list[bool] | None = None):
+        """logits [B, vocab_size] for token [B], updating ``state`` (from init_state) in place; unchecked.
+        ``plan``: decode_plan(B) made under the same settings (None: each layer decides at each call)."""
         x = embedding(token, self.embed.weight)
-        for layer, s in zip(self.layers, state):
-            x = layer.decode(x, s)
+        for i, (layer, s) in enumerate(zip(self.layers, state)):
+            x = layer.decode(x, s, None if plan is None else plan[i])
         return self._head(x)
+
+    def decode_plan(self, batch: int) -> list[bool]:
+        """Per layer, whether decode() of ``batch`` rows takes the one-row products (ResidualLayer.takes_one_row),
+        decided once for a decoding loop: it depends on the batch, the weights' dtypes and layouts, the backends
+        and the autocast state, none of which a loop changes. Every layer's input has the embedding's dtype and
+        layout (with autocast off, where alone the one-row products run)."""
+        x_t = embedding(torch.zeros(batch, dtype=torch.int64, device=self.embed.weight.device), self.embed.weight)
+        return [layer.takes_one_row(x_t) for layer in self.layers]
 
     def step(self, token, state=None):
         self._check_tokens("token", token, 1)

@@ -211,6 +211,31 @@ def test_batch_one_decoding_through_the_one_row_products_follows_the_forward(con
         assert not calls
 
 
+@pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
+def test_a_decoder_decides_the_one_row_path_once(monkeypatch):
+    # arguments are checked once per decoding loop, not per layer and token: each layer is asked once, when the
+    # decoder is made, and a kept decoder is not asked again; the autocast state is part of what it is kept for
+    from samu.modules.block import ResidualLayer
+
+    asked = []
+    takes = ResidualLayer.takes_one_row
+    monkeypatch.setattr(ResidualLayer, "takes_one_row", lambda self, x_t: asked.append(x_t.shape) or takes(self, x_t))
+    config = CONFIGS[0]
+    torch.manual_seed(3)
+    model = LanguageModel(config, backend=sorted(dispatch.variants(config.mixer))[0], device=DEVICE)
+    prompt = torch.tensor([3, 1, 4])
+    generate(model, prompt, 4, temperature=0, graph=False)
+    assert asked == [(1, config.width)] * config.num_layers
+    assert decoder(model, 1, 0.0, None, False).plan == [True] * config.num_layers
+    asked.clear()
+    generate(model, prompt, 4, temperature=0, graph=False)
+    assert not asked
+    with torch.autocast(torch.device(DEVICE).type, dtype=torch.bfloat16):
+        assert decoder(model, 1, 0.0, None, False).plan == [False] * config.num_layers
+    assert len(asked) == config.num_layers
+    assert decoder(model, 2, 0.0, None, False).plan == [False] * config.num_layers   # one row only
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
