@@ -46,7 +46,8 @@ class LanguageModel(CausalLM):
     forward(tokens [B, L] int64, state: list[BlockState] | None, return_state, cu_seqlens)
         -> (logits [B, L, vocab_size], list[BlockState] | None); cu_seqlens packs sequences (samu.ops.packing)
     step(token [B] int64, state: list[BlockState] | None) -> (logits [B, vocab_size], a new list[BlockState])
-    init_state(batch) -> a zero state; decode(token, state) -> logits, updating the state in place
+    init_state(batch) -> a zero state; decode(token, state, plan=None) -> logits, updating the state in place
+    (decode_plan(batch): which layers take the one-row products, decided once for a decoding loop)
 
     The state holds one BlockState per layer (conv window + mixer state), independent of L. ``step`` checks
     its arguments and leaves the given state alone; ``decode`` is the decoding loop's unchecked step over
@@ -129,8 +130,8 @@ class LanguageModel(CausalLM):
         """logits [B, vocab_size] for token [B], updating ``state`` (from init_state) in place; unchecked.
         ``plan``: decode_plan(B) made under the same settings (None: each layer decides at each call)."""
         x = embedding(token, self.embed.weight)
-        for i, (layer, s) in enumerate(zip(self.layers, state)):
-            x = layer.decode(x, s, None if plan is None else plan[i])
+        for layer, s, one_row in zip(self.layers, state, [None] * len(self.layers) if plan is None else plan):
+            x = layer.decode(x, s, one_row)
         return self._head(x)
 
     def decode_plan(self, batch: int) -> list[bool]:

@@ -194,7 +194,9 @@ class ResidualLayer(nn.Module):
         """x_t [B, width] -> x_t, updating ``state`` in place (unchecked; RecurrentBlock.decode). ``one_row``:
         whether to take the one-row products, as ``takes_one_row(x_t)`` said for this x_t's kind (None: ask it
         now; a decoding loop asks once, LanguageModel.decode_plan)."""
-        if self.takes_one_row(x_t) if one_row is None else one_row:
+        if one_row is None:
+            one_row = self.takes_one_row(x_t)
+        if one_row:
             return self._decode_row(x_t, state)
         # each norm also writes x_t + the next product's bias, which adds the residual in its epilogue
         u_t, residual = self.temporal_norm.decode(x_t, self.block.linear_out.bias)

@@ -213,8 +213,8 @@ def test_batch_one_decoding_through_the_one_row_products_follows_the_forward(con
 
 @pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
 def test_a_decoder_decides_the_one_row_path_once(monkeypatch):
-    # arguments are checked once per decoding loop, not per layer and token: each layer is asked once, when the
-    # decoder is made, and a kept decoder is not asked again; the autocast state is part of what it is kept for
+    # the one-row decision is made once per decoding loop, not per layer and token: each layer is asked once,
+    # when the decoder is made, and a kept decoder is not asked again; the autocast state is part of its key
     from samu.modules.block import ResidualLayer
 
     asked = []

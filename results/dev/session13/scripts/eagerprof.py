@@ -1,5 +1,5 @@
 """Session 13 (issue 11): where an eager decoding step's host time goes. The 400m preset in bf16, generate()'s
-Decoder without its graph, 120 eager steps timed (wall clock, synchronised), then 60 under cProfile; for each mixer
+Decoder without its graph, 100 eager steps timed (wall clock, synchronised), then 60 under cProfile; for each mixer
 and batch. Writes $W/eagerprof.json and $W/eagerprof_<mixer>_<B>.txt. Usage: python eagerprof.py [B,...]"""
 import cProfile, io, json, os, pstats, sys, time
 import torch
