@@ -10,12 +10,13 @@ stage() {
   echo "=== $name: exit $? after $((SECONDS - start))s"
 }
 
-# `workspace LOG`: the call's folders and log. OUT (absolute; default ./out) and W = $OUT/w for the records,
+# `workspace LOG`: the call's folders and log. OUT (absolute; default ./out) and W = $OUT/w for the records
+# (exported: the Python scripts a call runs write there),
 # PY, unbuffered Python with this checkout on PYTHONPATH, and everything printed from here on also
 # appended to $OUT/LOG; `save` packs W into $OUT/results.tar.gz (what a call cut short still returns).
 workspace() {
   OUT=$(mkdir -p "${OUT:-$PWD/out}" && cd "${OUT:-$PWD/out}" && pwd)
-  W="$OUT/w"
+  export W="$OUT/w"
   mkdir -p "$W"
   PY="${PYTHON:-python3}"
   export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"

@@ -9,12 +9,11 @@ import torch
 def poison_allocations(monkeypatch) -> None:
     """Every floating tensor that torch.empty_like or Tensor.new_empty allocates starts as NaN, so an
     output element a kernel leaves unwritten fails the test that reads it."""
-    # Dynamo's table of torch functions is made once, on first use, from torch's attributes as they are then: made
-    # here first, so that an optimizer's first step under the patch (torch.optim reaches Dynamo) cannot enter the
-    # patched function in it and leave later compiled tests unable to trace torch.empty_like
-    import torch._dynamo.trace_rules
+    # Dynamo records torch's functions as they are when it is first imported: imported here first, so that an
+    # optimizer's first step under the patch (torch.optim imports it) cannot record the patched function and leave
+    # later compiled tests unable to trace torch.empty_like
+    import torch._dynamo  # noqa: F401
 
-    torch._dynamo.trace_rules.get_torch_obj_rule_map()
     empty_like, new_empty = torch.empty_like, torch.Tensor.new_empty
 
     def nan(t):

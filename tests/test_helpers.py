@@ -1,10 +1,10 @@
 """The test helpers themselves."""
 
-import os
 import subprocess
 import sys
+from pathlib import Path
 
-# in a fresh process: Dynamo's tables of torch functions are made once, on first use
+# in a fresh process: Dynamo records torch's functions once, when it is first imported
 _AFTER_POISON = """
 import warnings
 import pytest
@@ -32,12 +32,11 @@ print([str(w.message)[:120] for w in shown if "empty_like" in str(w.message)])
 
 
 def test_poisoned_allocations_leave_dynamo_able_to_trace_empty_like():
-    # an optimizer's first step under poison_allocations (torch.optim reaches Dynamo, which makes its tables then)
+    # an optimizer's first step under poison_allocations (torch.optim imports Dynamo, which records torch's functions then)
     # left them holding the patched torch.empty_like: a compiled test run after the AdamW tests broke its graph at
     # every torch.empty_like (results/dev/session13/README.md, call4)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    out = subprocess.run([sys.executable, "-c", _AFTER_POISON], capture_output=True, text=True, env=env, cwd=root,
-                         timeout=300)
+    # run from the repository's root, where ``-c`` finds the tests package
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", _AFTER_POISON], capture_output=True, text=True, cwd=root, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout

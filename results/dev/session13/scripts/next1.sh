@@ -11,7 +11,6 @@ S=results/dev/session13/scripts
 STAGES="tests sample"
 . scripts/stage.sh
 workspace next1.log
-export W
 stage tests 200 $PY -m pytest -q -p no:cacheprovider --tb=short -m "gpu or not gpu" tests/models/test_generate.py \
   tests/test_helpers.py 2>&1 | grep -v "^\s*$" | tail -40
 stage tests 120 $PY -m pytest -q -p no:cacheprovider --tb=short -m "gpu or not gpu" tests/ops/test_adamw.py \
