@@ -17,6 +17,7 @@ import glob, json, sys
 for path in sorted(glob.glob(sys.argv[1] + "/profile_*.json")):
     rec = json.load(open(path))
     for s in rec["rows"]:
-        top = sorted(s.get("kernels", []), key=lambda k: -k.get("us", k.get("total_us", 0)))[:4] if isinstance(s.get("kernels"), list) else []
-        print(f"{rec['op'] if 'op' in rec else path:6} {str(s['shape']):18s} graph {s['fb_graph_ms']:.3f} ms, host {s['fb_host_ms']:.3f} ms")
+        top = ", ".join(f"{name} x{n} {us:.0f} us" for name, n, us in s["kernels"][:4])
+        print(f"{path.rsplit('/', 1)[-1]:34} {str(s['shape']):18s} graph {s['fb_graph_ms']:.3f} ms, "
+              f"host {s['fb_host_ms']:.3f} ms; {top}")
 PYEOF
