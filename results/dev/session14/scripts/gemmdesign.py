@@ -1,6 +1,8 @@
 """Session 14 (issue 13, a prediction, no kernel of samu's): the tensor-core products of an RG-LRU built from
-cuBLAS products at fp32 accuracy (weights as three bf16 parts, cotangents as three) and elementwise scan passes,
-at (1, 32768, 2048), 16 heads of 128. Times each product (CUDA events, median of 20) and writes $W/gemmdesign.json:
+cuBLAS products (bf16 input and output; the gates and dW at fp32 accuracy: weights as three bf16 parts, cotangents
+as three; dx at the order a bf16 dx needs, as the shipped kernel's) and elementwise scan passes, at (1, 32768, 2048),
+16 heads of 128. The inputs are made head-major and the [x, x, x] copy in advance: no copy is timed, so the sum is
+a lower bound. Times each product (CUDA events, median of 20) and writes $W/gemmdesign.json:
   fwd_gates   x_h [L, n] @ [Wa parts | Wx parts] [n, 6n] -> fp32 [L, 6n]   (the three parts' sums left out)
   fwd_gates_k [x, x, x] [L, 3n] @ [W_hi; W_mid; W_lo] [3n, 2n] -> fp32 [L, 2n] (parts summed by the GEMM)
   dx          [dza parts | dzx parts] [L, 6n] @ [6n, n] -> bf16 [L, n]

@@ -6,7 +6,7 @@ The 400m preset's four products a layer (in 3328x1664, out 1664x1664, gate_up 99
 torch.mm (cuBLAS) in one CUDA graph, L2 flushed before each replay. Modes:
   base   the chain alone
   pfA    before product k, a side stream (waiting on the event before product k) prefetches product k+A's weights
-         into L2 (cp.async.bulk.prefetch.L2, one 4 KB line a thread), so it overlaps product k
+         into L2 (cp.async.bulk.prefetch.L2, 4 KB a thread), so it overlaps product k
 Writes $W/prefetch.json and prints microseconds a token (48 products) per M and mode.
 Usage: python prefetch.py [M,M,...]"""
 import json
