@@ -20,6 +20,9 @@
 #            (this, OLD, this), so the drift between runs shows next to the difference
 #
 # EXTRA_TESTS="FILE..." runs more test files beside the tests (their own process and log, tests-extra.log).
+# LIMIT=SECONDS replaces the tests' and gates' limit. Since the gates judge both of a mixer's calls, RG-LRU's fp32
+# gates take ~425 s (results/dev/session14/call4): `STAGES="tests gates" LIMIT=470 bash scripts/gpu_change.sh rglru`
+# gates every RG-LRU class in one call, and the profiles then need a call of their own.
 #
 # Writes $OUT/change.log and $OUT/results.tar.gz (after the gates and again after the profiles: a call cut
 # short keeps what finished). Set SAMU_GIT_COMMIT when .git does not travel.
@@ -29,9 +32,9 @@ OP=${1:?usage: gpu_change.sh samu|rglru [OLD]}
 OLD=${2:-}
 case $OP in
   samu) TESTS=(tests/ops/test_samu_triton.py tests/ops/test_triton_utils.py); VARIANTS=(triton_grouped triton_serial)
-        PROFILED=("${VARIANTS[@]}"); LIMIT=240 ;;
+        PROFILED=("${VARIANTS[@]}"); LIMIT=${LIMIT:-240} ;;
   rglru) TESTS=(tests/ops/test_rglru_triton.py); VARIANTS=(triton_chunked triton_chunked_precise)
-         PROFILED=(triton_chunked); LIMIT=300 ;;
+         PROFILED=(triton_chunked); LIMIT=${LIMIT:-300} ;;
   *) echo "OP: samu or rglru, not $OP"; exit 2 ;;
 esac
 if [ -n "$OLD" ]; then

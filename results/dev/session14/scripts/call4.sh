@@ -4,7 +4,7 @@
 # 2c89326) at every gate shape in bf16, fp16 and fp32, packed (16 documents, bf16 and fp32), the model's prefill
 # shapes and the small preset's; beside them the RG-LRU kernel tests on the GPU. scripts/gpu_change.sh's tests and
 # gates stages with a longer limit (470 s: the first-call-only gates of 2026-12-02 took up to ~300 s). From the
-# repository root:
+# repository root (since then `STAGES="tests gates" LIMIT=470 bash scripts/gpu_change.sh rglru` runs the same):
 #   SAMU_GIT_COMMIT=<HEAD's full hex> PYTHONPATH=$PWD bash results/dev/session14/scripts/call4.sh
 set -u
 cd "$(dirname "$0")/../../../.."
