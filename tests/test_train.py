@@ -109,7 +109,9 @@ def test_clipped_steps_on_the_adamw_kernels_train_alike_and_resume_exactly(tmp_p
     """samu.ops.adamw's step (what a run takes on CUDA; forced here, in the interpreter on CPU) trains as torch's
     AdamW does, within 1e-4 after six steps with both in fp32 (under bf16 autocast on a GPU a
     last-bit difference in a weight can flip its bf16 rounding, and Adam's normalised step makes that lr-sized),
-    says so in the log, and resumes to the bit (at the run's defaults: bf16 autocast and compiled on CUDA)."""
+    says so in the log, and resumes to the bit (under bf16 autocast, as on CUDA). Under bf16 autocast the linear
+    layers take the bf16 copies of their weights that the step writes (train._LowWeights): the same bits as casting
+    the weights in every forward, and the layers hold no copy after the run."""
     import samu.train as training
 
     data = text_corpus(_text(tmp_path))
@@ -118,17 +120,23 @@ def test_clipped_steps_on_the_adamw_kernels_train_alike_and_resume_exactly(tmp_p
     assert not plain.log["optimizer_kernels"]
     monkeypatch.setattr(training, "_adamw_kernels", lambda device: True)
     fp32 = train(_config(tmp_path, "fp32", autocast="none"), data=data)
-    assert fp32.log["optimizer_kernels"]
+    assert fp32.log["optimizer_kernels"] and not fp32.log["bf16_weight_copies"]
     for (name, a), b in zip(fp32.model.named_parameters(), plain.model.parameters()):
         assert rel_err(a, b) < 1e-4, name
-    whole = train(_config(tmp_path, "whole"), data=data)
-    assert whole.log["optimizer_kernels"]
+    whole = train(_config(tmp_path, "whole", autocast="bf16"), data=data)
+    assert whole.log["optimizer_kernels"] and whole.log["bf16_weight_copies"]
+    assert all(getattr(m, "low_weight", None) is None for m in whole.model.modules())
     with pytest.raises(_Interrupted):
-        train(_config(tmp_path, "parts"), data=_StopAfter(data, 4))
-    resumed = train(_config(tmp_path, "parts"), data=data, resume=True)
-    for (name, a), (_, b) in zip(whole.model.state_dict().items(), resumed.model.state_dict().items()):
-        assert torch.equal(a, b), name
-    assert _untimed(resumed.log["train"]) == _untimed(whole.log["train"])
+        train(_config(tmp_path, "parts", autocast="bf16"), data=_StopAfter(data, 4))
+    resumed = train(_config(tmp_path, "parts", autocast="bf16"), data=data, resume=True)
+    lows = training._LowWeights
+    monkeypatch.setattr(training, "_LowWeights", lambda model, optimizer, autocasts: lows(model, optimizer, False))
+    cast = train(_config(tmp_path, "cast", autocast="bf16"), data=data)
+    assert not cast.log["bf16_weight_copies"]
+    for other in (resumed, cast):
+        for (name, a), (_, b) in zip(whole.model.state_dict().items(), other.model.state_dict().items()):
+            assert torch.equal(a, b), name
+        assert _untimed(other.log["train"]) == _untimed(whole.log["train"])
 
 
 def test_a_run_uses_deterministic_algorithms_and_restores_the_setting(tmp_path, monkeypatch):

@@ -68,10 +68,16 @@ def lecun_normal_(module: nn.Linear) -> nn.Linear:
 
 class Linear(nn.Linear):
     """nn.Linear (the same parameters and state dict) whose fp32 weight and bias take their gradients in fp32
-    straight from the products under autocast (samu.ops.linear): no bf16 rounding of them, no cast kernel."""
+    straight from the products under autocast (samu.ops.linear): no bf16 rounding of them, no cast kernel.
+
+    ``low_weight`` (None, not part of the state dict): a bf16 copy of the weight that the products take under bf16
+    autocast instead of casting the weight at every call. Whoever sets it keeps it equal to the weight's cast and
+    sets it back to None when it stops (``samu.train``'s loop, whose optimizer step writes it)."""
+
+    low_weight: torch.Tensor | None = None
 
     def forward(self, x):
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.low_weight)
 
 
 class Conv1D(nn.Module):

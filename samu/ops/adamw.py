@@ -40,7 +40,13 @@ class ClippedAdamW(torch.optim.AdamW):
     state and ``state_dict`` are AdamW's. A GradScaler unscales its gradients before its step and skips a step with
     an inf or nan among them, as for an unfused AdamW. FSDP's flat parameters (FSDP1) are refused: the norm would be
     a shard's (clip with FSDP's ``clip_grad_norm_`` and step a plain AdamW there); FSDP2's DTensors take torch's
-    path, whose norm is the whole one."""
+    path, whose norm is the whole one.
+
+    ``low_copies`` maps parameters to bf16 tensors of their shape (``keep_low_copy``) that every step leaves equal to
+    the parameter cast to bf16 (``p.to(torch.bfloat16)``, to the bit): the kernels write them beside the parameters,
+    2 bytes a parameter, where autocast would otherwise cast every weight again in the next forward (6 bytes); torch's
+    path casts them after its step. Nothing else writes them: whatever changes a parameter outside ``step`` must
+    cast its copy again (``samu.train``'s loop does, from the parameters' version counters)."""
 
     def __init__(self, params, *, max_norm: float, **kwargs):
         if not max_norm > 0:
@@ -55,6 +61,15 @@ class ClippedAdamW(torch.optim.AdamW):
         self._step_supports_amp_scaling = False
         self.max_norm = float(max_norm)
         self.grad_norm = None
+        self.low_copies = {}
+
+    def keep_low_copy(self, p: torch.Tensor) -> torch.Tensor:
+        """A bf16 copy of parameter ``p`` (one of this optimizer's) that every step keeps equal to ``p``'s cast."""
+        if not any(p is q for group in self.param_groups for q in group["params"]):
+            raise ValueError("keep_low_copy: p is not a parameter of this optimizer")
+        if p not in self.low_copies:
+            self.low_copies[p] = p.detach().to(torch.bfloat16)
+        return self.low_copies[p]
 
     def __getstate__(self):
         return {**super().__getstate__(), "max_norm": self.max_norm}
@@ -63,6 +78,7 @@ class ClippedAdamW(torch.optim.AdamW):
         # also what load_state_dict calls, with the saved groups, whose flags replace these
         super().__setstate__(state)
         self._why, self._warned, self.grad_norm = None, False, None
+        self.low_copies = getattr(self, "low_copies", {})
         self._step_supports_amp_scaling = False
 
     def add_param_group(self, param_group):
@@ -91,6 +107,8 @@ class ClippedAdamW(torch.optim.AdamW):
             adamw_step = adamw_step.__wrapped__
         params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
         self.grad_norm = torch_clipped_step(self, params, self.max_norm, step=lambda: adamw_step(self))
+        for p, low in self.low_copies.items():
+            low.copy_(p)
         return loss
 
 
@@ -165,12 +183,23 @@ def _address(t: torch.Tensor, what: str, where: tuple[int, int], width: int = 16
     return address
 
 
+def _low_address(low: torch.Tensor, p: torch.Tensor, where: tuple[int, int]) -> int:
+    """The address of parameter ``p``'s low copy, a dense contiguous bf16 tensor of its shape on its device and on a
+    16-byte boundary."""
+    address = low.data_ptr()
+    if (low.dtype != torch.bfloat16 or low.shape != p.shape or low.device != p.device or low.is_sparse
+            or not low.is_contiguous() or address % 16):
+        raise Unusable(f"clipped_step: the low copy of parameter {where[1]} of group {where[0]} is not a dense "
+                       f"contiguous bf16 tensor of its shape and device on a 16-byte boundary")
+    return address
+
+
 class _Rows:
     """The table's rows but the gradients' offsets, for one set of parameters and state tensors (checked once: the
     host time of a step matters, results/dev/session12/call4), and the chunks, which depend on the sizes alone."""
 
-    def __init__(self, entries, device):
-        from samu.ops.adamw_triton import CHUNK, COLUMNS, M, NUMEL, P, STEP, V
+    def __init__(self, entries, lows, device):
+        from samu.ops.adamw_triton import CHUNK, COLUMNS, LOW, M, NUMEL, P, STEP, V
 
         self.base = entries[0][0]
         base = self.base.data_ptr()
@@ -181,6 +210,9 @@ class _Rows:
                                            (STEP, state["step"], "step counter", 4)):
                 self.fixed[i, column] = (_address(t, what, where, width) - base) // 4
             self.fixed[i, NUMEL] = p.numel()
+            low = lows.get(p)
+            if low is not None:
+                self.fixed[i, LOW] = (_low_address(low, p, where) - base) // 2 + 1
         self.steps = [state["step"] for _, state, _ in entries]
         sizes = self.fixed[:, NUMEL]
         per_row = -(-sizes // CHUNK)
@@ -191,8 +223,9 @@ class _Rows:
 
 def clipped_step(optimizer: torch.optim.AdamW, max_norm: float) -> torch.Tensor:
     """One AdamW step of ``optimizer`` (``unsupported`` must say None) on every parameter that has a gradient, the
-    gradients divided by max(1, (norm + 1e-6) / max_norm) as they are read; returns their total norm before (a
-    device scalar, fp32; nan or inf where a gradient is not finite, and then the step writes non-finite values).
+    gradients divided by max(1, (norm + 1e-6) / max_norm) as they are read, and the parameters' low copies (a
+    ClippedAdamW's ``low_copies``) written beside them; returns their total norm before (a device scalar, fp32; nan
+    or inf where a gradient is not finite, and then the step writes non-finite values).
     Raises Unusable, having stepped nothing, where a tensor is not one the kernels read, or where the parameters or
     states changed since the last step into something ``unsupported`` refuses."""
     from samu.ops.adamw_triton import G, LR, clipped_adamw
@@ -222,14 +255,15 @@ def clipped_step(optimizer: torch.optim.AdamW, max_norm: float) -> torch.Tensor:
     device = entries[0][0].device
     # what the fixed rows were made from: a state replaced (load_state_dict) or a parameter moved makes them again
     # (the rows hold the step counters, so a new counter never takes an old one's address)
-    key = [(p.data_ptr(), state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(), state["step"].data_ptr())
-           for p, state, _ in entries]
+    lows = getattr(optimizer, "low_copies", {})
+    key = [(p.data_ptr(), state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(), state["step"].data_ptr(),
+            lows[p].data_ptr() if p in lows else 0) for p, state, _ in entries]
     cached = getattr(optimizer, "_samu_rows", None)
     if cached is None or cached[0] != key:
         why = unsupported(optimizer)   # parameters moved or cast since the last step, say
         if why:
             raise Unusable(why)
-        optimizer._samu_rows = cached = (key, _Rows(entries, device))
+        optimizer._samu_rows = cached = (key, _Rows(entries, lows, device))
     rows = cached[1]
     table = rows.fixed.copy()
     table[:, G] = (np.array(grads, dtype=np.int64) - rows.base.data_ptr()) // 4

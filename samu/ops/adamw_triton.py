@@ -1,11 +1,14 @@
 """Triton kernels of the clipped AdamW step (samu.ops.adamw): every parameter tensor of the step is one row of a
 table (int64: the element offsets of the parameter, its gradient, its two moments and its step counter from one base
-address, its size, and its group's hyperparameters as float64 bits), and every program takes one chunk of one row
+address, its size, the bf16 element offset of its low copy (a multiple of 8) plus 1, or 0 where it has none, and
+its group's hyperparameters as float64 bits), and every program takes one chunk of one row
 (``chunks``: [row, first element] pairs, a row's chunks of CHUNK elements and a shorter last one).
 
 ``_sum_squares`` writes each chunk's sum of squared gradient elements; ``_clip`` adds those sums in chunk order (one
 program: the same order, so the same bits, in every run) and writes the norm and the divisor of the gradients;
-``_adamw`` updates a chunk's parameters and moments from its gradients divided by it, as torch's AdamW does.
+``_adamw`` updates a chunk's parameters and moments from its gradients divided by it, as torch's AdamW does, and
+writes the parameters' low copies (bf16, rounded to nearest even as ``.to(torch.bfloat16)`` rounds) where a row has
+one.
 """
 
 from __future__ import annotations
@@ -14,16 +17,16 @@ import torch
 import triton
 import triton.language as tl
 
-from samu.ops.triton_utils import launch
+from samu.ops.triton_utils import cast_to, launch
 
 # elements a pass of a program (4 warps: 8 fp32 a thread, two 16-byte accesses of each tensor), passes a chunk
 BLOCK, PASSES = 1024, 8
 CHUNK = BLOCK * PASSES
 WARPS = 4
 # the table's columns
-P, G, M, V, STEP, NUMEL, LR, DECAY, BETA1, BETA2, EPS = range(11)
-COLUMNS = 11
-_P, _G, _M, _V, _STEP, _NUMEL = (tl.constexpr(c) for c in (P, G, M, V, STEP, NUMEL))
+P, G, M, V, STEP, NUMEL, LOW, LR, DECAY, BETA1, BETA2, EPS = range(12)
+COLUMNS = 12
+_P, _G, _M, _V, _STEP, _NUMEL, _LOW = (tl.constexpr(c) for c in (P, G, M, V, STEP, NUMEL, LOW))
 _LR, _DECAY, _BETA1, _BETA2, _EPS, _COLUMNS = (tl.constexpr(c) for c in (LR, DECAY, BETA1, BETA2, EPS, COLUMNS))
 
 
@@ -73,7 +76,7 @@ def _clip(partial, C, out, max_norm, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _update(p, g, m, v, idx, ok, zero, scale, decay, b1, c1, b2, c2, step_size, bc2_sqrt, eps):
+def _update(p, g, m, v, low, has_low, idx, ok, zero, scale, decay, b1, c1, b2, c2, step_size, bc2_sqrt, eps):
     grad = tl.load(g + idx, mask=ok, other=zero) / scale
     param = tl.load(p + idx, mask=ok, other=zero) * decay
     exp_avg = b1 * tl.load(m + idx, mask=ok, other=zero) + c1 * grad
@@ -82,6 +85,7 @@ def _update(p, g, m, v, idx, ok, zero, scale, decay, b1, c1, b2, c2, step_size, 
     tl.store(m + idx, exp_avg, mask=ok)
     tl.store(v + idx, exp_avg_sq, mask=ok)
     tl.store(p + idx, param, mask=ok)
+    tl.store(low + idx, cast_to(param, tl.bfloat16), mask=has_low if ok is None else ok & has_low)
 
 
 @triton.jit
@@ -91,6 +95,11 @@ def _adamw(base, table, chunks, clip, BLOCK: tl.constexpr, PASSES: tl.constexpr)
     g = _tensor(base, row, _G)
     m = _tensor(base, row, _M)
     v = _tensor(base, row, _V)
+    # the low copy: its offset in bf16 elements from base, a multiple of 8 (16 bytes), plus 1; 0 where the row has
+    # none (then nothing is stored)
+    low_word = tl.load(row + _LOW)
+    has_low = low_word != 0
+    low = base.to(tl.pointer_type(tl.bfloat16)) + tl.multiple_of(tl.where(has_low, low_word - 1, 0), 8)
     # the group's hyperparameters and the bias corrections in float64, as torch's fused AdamW forms them
     lr = tl.load(row + _LR).to(tl.float64, bitcast=True)
     beta1 = tl.load(row + _BETA1).to(tl.float64, bitcast=True)
@@ -106,12 +115,13 @@ def _adamw(base, table, chunks, clip, BLOCK: tl.constexpr, PASSES: tl.constexpr)
     scale = tl.load(clip + 1)
     if start + BLOCK * PASSES <= n:
         for i in tl.static_range(PASSES):
-            _update(p, g, m, v, start + i * BLOCK + tl.arange(0, BLOCK), None, None, scale, decay, b1, c1, b2, c2,
-                    step_size, bc2_sqrt, eps)
+            _update(p, g, m, v, low, has_low, start + i * BLOCK + tl.arange(0, BLOCK), None, None, scale, decay, b1,
+                    c1, b2, c2, step_size, bc2_sqrt, eps)
     else:
         for i in tl.static_range(PASSES):
             idx = start + i * BLOCK + tl.arange(0, BLOCK)
-            _update(p, g, m, v, idx, idx < n, 0.0, scale, decay, b1, c1, b2, c2, step_size, bc2_sqrt, eps)
+            _update(p, g, m, v, low, has_low, idx, idx < n, 0.0, scale, decay, b1, c1, b2, c2, step_size, bc2_sqrt,
+                    eps)
 
 
 def clipped_adamw(base: torch.Tensor, table: torch.Tensor, chunks: torch.Tensor, max_norm: float) -> torch.Tensor:

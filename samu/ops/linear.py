@@ -67,8 +67,8 @@ def _grad_weight(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 class _AutocastLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, dtype):
-        xc, wc = x.to(dtype), weight.to(dtype)
+    def forward(ctx, x, weight, bias, dtype, low):
+        xc, wc = x.to(dtype), weight.to(dtype) if low is None else low
         ctx.save_for_backward(xc, wc)
         ctx.x_dtype, ctx.has_bias, ctx.low = x.dtype, bias is not None, dtype
         return F.linear(xc, wc, None if bias is None else bias.to(dtype))
@@ -86,17 +86,22 @@ class _AutocastLinear(torch.autograd.Function):
                 dw = _grad_weight(rows, xc.reshape(-1, xc.shape[-1]))
             if ctx.has_bias and ctx.needs_input_grad[2]:
                 db = rows.sum(0, dtype=torch.float32)
-        return dx, dw, db, None
+        return dx, dw, db, None, None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           low_weight: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., I] W^T [I, O] + b [O] -> [..., O]; under autocast to bf16 or fp16 with fp32 parameters that want
     gradients, their gradients come out of the products in fp32 (module docstring). Forward values are
-    autocast's own."""
+    autocast's own. ``low_weight``: the weight already cast to autocast's dtype (``weight.to(dtype)`` to the bit,
+    which the caller keeps true), taken in place of that cast where autocast would cast the weight; a copy in
+    another dtype is not used."""
     kind = x.device.type
     low = autocast_dtype(kind)
     if (low in _LOW and weight.dtype == torch.float32 and torch.is_grad_enabled() and weight.requires_grad
             and (bias is None or bias.dtype == torch.float32) and x.dtype in (torch.float32, *_LOW)):
+        if low_weight is not None and low_weight.dtype != low:
+            low_weight = None
         with no_autocast(kind):
-            return _AutocastLinear.apply(x, weight, bias, low)
+            return _AutocastLinear.apply(x, weight, bias, low, low_weight)
     return F.linear(x, weight, bias)

@@ -234,6 +234,35 @@ def test_clipped_adamw_steps_on_the_kernels_or_else_as_torch():
         assert rel_err(got.cpu(), ref) < 1e-6, options
 
 
+def test_low_copies_are_the_parameters_cast_after_every_step():
+    """A ClippedAdamW's low copies equal their parameters cast to bf16 (to the bit, round to nearest even) after
+    every step, on the kernels (parameters of one partial chunk, and of whole chunks and a partial one) and where
+    torch's step runs (a gradient the kernels cannot read); a parameter without one is stepped as before, and a
+    tensor that is not one of the optimizer's parameters is refused."""
+    params = _params()
+    want, _, _ = _kernel_run()
+    opt = _optimizer(params, adamw.ClippedAdamW, max_norm=1.0, fused=True)
+    lows = {i: opt.keep_low_copy(params[i]) for i in (0, 2)}
+    assert opt.keep_low_copy(params[0]) is lows[0] and lows[0].dtype == torch.bfloat16
+    for step in range(len(SCALES)):
+        _set(params, _gradients(step))
+        opt.step()
+        for i, low in lows.items():
+            assert torch.equal(low, params[i].detach().to(torch.bfloat16)), (step, i)
+        _decay_lr(opt)
+    for p, q in zip(params, want):
+        assert torch.equal(p, q)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _set(params, _gradients(0))
+        params[2].grad = params[2].grad.repeat(2)[::2]   # not contiguous: torch's step
+        opt.step()
+    for i, low in lows.items():
+        assert torch.equal(low, params[i].detach().to(torch.bfloat16)), i
+    with pytest.raises(ValueError, match="not a parameter"):
+        opt.keep_low_copy(nn.Parameter(torch.ones(3, device=DEVICE)))
+
+
 @pytest.mark.gpu
 def test_an_unfused_state_steps_on_the_kernels():
     """An unfused AdamW keeps its step counters on the host; loaded into a ClippedAdamW on CUDA they move to the

@@ -142,3 +142,32 @@ def test_the_module_is_nn_linear_with_fp32_gradients():
     assert torch.equal(*outputs)
     exact = _exact_grads(x, dy, torch.bfloat16)[0]
     assert rel_err(ours.weight.grad, exact) < 1e-5 < rel_err(plain.weight.grad, exact)
+
+
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16])
+def test_a_low_weight_is_taken_for_the_cast_and_changes_nothing(low):
+    """A bf16 copy of the weight (Linear.low_weight: what samu train's optimizer writes) gives the same output and
+    gradients, to the bit, as the cast it replaces, through the function and the module, compiled as well as
+    eager; the products read the copy (a copy that differs shows in the output); a copy in another dtype than
+    autocast's is not used."""
+    x, w, b, dy = _inputs()
+    copy = w.detach().to(torch.bfloat16)
+    with_copy = lambda x, w, b: linear(x, w, b, low_weight=copy)   # noqa: E731
+    ref = _run(linear, x, w, b, dy, low)
+    got = _run(with_copy, x, w, b, dy, low)
+    for a, r in zip(got, ref):
+        assert a.dtype == r.dtype and torch.equal(a, r)
+    if low == torch.bfloat16:
+        backend = "inductor" if DEVICE == "cuda" else "aot_eager"
+        compiled = _run(torch.compile(with_copy, backend=backend), x, w, b, dy, low)
+        assert torch.equal(compiled[0], ref[0]) and torch.equal(compiled[1], ref[1])
+        module = Linear(48, 80, device=DEVICE)
+        with torch.no_grad():
+            module.weight.copy_(w)
+            module.bias.copy_(b)
+        module.low_weight = copy
+        through_module = _run(lambda x, w, b: module(x), x, module.weight, module.bias, dy, low)
+        assert all(torch.equal(a, r) for a, r in zip(through_module, ref))
+        with torch.no_grad():
+            copy.mul_(2)   # no longer the weight's cast: the products take it all the same
+        assert not torch.equal(_run(with_copy, x, w, b, dy, low)[0], ref[0])
