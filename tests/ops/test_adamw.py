@@ -234,11 +234,11 @@ def test_clipped_adamw_steps_on_the_kernels_or_else_as_torch():
         assert rel_err(got.cpu(), ref) < 1e-6, options
 
 
-def test_low_copies_are_the_parameters_cast_after_every_step():
+def test_low_copies_are_the_parameters_cast_after_every_step(monkeypatch):
     """A ClippedAdamW's low copies equal their parameters cast to bf16 (to the bit, round to nearest even) after
     every step, on the kernels (parameters of one partial chunk, and of whole chunks and a partial one) and where
-    torch's step runs (a gradient the kernels cannot read); a parameter without one is stepped as before, and a
-    tensor that is not one of the optimizer's parameters is refused."""
+    torch's step runs (the kernels refusing a step); a parameter without one is stepped as before, and a tensor
+    that is not one of the optimizer's parameters is refused."""
     params = _params()
     want, _, _ = _kernel_run()
     opt = _optimizer(params, adamw.ClippedAdamW, max_norm=1.0, fused=True)
@@ -252,11 +252,16 @@ def test_low_copies_are_the_parameters_cast_after_every_step():
         _decay_lr(opt)
     for p, q in zip(params, want):
         assert torch.equal(p, q)
+    def refuse(optimizer, max_norm):
+        raise adamw.Unusable("refused here")
+
+    monkeypatch.setattr(adamw, "clipped_step", refuse)
+    before = [p.detach().clone() for p in params]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _set(params, _gradients(0))
-        params[2].grad = params[2].grad.repeat(2)[::2]   # not contiguous: torch's step
         opt.step()
+    assert not torch.equal(params[0], before[0]) and not torch.equal(params[2], before[2])
     for i, low in lows.items():
         assert torch.equal(low, params[i].detach().to(torch.bfloat16)), i
     with pytest.raises(ValueError, match="not a parameter"):
