@@ -572,13 +572,14 @@ def test_compile_on_trains_through_torch_compile(tmp_path, monkeypatch):
     choose = SAMUMixer.choose
     monkeypatch.setattr(SAMUMixer, "choose", lambda self, *a, **kw: events.append(a[:2]) or choose(self, *a, **kw))
     data = text_corpus(_text(tmp_path))
-    config = _config(tmp_path, "on", steps=2, compile="on")
+    # on the CPU, where "auto" does not compile (a GPU machine would)
+    config = _config(tmp_path, "on", steps=2, compile="on", device="cpu")
     result = train(config, data=data)
     assert result.log["compiled"] and compiled == [result.model]
     # every mixer's implementation chosen (gated where no record covers it) before the trace, at the training shape
     shape = (config.batch_size, config.seq_len)
     assert events == [shape] * result.model.config.num_layers + ["compile"]
-    result = train(_config(tmp_path, "auto", steps=2), data=data)   # auto: CUDA only
+    result = train(_config(tmp_path, "auto", steps=2, device="cpu"), data=data)   # auto: CUDA only
     assert not result.log["compiled"] and len(compiled) == 1
 
 
