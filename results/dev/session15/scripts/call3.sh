@@ -15,7 +15,7 @@ stage tests 60 $PY -m pytest -q -p no:cacheprovider --tb=short tests/test_train.
 stage prof 170 $PY results/dev/session8/scripts/trainprof.py s15 2>&1 | grep -v "^\s*$" | tail -34
 save
 OUT="$W/ncu" stage ncu 250 bash scripts/gpu_ncu.sh rglru triton_chunked 1,32768,2048 _rglru_bwd_dw_kernel
-rm -f "$W"/ncu/ncu.tar.gz "$W"/ncu/ncu/*-source.csv
+rm -f "$W"/ncu/ncu.tar.gz
 grep -E "Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Compute \(SM\) Throughput|Memory Throughput|\
 Executed Ipc A|Issue Slots Busy|Block Limit|Dynamic Shared|Local Memory Spilling" "$W"/ncu/ncu/_rglru_bwd_dw_kernel.txt | head -30
 save
