@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from samu.ops.geglu import geglu
+from samu.ops.geglu import geglu, linear_geglu
 from samu.ops.glue import GLUE_BACKENDS, causal_conv
 from samu.ops.linear import autocast_dtype, linear
 from samu.ops.rmsnorm import add_rms_norm, rms_norm, rms_norm_shifted
@@ -192,7 +192,8 @@ class GatedMLP(nn.Module):
         lecun_normal_(self.down)
 
     def forward(self, x):
-        return self.down(geglu(self.gate_up(x), self.backend))
+        up = self.gate_up
+        return self.down(linear_geglu(x, up.weight, up.bias, up.low_weight, self.backend))
 
     def decode(self, x_t, residual):
         """residual + GatedMLP(x_t) for x_t [B, width], with ``residual`` holding the down product's bias

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from samu.ops.glue import fused_kernels
+from samu.ops.linear import autocast_low, autocast_product, autocast_product_grads, linear, no_autocast
 
 
 def geglu_torch(z: torch.Tensor) -> torch.Tensor:
@@ -47,6 +48,18 @@ def _(da, z):
     return torch.empty_like(z)
 
 
+@torch.library.custom_op("samu::geglu_bwd_sums", mutates_args=())
+def geglu_bwd_sums_op(da: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from samu.ops.geglu_triton import geglu_bwd_sums
+
+    return geglu_bwd_sums(da.contiguous(), z.contiguous())
+
+
+@geglu_bwd_sums_op.register_fake
+def _(da, z):
+    return torch.empty_like(z), z.new_empty(z.shape[-1], dtype=torch.float32)
+
+
 def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(inputs[0])
 
@@ -75,6 +88,43 @@ class _GeGLU(torch.autograd.Function):
 
         (z,) = ctx.saved_tensors
         return geglu_bwd(da.contiguous(), z)
+
+
+class _LinearGeGLU(torch.autograd.Function):
+    """geglu(linear(x, W, b)) under autocast as one unit: its backward takes the bias gradient from the GeGLU
+    backward kernel, which sums dz over its rows as it writes it (samu.ops.geglu_triton.geglu_bwd_sums),
+    instead of a pass of its own over dz (the MLP's widest tensor)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, dtype, low_weight):
+        from samu.ops.geglu_triton import geglu_fwd
+
+        z, xc, wc = autocast_product(ctx, x, weight, bias, dtype, low_weight)
+        ctx.save_for_backward(xc, wc, z)
+        return geglu_fwd_op(z) if torch.compiler.is_compiling() else geglu_fwd(z)
+
+    @staticmethod
+    def backward(ctx, da):
+        from samu.ops.geglu_triton import geglu_bwd_sums
+
+        xc, wc, z = ctx.saved_tensors
+        with no_autocast(da.device.type):
+            da = da.to(z.dtype).contiguous()
+            dz, db = geglu_bwd_sums_op(da, z) if torch.compiler.is_compiling() else geglu_bwd_sums(da, z)
+        return *autocast_product_grads(ctx, dz, xc, wc, db), None, None
+
+
+def linear_geglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 low_weight: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
+    """geglu(linear(x, weight, bias, low_weight), backend) (samu.ops.linear, and ``geglu`` below): the same
+    values; where linear takes its autocast path and the fused kernels run, one unit whose bias gradient comes
+    out of the GeGLU backward kernel (the sum over tokens of dz, in a fixed order: fp32 sums of the stored dz
+    like linear's, in another order)."""
+    low = autocast_low(x, weight, bias)
+    if low is None or not fused_kernels(x, backend, traced=True):
+        return geglu(linear(x, weight, bias, low_weight), backend)
+    with no_autocast(x.device.type):
+        return _LinearGeGLU.apply(x, weight, bias, low, low_weight)
 
 
 def geglu(z: torch.Tensor, backend: str = "auto") -> torch.Tensor:

@@ -1,6 +1,9 @@
 """Triton kernels of the GeGLU gate (samu.ops.geglu): a = GeLU_tanh(gate) * up from z = [gate | up], one
 pass forward (reads z, writes a) and one backward (reads da and z, writes dz whole: no slice-backward
-zero fill and no concatenation).
+zero fill and no concatenation). ``geglu_bwd_sums`` also sums dz over its rows as it writes it (the
+gradient of the bias of the product that made z, without a pass over dz of its own): each program walks
+ROWS rows of its columns and writes their sums, which one sum over programs adds (fixed orders: the same
+bits in every run).
 
 Both round where the PyTorch ops round: GeLU(gate) to the storage dtype, then the product; backward
 da * up, then times GeLU'(gate), and da * GeLU(gate), each rounded once from fp32.
@@ -30,10 +33,8 @@ def _geglu_fwd(z, a, H, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _geglu_bwd(da, z, dz, H, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = c < H
+def _geglu_row_bwd(da, z, dz, row, c, ok, H):
+    """dz of one row's columns c, stored, and returned as the stored values (fp32 of the storage dtype)."""
     src = row * 2 * H + c
     gate = tl.load(z + src, mask=ok, other=0.0).to(tl.float32)
     up = tl.load(z + src + H, mask=ok, other=0.0).to(tl.float32)
@@ -41,8 +42,35 @@ def _geglu_bwd(da, z, dz, H, BLOCK: tl.constexpr):
     dt = dz.dtype.element_ty
     g = cast_to(gelu_tanh(gate), dt).to(tl.float32)
     dg = cast_to(d * up, dt).to(tl.float32)
-    tl.store(dz + src, cast_to(dg * gelu_tanh_grad(gate), dt), mask=ok)
-    tl.store(dz + src + H, cast_to(d * g, dt), mask=ok)
+    d_gate = cast_to(dg * gelu_tanh_grad(gate), dt)
+    d_up = cast_to(d * g, dt)
+    tl.store(dz + src, d_gate, mask=ok)
+    tl.store(dz + src + H, d_up, mask=ok)
+    return d_gate.to(tl.float32), d_up.to(tl.float32)
+
+
+@triton.jit
+def _geglu_bwd(da, z, dz, H, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    _geglu_row_bwd(da, z, dz, row, c, c < H, H)
+
+
+@triton.jit
+def _geglu_bwd_sums(da, z, dz, part, R, H, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    first = tl.program_id(0).to(tl.int64) * ROWS
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = c < H
+    sum_gate = tl.zeros([BLOCK], tl.float32)
+    sum_up = tl.zeros([BLOCK], tl.float32)
+    for i in range(0, ROWS):
+        row = first + i
+        d_gate, d_up = _geglu_row_bwd(da, z, dz, row, c, ok & (row < R), H)
+        sum_gate += d_gate
+        sum_up += d_up
+    out = part + tl.program_id(0).to(tl.int64) * 2 * H + c
+    tl.store(out, sum_gate, mask=ok)
+    tl.store(out + H, sum_up, mask=ok)
 
 
 def _grid(R: int, H: int):
@@ -59,6 +87,24 @@ def geglu_fwd(z: torch.Tensor) -> torch.Tensor:
     grid, block = _grid(z.numel() // (2 * H), H)
     launch(_geglu_fwd, grid, z, a, H, BLOCK=block, num_warps=4)
     return a
+
+
+# rows a program of the summing backward walks
+ROWS = 32
+
+
+def geglu_bwd_sums(da: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """dz as geglu_bwd writes it, and its sum over rows (fp32 [2H]: the sums of the stored values) from
+    contiguous da [..., H] and z [..., 2H]."""
+    H = z.shape[-1] // 2
+    R = z.numel() // (2 * H) if H else 0
+    dz = torch.empty_like(z)
+    if dz.numel() == 0:
+        return dz, z.new_zeros(2 * H, dtype=torch.float32)
+    part = z.new_empty(cdiv(R, ROWS), 2 * H, dtype=torch.float32)
+    launch(_geglu_bwd_sums, (cdiv(R, ROWS), cdiv(H, BLOCK)), da, z, dz, part, R, H, ROWS=ROWS, BLOCK=BLOCK,
+           num_warps=4)
+    return dz, part.sum(0)
 
 
 def geglu_bwd(da: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

@@ -65,28 +65,53 @@ def _grad_weight(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return _grad_weight_op(dy, x) if torch.compiler.is_compiling() else _mm_fp32(dy, x)
 
 
+def autocast_product(ctx, x, weight, bias, dtype, low_weight):
+    """The forward of an autocast product inside an autograd Function's forward (autocast off there): y in
+    ``dtype`` and the cast operands (xc, wc), which the Function saves for ``autocast_product_grads``;
+    ``low_weight`` (``linear``'s) stands in for the weight's cast where it is in ``dtype``."""
+    fits = low_weight is not None and low_weight.dtype == dtype
+    xc, wc = x.to(dtype), low_weight if fits else weight.to(dtype)
+    ctx.x_dtype, ctx.has_bias, ctx.low = x.dtype, bias is not None, dtype
+    return F.linear(xc, wc, None if bias is None else bias.to(dtype)), xc, wc
+
+
+def autocast_product_grads(ctx, dy, xc, wc, bias_grad=None):
+    """dx, dW, db of ``autocast_product`` from dy (autocast off): dx in x's dtype, dW and db fp32; db the sum of dy
+    over its rows, or ``bias_grad`` where the caller has it already."""
+    needs = ctx.needs_input_grad
+    with no_autocast(dy.device.type):
+        dy = dy.to(ctx.low)
+        dx = dw = db = None
+        if needs[0]:
+            dx = (dy @ wc).to(ctx.x_dtype)
+        rows = dy.reshape(-1, dy.shape[-1])
+        if needs[1]:
+            dw = _grad_weight(rows, xc.reshape(-1, xc.shape[-1]))
+        if ctx.has_bias and needs[2]:
+            db = rows.sum(0, dtype=torch.float32) if bias_grad is None else bias_grad
+    return dx, dw, db
+
+
 class _AutocastLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, dtype, low):
-        xc, wc = x.to(dtype), weight.to(dtype) if low is None else low
+        y, xc, wc = autocast_product(ctx, x, weight, bias, dtype, low)
         ctx.save_for_backward(xc, wc)
-        ctx.x_dtype, ctx.has_bias, ctx.low = x.dtype, bias is not None, dtype
-        return F.linear(xc, wc, None if bias is None else bias.to(dtype))
+        return y
 
     @staticmethod
     def backward(ctx, dy):
-        xc, wc = ctx.saved_tensors
-        with no_autocast(dy.device.type):
-            dy = dy.to(ctx.low)
-            dx = dw = db = None
-            if ctx.needs_input_grad[0]:
-                dx = (dy @ wc).to(ctx.x_dtype)
-            rows = dy.reshape(-1, dy.shape[-1])
-            if ctx.needs_input_grad[1]:
-                dw = _grad_weight(rows, xc.reshape(-1, xc.shape[-1]))
-            if ctx.has_bias and ctx.needs_input_grad[2]:
-                db = rows.sum(0, dtype=torch.float32)
-        return dx, dw, db, None, None
+        return *autocast_product_grads(ctx, dy, *ctx.saved_tensors), None, None
+
+
+def autocast_low(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.dtype | None:
+    """The dtype autocast takes ``linear``'s product to where ``linear`` takes its own path there (bf16 or fp16
+    autocast, fp32 parameters that want gradients, x fp32 or that dtype), else None."""
+    low = autocast_dtype(x.device.type)
+    if (low in _LOW and weight.dtype == torch.float32 and torch.is_grad_enabled() and weight.requires_grad
+            and (bias is None or bias.dtype == torch.float32) and x.dtype in (torch.float32, *_LOW)):
+        return low
+    return None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -96,12 +121,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     autocast's own. ``low_weight``: the weight already cast to autocast's dtype (``weight.to(dtype)`` to the bit,
     which the caller keeps true), taken in place of that cast where autocast would cast the weight; a copy in
     another dtype is not used."""
-    kind = x.device.type
-    low = autocast_dtype(kind)
-    if (low in _LOW and weight.dtype == torch.float32 and torch.is_grad_enabled() and weight.requires_grad
-            and (bias is None or bias.dtype == torch.float32) and x.dtype in (torch.float32, *_LOW)):
-        if low_weight is not None and low_weight.dtype != low:
-            low_weight = None
-        with no_autocast(kind):
+    low = autocast_low(x, weight, bias)
+    if low is not None:
+        with no_autocast(x.device.type):
             return _AutocastLinear.apply(x, weight, bias, low, low_weight)
     return F.linear(x, weight, bias)

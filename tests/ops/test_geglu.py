@@ -139,3 +139,86 @@ def test_a_compiled_gate_runs_the_fused_kernels(monkeypatch):
     eager = _run(gate, z, da, DEVICE)
     for c, e in zip(compiled, eager):
         assert torch.equal(c, e)
+
+
+@pytest.fixture
+def few_rows(monkeypatch):
+    # groups of 8 rows (not 32: the interpreter walks them one by one), columns in programs of 512
+    from samu.ops import geglu_triton
+
+    monkeypatch.setattr(geglu_triton, "ROWS", 8)
+    monkeypatch.setattr(geglu_triton, "BLOCK", 512)
+
+
+@pytest.mark.parametrize("rows", [1, 19])   # one partial group of rows; two whole and a partial one
+def test_the_summing_backward_writes_the_same_dz_and_its_sums(rows, few_rows):
+    """geglu_bwd_sums: geglu_bwd's dz to the bit, and its sum over rows within 1e-6 of the float64 sum of the
+    stored dz (two programs a row, the second partial), the same bits in two calls."""
+    from samu.ops import geglu_triton
+
+    for dtype in (torch.bfloat16, torch.float32):
+        z, da = _inputs((rows,), 600, dtype, rows)
+        z, da = z.to(DEVICE), da.to(DEVICE)
+        want = geglu_triton.geglu_bwd(da, z)
+        dz, sums = geglu_triton.geglu_bwd_sums(da, z)
+        again = geglu_triton.geglu_bwd_sums(da, z)
+        assert torch.equal(dz, want) and sums.dtype == torch.float32 and sums.shape == (1200,)
+        assert rel_err(sums.cpu(), want.double().sum(0).cpu()) < 1e-6, dtype
+        assert torch.equal(again[0], dz) and torch.equal(again[1], sums)
+
+
+def _mlp_in(seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 37, 24, generator=g).to(DEVICE, dtype).requires_grad_()
+    w = (torch.randn(80, 24, generator=g) / 5).to(DEVICE).requires_grad_()
+    b = torch.randn(80, generator=g).to(DEVICE).requires_grad_()
+    da = torch.randn(2, 37, 40, generator=g).to(DEVICE)
+    return x, w, b, da
+
+
+def _grads(fn, x, w, b, da):
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        a = fn(x, w, b)
+    return [a.detach(), *torch.autograd.grad(a, [x, w, b], da.to(a.dtype))]
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_the_product_and_gate_as_one_unit_equal_the_two(x_dtype, few_rows):
+    """linear_geglu under bf16 autocast, its bias gradient from the summing backward: the output, dx and dW equal
+    geglu(linear(...))'s to the bit (also with the weight's bf16 copy, and compiled from fp32 x), db within 1e-5 of the float64
+    sum of the stored dz (the rule of samu.ops.linear's gradients)."""
+    from samu.ops import geglu_triton
+    from samu.ops.geglu import linear_geglu
+    from samu.ops.linear import linear
+
+    x, w, b, da = _mlp_in(dtype=x_dtype)
+    unit = _grads(lambda x, w, b: linear_geglu(x, w, b, backend="triton"), x, w, b, da)
+    two = _grads(lambda x, w, b: geglu(linear(x, w, b), "triton"), x, w, b, da)
+    for name, u, t in zip(("a", "dx", "dW"), unit, two):
+        assert u.dtype == t.dtype and torch.equal(u, t), name
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        z = linear(x, w, b)
+    dz = geglu_triton.geglu_bwd(da.to(z.dtype).contiguous(), z.detach().contiguous())
+    exact = dz.double().reshape(-1, 80).sum(0)
+    assert unit[3].dtype == torch.float32 and rel_err(unit[3].cpu(), exact.cpu()) < 1e-5
+    copy = w.detach().to(torch.bfloat16)
+    with_copy = _grads(lambda x, w, b: linear_geglu(x, w, b, copy, "triton"), x, w, b, da)
+    assert all(torch.equal(c, u) for c, u in zip(with_copy, unit))
+    if x_dtype != torch.float32:
+        return
+    backend = "inductor" if DEVICE == "cuda" else "aot_eager"
+    compiled = _grads(torch.compile(lambda x, w, b: linear_geglu(x, w, b, copy, "triton"), backend=backend),
+                      x, w, b, da)
+    assert all(torch.equal(c, u) for c, u in zip(compiled[:3], unit[:3]))
+    assert rel_err(compiled[3].cpu(), exact.cpu()) < 1e-5
+
+
+def test_the_unit_runs_only_where_linear_takes_its_autocast_path():
+    """Without autocast, without the fused kernels or without gradients: geglu(linear(...)) itself."""
+    from samu.ops.geglu import linear_geglu
+    from samu.ops.linear import linear
+
+    x, w, b, _ = _mlp_in()
+    for backend, cast in (("triton", False), ("torch", True)):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=cast):
+            assert torch.equal(linear_geglu(x, w, b, backend=backend), geglu(linear(x, w, b), backend))
