@@ -11,7 +11,8 @@ import samu.modules.layers as layers
 
 tag, mode = sys.argv[1], sys.argv[2]
 if mode == "split":
-    layers.linear_geglu = lambda x, w, b, low, backend: layers.geglu(layers.linear(x, w, b, low), backend)
+    # the module bound as a default: runpy replaces __main__, where Dynamo would look a global up
+    layers.linear_geglu = lambda x, w, b, low, backend, L=layers: L.geglu(L.linear(x, w, b, low), backend)
 elif mode != "fused":
     raise SystemExit(f"mode must be fused or split, got {mode!r}")
 here = os.path.dirname(os.path.abspath(__file__))
