@@ -322,39 +322,57 @@ def _adamw_kernels(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+@dataclass
+class _LowCopy:
+    layer: nn.Module      # a Linear
+    weight: nn.Parameter  # its weight when the copy was made
+    copy: torch.Tensor    # bf16, [out, in]
+    version: int          # the weight's version counter when the copy was last made equal to it
+
+
 class _LowWeights:
     """The run's Linear weights in bf16 for its bf16 autocast, written by the optimizer's step: a ClippedAdamW
-    (samu.ops.adamw) writes a bf16 copy beside each weight it updates (2 bytes a parameter), where autocast would
-    cast every weight again in the next forward (a read of 4 and a write of 2 bytes a parameter: ~0.6 ms a step for
-    the 400m preset on an H200, results/dev/session8/call4). The copies are set on the layers (Linear.low_weight)
-    for the loop only (``close`` takes them off). A copy is never older than its weight: ``check`` casts again
-    every copy whose weight's version counter moved since its copy was made (an in-place change by anything
-    other than the optimizer's kernels, which write both; torch's step, where the kernels cannot run, casts its
-    copies too), and the loop calls it before every forward. Empty without bf16 autocast or a ClippedAdamW."""
+    (samu.ops.adamw) writes a bf16 copy beside each weight it updates (2 bytes a parameter, 0.8 GB held for the 400m
+    preset, where autocast's casts were made and freed layer by layer), where autocast would cast every weight again
+    in the next forward (a read of 4 and a write of 2 bytes a parameter: ~0.6 ms a step for the 400m preset on an
+    H200, results/dev/session8/call4). The copies are set on the layers (Linear.low_weight) for the loop only
+    (``close`` takes them off). After each optimizer step the loop calls ``stepped`` (the step leaves every copy
+    equal to its weight's cast); before every step and every validation it calls ``check``, which casts again every
+    copy whose weight's version counter moved since (an in-place change by anything but the step) and refuses a
+    weight replaced by another tensor. A write through ``.data`` or a raw pointer moves no version counter: nothing
+    in the loop makes one. Empty without bf16 autocast or a ClippedAdamW."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, autocasts: bool):
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, autocasts: bool,
+                 closing: contextlib.ExitStack):
         self.optimizer = optimizer
-        self.rows = []   # [layer, copy, the weight's version when the copy was made]
+        self.rows: list[_LowCopy] = []
+        closing.callback(self.close)   # before any copy is set: none is left on a layer whatever happens
         if not (autocasts and isinstance(optimizer, adamw.ClippedAdamW)):
             return
         stepped = {p for group in optimizer.param_groups for p in group["params"]}
         for layer in model.modules():
             w = getattr(layer, "weight", None)
             if isinstance(layer, Linear) and w in stepped and w.dtype == torch.float32 and w.requires_grad:
-                self.rows.append([layer, optimizer.keep_low_copy(w), w._version])
-                layer.low_weight = self.rows[-1][1]
+                self.rows.append(_LowCopy(layer, w, optimizer.keep_low_copy(w), w._version))
+                layer.low_weight = self.rows[-1].copy
+
+    def stepped(self):
+        for row in self.rows:
+            row.version = row.weight._version
 
     def check(self):
         for row in self.rows:
-            w = row[0].weight
-            if w._version != row[2]:
-                row[1].copy_(w.detach())
-                row[2] = w._version
+            if row.layer.weight is not row.weight:
+                raise RuntimeError("a Linear layer's weight was replaced during training; its bf16 copy would be "
+                                   "stale (samu.train._LowWeights)")
+            if row.weight._version != row.version:
+                row.copy.copy_(row.weight.detach())
+                row.version = row.weight._version
 
     def close(self):
-        for layer, _, _ in self.rows:
-            layer.low_weight = None
-            self.optimizer.low_copies.pop(layer.weight, None)
+        for row in self.rows:
+            row.layer.low_weight = None
+            self.optimizer.low_copies.pop(row.weight, None)
         self.rows = []
 
 
@@ -867,8 +885,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
             tqdm.write(f"resuming {out} at step {start} of {config.steps}")
     model.activation_checkpointing = config.activation_checkpointing
     # after the weights are loaded, before anything traces the model
-    lows = _LowWeights(model, optimizer, _autocasts(config, device))
-    closing.callback(lows.close)
+    lows = _LowWeights(model, optimizer, _autocasts(config, device), closing)
     engine = model
     if ctx.world > 1 and not shard:
         device_ids = [device.index] if device.type == "cuda" else None
@@ -1089,6 +1106,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         else:
             grad_norm = None
             optimizer.step()
+        lows.stepped()
         finite = torch.isfinite(loss_sum) if grad_norm is None else torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
         bad_step = torch.where((bad_step == 0) & ~finite, step + 1, bad_step)
         scheduler.step()

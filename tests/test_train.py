@@ -130,13 +130,47 @@ def test_clipped_steps_on_the_adamw_kernels_train_alike_and_resume_exactly(tmp_p
         train(_config(tmp_path, "parts", autocast="bf16"), data=_StopAfter(data, 4))
     resumed = train(_config(tmp_path, "parts", autocast="bf16"), data=data, resume=True)
     lows = training._LowWeights
-    monkeypatch.setattr(training, "_LowWeights", lambda model, optimizer, autocasts: lows(model, optimizer, False))
+    monkeypatch.setattr(training, "_LowWeights",
+                        lambda model, optimizer, autocasts, closing: lows(model, optimizer, False, closing))
     cast = train(_config(tmp_path, "cast", autocast="bf16"), data=data)
     assert not cast.log["bf16_weight_copies"]
     for other in (resumed, cast):
         for (name, a), (_, b) in zip(whole.model.state_dict().items(), other.model.state_dict().items()):
             assert torch.equal(a, b), name
         assert _untimed(other.log["train"]) == _untimed(whole.log["train"])
+
+
+def test_the_bf16_weight_copies_are_never_older_than_their_weights():
+    """train._LowWeights: a copy on every Linear weight the ClippedAdamW steps, equal to its cast; an in-place change
+    of a weight outside the step is cast again by ``check``; a replaced weight is refused; the copies come off the
+    layers and out of the optimizer when the run's ExitStack closes, on an exception as well."""
+    import contextlib
+
+    import samu.train as training
+    from samu.modules.layers import Linear
+    from samu.ops import adamw
+
+    model = LanguageModel(MODEL)
+    optimizer = adamw.ClippedAdamW(model.parameters(), max_norm=1.0)
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    with pytest.raises(ZeroDivisionError), contextlib.ExitStack() as closing:
+        lows = training._LowWeights(model, optimizer, True, closing)
+        assert len(lows.rows) == len(linears) > 0
+        for m in linears:
+            assert torch.equal(m.low_weight, m.weight.detach().to(torch.bfloat16))
+        w = linears[0].weight
+        with torch.no_grad():
+            w.add_(0.25)
+        assert not torch.equal(linears[0].low_weight, w.detach().to(torch.bfloat16))
+        lows.check()
+        assert torch.equal(linears[0].low_weight, w.detach().to(torch.bfloat16))
+        linears[1].weight = nn.Parameter(linears[1].weight.detach().clone())
+        with pytest.raises(RuntimeError, match="replaced"):
+            lows.check()
+        1 / 0
+    assert all(m.low_weight is None for m in linears) and not optimizer.low_copies
+    with contextlib.ExitStack() as closing:
+        assert not training._LowWeights(model, optimizer, False, closing).rows   # no bf16 autocast: none
 
 
 def test_a_run_uses_deterministic_algorithms_and_restores_the_setting(tmp_path, monkeypatch):
@@ -572,14 +606,14 @@ def test_compile_on_trains_through_torch_compile(tmp_path, monkeypatch):
     choose = SAMUMixer.choose
     monkeypatch.setattr(SAMUMixer, "choose", lambda self, *a, **kw: events.append(a[:2]) or choose(self, *a, **kw))
     data = text_corpus(_text(tmp_path))
-    # on the CPU, where "auto" does not compile (a GPU machine would)
-    config = _config(tmp_path, "on", steps=2, compile="on", device="cpu")
+    config = _config(tmp_path, "on", steps=2, compile="on")
     result = train(config, data=data)
     assert result.log["compiled"] and compiled == [result.model]
     # every mixer's implementation chosen (gated where no record covers it) before the trace, at the training shape
     shape = (config.batch_size, config.seq_len)
     assert events == [shape] * result.model.config.num_layers + ["compile"]
-    result = train(_config(tmp_path, "auto", steps=2, device="cpu"), data=data)   # auto: CUDA only
+    # auto: CUDA only (on the CPU, which a GPU machine has too)
+    result = train(_config(tmp_path, "auto", steps=2, device="cpu"), data=data)
     assert not result.log["compiled"] and len(compiled) == 1
 
 

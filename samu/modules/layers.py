@@ -174,7 +174,9 @@ def _backend_repr(backend: str) -> str:
 
 class GatedMLP(nn.Module):
     """GeGLU feed-forward: (GeLU(x W_gate + b) * (x W_up + b)) W_down + b, hidden = expansion * width
-    (the gate one fused kernel each way on CUDA, samu.ops.geglu; ``backend`` "auto", "torch" or "triton")."""
+    (the gate one fused kernel each way on CUDA, samu.ops.geglu; ``backend`` "auto", "torch" or "triton").
+    The forward runs gate_up's product and the gate as one unit (samu.ops.geglu.linear_geglu), reading gate_up's
+    parameters without calling the module: hooks on ``gate_up`` itself do not fire."""
 
     def __init__(self, width: int, expansion: int = 3, *, backend: str = "auto", device=None, dtype=None):
         super().__init__()

@@ -7,6 +7,12 @@ time at 4 x 2048 tokens and 3.4x at 1 x 32768, where it folded the bias gradient
 the gate's backward (``results/dev/issue10/model_profile_2/``). The fused kernels round where the PyTorch
 ops round, so the two agree to the last bit up to GeLU's tanh (a few fp32 ulps before the rounding to the
 storage dtype).
+
+``linear_geglu`` is the MLP's product and gate, geglu(linear(x, W, b)): under autocast, where samu.ops.linear
+takes its own path and the fused kernels run, one autograd unit whose backward takes the bias gradient from the
+GeGLU backward kernel (``samu::geglu_bwd_sums``: dz summed over rows as it is written) instead of a pass over dz
+of its own (the MLP's widest tensor: 0.5-0.7 ms a training step for the 400m preset on an H200,
+``results/dev/session15/``). The same values, db the same fp32 sum in another order.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from samu.ops.glue import fused_kernels
-from samu.ops.linear import autocast_low, autocast_product, autocast_product_grads, linear, no_autocast
+from samu.ops.linear import (autocast_low, autocast_product, autocast_product_grads, check_low_weight, linear,
+                              no_autocast)
 
 
 def geglu_torch(z: torch.Tensor) -> torch.Tensor:
@@ -121,8 +128,9 @@ def linear_geglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     out of the GeGLU backward kernel (the sum over tokens of dz, in a fixed order: fp32 sums of the stored dz
     like linear's, in another order)."""
     low = autocast_low(x, weight, bias)
-    if low is None or not fused_kernels(x, backend, traced=True):
+    if low is None or bias is None or not bias.requires_grad or not fused_kernels(x, backend, traced=True):
         return geglu(linear(x, weight, bias, low_weight), backend)
+    check_low_weight(low_weight, weight)
     with no_autocast(x.device.type):
         return _LinearGeGLU.apply(x, weight, bias, low, low_weight)
 

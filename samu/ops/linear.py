@@ -10,6 +10,11 @@ the product's dtype, no gradient wanted) it is ``F.linear``. The backward runs w
 called (torch.compile traces it under the forward's autocast state), so its products keep these dtypes. Not
 supported under autocast: torch.func transforms and double backward (an autograd.Function that saves the cast
 weight, as autocast's own product does).
+
+A caller that keeps the weight's cast itself (``samu train``'s optimizer writes one beside every weight) hands it
+over as ``low_weight``, and the product takes it instead of casting the weight again. ``autocast_product`` and
+``autocast_product_grads`` are the product's forward and backward, shared with samu.ops.geglu's product-and-gate
+unit.
 """
 
 from __future__ import annotations
@@ -114,6 +119,16 @@ def autocast_low(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return None
 
 
+def check_low_weight(low_weight: torch.Tensor | None, weight: torch.Tensor) -> None:
+    """A one-line error naming ``low_weight`` where it is not a tensor of the weight's shape on its device."""
+    if low_weight is not None and (not isinstance(low_weight, torch.Tensor) or low_weight.shape != weight.shape
+                                   or low_weight.device != weight.device):
+        got = (f"{type(low_weight).__name__}" if not isinstance(low_weight, torch.Tensor)
+               else f"{list(low_weight.shape)} on {low_weight.device}")
+        raise ValueError(f"low_weight must be a tensor of the weight's shape {list(weight.shape)} on {weight.device}, "
+                         f"got {got}")
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            low_weight: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., I] W^T [I, O] + b [O] -> [..., O]; under autocast to bf16 or fp16 with fp32 parameters that want
@@ -123,6 +138,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     another dtype is not used."""
     low = autocast_low(x, weight, bias)
     if low is not None:
+        check_low_weight(low_weight, weight)
         with no_autocast(x.device.type):
             return _AutocastLinear.apply(x, weight, bias, low, low_weight)
     return F.linear(x, weight, bias)

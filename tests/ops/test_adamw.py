@@ -252,6 +252,7 @@ def test_low_copies_are_the_parameters_cast_after_every_step(monkeypatch):
         _decay_lr(opt)
     for p, q in zip(params, want):
         assert torch.equal(p, q)
+
     def refuse(optimizer, max_norm):
         raise adamw.Unusable("refused here")
 

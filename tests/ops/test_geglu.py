@@ -2,7 +2,9 @@
 
 The Triton kernels run in the interpreter on CPU (CUDA with -m gpu). Narrow programs are forced for
 some cases so that a row spans several programs with a partial last one.
-Rule, declared before any run: in fp32 a and dz are within 1e-6 (relative Frobenius) of float64; in
+Rule, declared before any run: in fp32 a and dz are within 1e-6 (relative Frobenius) of float64, and the summing
+backward's sums of dz over rows within 1e-6 of their float64 sums (1e-5 for the product-and-gate unit's bias
+gradient, samu.ops.linear's rule); in
 bf16 and fp16 the fused result is no further from float64 than the unfused PyTorch ops in that dtype,
 or within one rounding of the dtype (eps / 2), whichever is larger, and every element of a and dz is
 within one unit of the dtype (eps |exact|, at least one subnormal step) of float64: two roundings at
@@ -184,15 +186,23 @@ def _grads(fn, x, w, b, da):
 
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
 def test_the_product_and_gate_as_one_unit_equal_the_two(x_dtype, few_rows):
-    """linear_geglu under bf16 autocast, its bias gradient from the summing backward: the output, dx and dW equal
-    geglu(linear(...))'s to the bit (also with the weight's bf16 copy, and compiled from fp32 x), db within 1e-5 of the float64
-    sum of the stored dz (the rule of samu.ops.linear's gradients)."""
+    """linear_geglu under bf16 autocast runs as one unit whose bias gradient comes from the summing backward: the
+    output, dx and dW equal geglu(linear(...))'s to the bit (also with the weight's bf16 copy, and compiled from
+    fp32 x), db within 1e-5 of the float64 sum of the stored dz (the rule of samu.ops.linear's gradients); the
+    products read the copy (one that differs shows in the output)."""
     from samu.ops import geglu_triton
     from samu.ops.geglu import linear_geglu
     from samu.ops.linear import linear
 
     x, w, b, da = _mlp_in(dtype=x_dtype)
-    unit = _grads(lambda x, w, b: linear_geglu(x, w, b, backend="triton"), x, w, b, da)
+    summed = []
+    kernel = geglu_triton.geglu_bwd_sums
+    geglu_triton.geglu_bwd_sums = lambda *a: summed.append(1) or kernel(*a)
+    try:
+        unit = _grads(lambda x, w, b: linear_geglu(x, w, b, backend="triton"), x, w, b, da)
+    finally:
+        geglu_triton.geglu_bwd_sums = kernel
+    assert summed == [1], "the unit's backward did not run the summing kernel"
     two = _grads(lambda x, w, b: geglu(linear(x, w, b), "triton"), x, w, b, da)
     for name, u, t in zip(("a", "dx", "dW"), unit, two):
         assert u.dtype == t.dtype and torch.equal(u, t), name
@@ -206,6 +216,8 @@ def test_the_product_and_gate_as_one_unit_equal_the_two(x_dtype, few_rows):
     assert all(torch.equal(c, u) for c, u in zip(with_copy, unit))
     if x_dtype != torch.float32:
         return
+    doubled = _grads(lambda x, w, b: linear_geglu(x, w, b, copy * 2, "triton"), x, w, b, da)
+    assert not torch.equal(doubled[0], unit[0])
     backend = "inductor" if DEVICE == "cuda" else "aot_eager"
     compiled = _grads(torch.compile(lambda x, w, b: linear_geglu(x, w, b, copy, "triton"), backend=backend),
                       x, w, b, da)
@@ -214,11 +226,19 @@ def test_the_product_and_gate_as_one_unit_equal_the_two(x_dtype, few_rows):
 
 
 def test_the_unit_runs_only_where_linear_takes_its_autocast_path():
-    """Without autocast, without the fused kernels or without gradients: geglu(linear(...)) itself."""
-    from samu.ops.geglu import linear_geglu
+    """Without autocast, without the fused kernels, without gradients or without a bias that wants one:
+    geglu(linear(...)) itself (no unit in the graph); a copy of the wrong shape is refused."""
+    from samu.ops.geglu import _LinearGeGLU, linear_geglu
     from samu.ops.linear import linear
 
     x, w, b, _ = _mlp_in()
-    for backend, cast in (("triton", False), ("torch", True)):
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=cast):
-            assert torch.equal(linear_geglu(x, w, b, backend=backend), geglu(linear(x, w, b), backend))
+    frozen = b.detach()
+    for backend, cast, grad, bias in (("triton", False, True, b), ("torch", True, True, b),
+                                      ("triton", True, False, b), ("triton", True, True, frozen),
+                                      ("triton", True, True, None)):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=cast), torch.set_grad_enabled(grad):
+            got = linear_geglu(x, w, bias, backend=backend)
+            assert torch.equal(got, geglu(linear(x, w, bias), backend))
+            assert got.grad_fn is None or not isinstance(got.grad_fn, _LinearGeGLU._backward_cls)
+    with pytest.raises(ValueError, match="low_weight"), torch.autocast(x.device.type, dtype=torch.bfloat16):
+        linear_geglu(x, w, b, w.detach().to(torch.bfloat16)[:, 1:], "triton")

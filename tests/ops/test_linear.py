@@ -147,9 +147,9 @@ def test_the_module_is_nn_linear_with_fp32_gradients():
 @pytest.mark.parametrize("low", [torch.bfloat16, torch.float16])
 def test_a_low_weight_is_taken_for_the_cast_and_changes_nothing(low):
     """A bf16 copy of the weight (Linear.low_weight: what samu train's optimizer writes) gives the same output and
-    gradients, to the bit, as the cast it replaces, through the function and the module, compiled as well as
-    eager; the products read the copy (a copy that differs shows in the output); a copy in another dtype than
-    autocast's is not used."""
+    gradients, to the bit, as the cast it replaces, through the function and the module, and compiled (the
+    parameter gradients within 1e-5); the products read the copy (a copy that differs shows in the output); a copy
+    in another dtype than autocast's is not used, one of another shape refused."""
     x, w, b, dy = _inputs()
     copy = w.detach().to(torch.bfloat16)
     with_copy = lambda x, w, b: linear(x, w, b, low_weight=copy)   # noqa: E731
@@ -161,6 +161,10 @@ def test_a_low_weight_is_taken_for_the_cast_and_changes_nothing(low):
         backend = "inductor" if DEVICE == "cuda" else "aot_eager"
         compiled = _run(torch.compile(with_copy, backend=backend), x, w, b, dy, low)
         assert torch.equal(compiled[0], ref[0]) and torch.equal(compiled[1], ref[1])
+        for c, r in zip(compiled[2:], ref[2:]):   # the parameter gradients: fp32 sums, within the module's rule
+            assert c.dtype == torch.float32 and rel_err(c, r) < 1e-5
+        with pytest.raises(ValueError, match="low_weight"), torch.autocast(DEVICE, dtype=low):
+            linear(x, w, b, low_weight=copy[:, 1:])
         module = Linear(48, 80, device=DEVICE)
         with torch.no_grad():
             module.weight.copy_(w)

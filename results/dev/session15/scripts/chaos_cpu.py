@@ -1,6 +1,6 @@
 """Session 15 (issue 10), on the CPU: how far two training runs drift apart when only the order of the linears' bias
 gradient sums differs (a control for call 3/4's fused and split runs, whose losses differed from step 10 on).
-A 4-layer model of width 256 on the embedded corpus, bf16 autocast, the PyTorch paths; run A as shipped, run B with every linear's
+A 4-layer model of width 128 on the embedded corpus, bf16 autocast, the PyTorch paths; run A as shipped, run B with every linear's
 bias gradient summed over the rows in reverse order (the same fp32 sum, another order). Prints both loss logs.
 Usage: python chaos_cpu.py STEPS OUT.json"""
 import json
@@ -17,7 +17,7 @@ from samu.train import TrainConfig, train
 steps, out = int(sys.argv[1]), sys.argv[2]
 tmp = tempfile.mkdtemp()
 data = load_data("stdlib")
-model = LMConfig(width=256, num_layers=4, lru_width=256)
+model = LMConfig(width=128, num_layers=4, lru_width=128)
 
 
 def run(name):

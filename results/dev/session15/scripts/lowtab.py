@@ -11,7 +11,7 @@ import samu.train as training
 tag, mode = sys.argv[1], sys.argv[2]
 if mode == "cast":
     lows = training._LowWeights
-    training._LowWeights = lambda model, optimizer, autocasts: lows(model, optimizer, False)
+    training._LowWeights = lambda model, optimizer, autocasts, closing: lows(model, optimizer, False, closing)
 elif mode != "low":
     raise SystemExit(f"mode must be low or cast, got {mode!r}")
 here = os.path.dirname(os.path.abspath(__file__))
