@@ -357,8 +357,11 @@ class _LowWeights:
                 layer.low_weight = self.rows[-1].copy
 
     def stepped(self):
+        # the step wrote the copies of the weights it updated (those with a gradient); any other copy keeps its
+        # version, so that ``check`` still sees a change made to its weight since the last one
         for row in self.rows:
-            row.version = row.weight._version
+            if row.weight.grad is not None:
+                row.version = row.weight._version
 
     def check(self):
         for row in self.rows:

@@ -142,8 +142,9 @@ def test_clipped_steps_on_the_adamw_kernels_train_alike_and_resume_exactly(tmp_p
 
 def test_the_bf16_weight_copies_are_never_older_than_their_weights():
     """train._LowWeights: a copy on every Linear weight the ClippedAdamW steps, equal to its cast; an in-place change
-    of a weight outside the step is cast again by ``check``; a replaced weight is refused; the copies come off the
-    layers and out of the optimizer when the run's ExitStack closes, on an exception as well."""
+    of a weight outside the step is cast again by ``check``, one by the step (``stepped``) is not; a replaced weight is
+    refused; the copies come off the layers and out of the optimizer when the run's ExitStack closes, on an exception
+    as well."""
     import contextlib
 
     import samu.train as training
@@ -164,6 +165,15 @@ def test_the_bf16_weight_copies_are_never_older_than_their_weights():
         assert not torch.equal(linears[0].low_weight, w.detach().to(torch.bfloat16))
         lows.check()
         assert torch.equal(linears[0].low_weight, w.detach().to(torch.bfloat16))
+        # after a step (which writes the copies of the weights with gradients itself) check casts nothing again
+        with torch.no_grad():
+            w.mul_(1.0)
+            linears[2].weight.mul_(1.0)   # no gradient: the step leaves it, so check must look again
+        w.grad = torch.zeros_like(w)
+        lows.stepped()
+        seen = linears[0].low_weight._version, linears[2].low_weight._version
+        lows.check()
+        assert linears[0].low_weight._version == seen[0] and linears[2].low_weight._version > seen[1]
         linears[1].weight = nn.Parameter(linears[1].weight.detach().clone())
         with pytest.raises(RuntimeError, match="replaced"):
             lows.check()

@@ -1,7 +1,8 @@
 """Session 15 (issue 10), on the CPU: how far two training runs drift apart when only the order of the linears' bias
 gradient sums differs (a control for call 3/4's fused and split runs, whose losses differed from step 10 on).
-A 4-layer model of width 128 on the embedded corpus, bf16 autocast, the PyTorch paths; run A as shipped, run B with every linear's
-bias gradient summed over the rows in reverse order (the same fp32 sum, another order). Prints both loss logs.
+A 4-layer model of width 128 on the embedded corpus, bf16 autocast, the PyTorch paths; run A as shipped, run B
+with every linear's bias gradient summed over the rows in reverse order (the same fp32 sum, another order). Prints
+both loss logs.
 Usage: python chaos_cpu.py STEPS OUT.json"""
 import json
 import sys
@@ -38,8 +39,8 @@ def reversed_sums(ctx, dy, xc, wc, bias_grad=None):
 
 lin.autocast_product_grads = reversed_sums
 b = run("b")
-rec = {"steps": steps, "a": [(e["step"], e["loss"]) for e in a["train"]], "b": [(e["step"], e["loss"]) for e in b["train"]],
-       "val": [a["val"][-1]["val_loss"], b["val"][-1]["val_loss"]]}
+rec = {"steps": steps, "a": [(e["step"], e["loss"]) for e in a["train"]],
+       "b": [(e["step"], e["loss"]) for e in b["train"]], "val": [a["val"][-1]["val_loss"], b["val"][-1]["val_loss"]]}
 json.dump(rec, open(out, "w"), indent=1)
 for (s, x), (_, y) in zip(rec["a"], rec["b"]):
     print(f"step {s}: {x:.5f} {y:.5f} diff {y - x:+.5f}")
