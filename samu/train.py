@@ -325,8 +325,7 @@ def _adamw_kernels(device: torch.device) -> bool:
 @dataclass
 class _LowCopy:
     layer: nn.Module      # a Linear
-    weight: nn.Parameter  # its weight when the copy was made
-    copy: torch.Tensor    # bf16, [out, in]
+    weight: nn.Parameter  # its weight when the copy was made (the copy: the optimizer's low_copies[weight])
     version: int          # the weight's version counter when the copy was last made equal to it
 
 
@@ -353,8 +352,8 @@ class _LowWeights:
         for layer in model.modules():
             w = getattr(layer, "weight", None)
             if isinstance(layer, Linear) and w in stepped and w.dtype == torch.float32 and w.requires_grad:
-                self.rows.append(_LowCopy(layer, w, optimizer.keep_low_copy(w), w._version))
-                layer.low_weight = self.rows[-1].copy
+                layer.low_weight = optimizer.keep_low_copy(w)
+                self.rows.append(_LowCopy(layer, w, w._version))
 
     def stepped(self):
         # the step wrote the copies of the weights it updated (those with a gradient); any other copy keeps its
@@ -369,7 +368,7 @@ class _LowWeights:
                 raise RuntimeError("a Linear layer's weight was replaced during training; its bf16 copy would be "
                                    "stale (samu.train._LowWeights)")
             if row.weight._version != row.version:
-                row.copy.copy_(row.weight.detach())
+                self.optimizer.low_copies[row.weight].copy_(row.weight.detach())
                 row.version = row.weight._version
 
     def close(self):
