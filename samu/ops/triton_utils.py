@@ -239,3 +239,28 @@ def exp_flushed(x):
     else:
         return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * 1.4426950408889634],
                                          dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def fence_gpu():
+    """A GPU-scope acquire-release fence by every thread of the program (PTX ``fence.acq_rel.gpu``): its stores
+    before are seen by any program that synchronises with it afterwards, and its loads after see the stores of any
+    program it synchronised with. Nothing in the interpreter, whose programs run one after another."""
+    if not _INTERPRETED:
+        tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, 0;", "=r,r", [tl.zeros([1], dtype=tl.int32)],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def arrive(count, members):
+    """Count this program in at the int32 counter ``count``, shared by ``members`` programs of one launch: true
+    for the last of them to arrive, which then sees every store the others made before they arrived (each
+    program's stores are fenced, then all its threads meet, then one thread adds to the counter with acquire-
+    release semantics; the adder's read is fenced again). Deterministic where the last arrival's work is: it
+    does the same work whichever program arrives last. The counter must be zero when the first arrives; the last
+    arrival stores it back to zero once done with it (``tl.store(count, 0)``), so the next launch finds it so."""
+    fence_gpu()
+    tl.debug_barrier()
+    seen = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
+    fence_gpu()
+    return seen == members - 1

@@ -13,12 +13,14 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _nan_empty(*shape, **kw):
-    return torch.full(shape, float("nan"), **kw)
+    dtype = kw.get("dtype") or torch.get_default_dtype()
+    return torch.full(shape, float("nan") if dtype.is_floating_point else 12345, **kw)
 
 
 @pytest.fixture(autouse=True)
 def poison_outputs():
-    """Every kernel output starts as NaN, so an element a kernel forgets to write fails the checks."""
+    """Every kernel output starts as NaN (integers as 12345: the prefix counters the forward must zero), so an
+    element a kernel forgets to write fails the checks."""
     from samu.ops.samu import function
 
     function.set_allocator(_nan_empty)
@@ -106,7 +108,9 @@ def test_deterministic_bits(G):
 
 def test_saves_only_what_spec_3_1_allows():
     """Saved for backward besides x and the parameters: p, (m, phi) [B, 4, L], the boundary states
-    [B, ceil(L/K), D] fp32 and the two direction norms; nothing per token and mode."""
+    [B, ceil(L/K), D] fp32 and the two direction norms; nothing per token and mode. Beside them, the prefix
+    counters, which hold no value of the forward: a few int32 zeros a call, which the backward's prefix counts
+    on (so that it needs no launch to zero its own)."""
     from samu.ops.samu.function import run
 
     B, L, D, K = 2, 21, 10, 8
@@ -120,7 +124,11 @@ def test_saves_only_what_spec_3_1_allows():
     extra = sorted((tuple(t.shape), t.dtype) for t in saved if t.data_ptr() not in inputs)
     n_chunks = -(-L // K)
     # the two direction norms 1 / ||u_j|| are derived from a parameter, not per-token state
-    assert extra == sorted([((2,), torch.float32), ((B, 4, L), torch.float32), ((B, n_chunks, D), torch.float32)])
+    counters = (B, 2, -(-n_chunks // 2) + 1)   # batch rows, mode tiles (N = 5 modes, 4 a tile), groups + 1
+    assert extra == sorted([((2,), torch.float32), ((B, 4, L), torch.float32), ((B, n_chunks, D), torch.float32),
+                            (counters, torch.int32)])
+    (count,) = [t for t in saved if t.dtype == torch.int32]
+    assert torch.equal(count, torch.zeros_like(count))
     # and nothing is kept beside save_for_backward
     assert not [k for k, v in vars(y.grad_fn).items() if isinstance(v, torch.Tensor)]
 

@@ -17,7 +17,7 @@ from samu.ops import dispatch
 from samu.ops.packing import state_rows
 from samu.ops.packing_triton import chunk_boundaries
 from samu.ops.samu.triton_bwd import CONTROLLER_TOKENS, bwd, slot_count
-from samu.ops.samu.triton_fwd import CTL, fwd
+from samu.ops.samu.triton_fwd import CTL, fwd, prefix_counters
 from samu.ops.triton_utils import cdiv, next_power_of_2
 
 _empty = torch.empty
@@ -54,19 +54,19 @@ def _fwd(x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, ra
     c = Config(*config)
     words, n_seqs = (None, None) if cu_seqlens is None else (chunk_boundaries(cu_seqlens, x.shape[1], c.K),
                                                              len(cu_seqlens) - 1)
-    y, final, ctl, rnorm, bound = fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, K=c.K,
-                                      BN=c.BN, G=c.G, num_warps=c.num_warps, unroll=c.unroll, empty=_empty,
-                                      words=words, n_seqs=n_seqs, want_final=want_final)
+    y, final, ctl, rnorm, bound, count = fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound,
+                                             K=c.K, BN=c.BN, G=c.G, num_warps=c.num_warps, unroll=c.unroll,
+                                             empty=_empty, words=words, n_seqs=n_seqs, want_final=want_final)
     if final is None:
         final = x.new_empty(0, x.shape[2], dtype=torch.float32)
-    return y, final, ctl, rnorm, bound
+    return y, final, ctl, rnorm, bound, count
 
 
-def _bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, cu_seqlens, initial_state,
-         radial_bound, config):
+def _bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, count, cu_seqlens,
+         initial_state, radial_bound, config):
     c = Config(*config)
     words = None if cu_seqlens is None else chunk_boundaries(cu_seqlens, x.shape[1], c.K)
-    return bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound,
+    return bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, count, radial_bound,
                K=c.K, BN=c.BN, G=c.G, main_BN=c.main_BN, num_warps=c.num_warps, slots_per_sm=c.slots_per_sm,
                unroll=c.unroll, empty=_empty, words=words, h0=initial_state)
 
@@ -75,7 +75,7 @@ def _bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnor
 def samu_fwd(x: torch.Tensor, nu: torch.Tensor, theta_log: torch.Tensor, directions: torch.Tensor,
              amplitudes: torch.Tensor, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
              radial_bound: float, config: list[int], want_final: bool
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return _fwd(x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config, want_final)
 
 
@@ -83,26 +83,28 @@ def samu_fwd(x: torch.Tensor, nu: torch.Tensor, theta_log: torch.Tensor, directi
 def _(x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config, want_final):
     B, L, D = x.shape
     f32 = dict(device=x.device, dtype=torch.float32)
+    c = Config(*config)
     return (x.new_empty(B, L, D), x.new_empty(state_rows(x, cu_seqlens) if want_final else 0, D, **f32),
-            x.new_empty(B, CTL.value, L, **f32), x.new_empty(2, **f32), x.new_empty(B, cdiv(L, config[0]), D, **f32))
+            x.new_empty(B, CTL.value, L, **f32), x.new_empty(2, **f32), x.new_empty(B, cdiv(L, c.K), D, **f32),
+            prefix_counters(B, L, D, K=c.K, BN=c.BN, G=c.G, device=x.device, empty=x.new_empty))
 
 
 @torch.library.custom_op("samu::samu_bwd", mutates_args=())
 def samu_bwd(dy: torch.Tensor, dfinal: Optional[torch.Tensor], x: torch.Tensor, nu: torch.Tensor,
              theta_log: torch.Tensor, directions: torch.Tensor, amplitudes: torch.Tensor, has_h0: bool,
-             ctl: torch.Tensor, rnorm: torch.Tensor, bound: torch.Tensor, cu_seqlens: Optional[torch.Tensor],
-             initial_state: Optional[torch.Tensor], radial_bound: float, config: list[int]
+             ctl: torch.Tensor, rnorm: torch.Tensor, bound: torch.Tensor, count: torch.Tensor,
+             cu_seqlens: Optional[torch.Tensor], initial_state: Optional[torch.Tensor], radial_bound: float,
+             config: list[int]
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    # the counters go back to zero within the backward's launch: not a mutation seen from outside
     dx, dnu, dtheta, ddir, damp, dh0 = _bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl,
-                                            rnorm, bound, cu_seqlens, initial_state, radial_bound, config)
-    # custom ops return fresh tensors: views of one buffer are copied out
-    dh0 = dh0 if has_h0 else x.new_empty(0, dtype=torch.float32)
-    return dx, dnu.clone(), dtheta.clone(), ddir.clone(), damp.clone(), dh0
+                                            rnorm, bound, count, cu_seqlens, initial_state, radial_bound, config)
+    return dx, dnu, dtheta, ddir, damp, dh0 if has_h0 else x.new_empty(0, dtype=torch.float32)
 
 
 @samu_bwd.register_fake
-def _(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, cu_seqlens, initial_state,
-      radial_bound, config):
+def _(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, count, cu_seqlens,
+      initial_state, radial_bound, config):
     B, L, D = x.shape
     f32 = dict(device=x.device, dtype=torch.float32)
     return (x.new_empty(B, L, D), x.new_empty(D // 2, **f32), x.new_empty(D // 2, **f32),
@@ -111,36 +113,36 @@ def _(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, 
 
 
 def _save(ctx, x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config, ctl, rnorm,
-          bound):
+          bound, count):
     # packed, the backward restarts each sequence from its initial state, so it is kept (else it is in bound)
     kept = () if cu_seqlens is None else (cu_seqlens,) + (() if initial_state is None else (initial_state,))
     # an output the caller drops (training drops the final state) gets None, not zeros: the backward
     # then skips its cotangent (packed, a gather per token the kernels would do for nothing)
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(x, nu, theta_log, directions, amplitudes, ctl, rnorm, bound, *kept)
+    ctx.save_for_backward(x, nu, theta_log, directions, amplitudes, ctl, rnorm, bound, count, *kept)
     ctx.radial_bound, ctx.config = radial_bound, config
     ctx.has_h0 = initial_state is not None
 
 
 def _gradients(ctx, dy, dfinal, backward):
     """Input and parameter gradients from the saved context, with ``backward`` = the op or ``_bwd``."""
-    x, nu, theta_log, directions, amplitudes, ctl, rnorm, bound, *kept = ctx.saved_tensors
+    x, nu, theta_log, directions, amplitudes, ctl, rnorm, bound, count, *kept = ctx.saved_tensors
     cu_seqlens, initial_state = (kept + [None, None])[:2]
     dy = torch.zeros_like(x) if dy is None else dy.contiguous()
     dfinal = None if dfinal is None else dfinal.float().contiguous()
     dx, dnu, dtheta, ddir, damp, dh0 = backward(dy, dfinal, x, nu, theta_log, directions, amplitudes, ctx.has_h0,
-                                                ctl, rnorm, bound, cu_seqlens, initial_state, ctx.radial_bound,
+                                                ctl, rnorm, bound, count, cu_seqlens, initial_state, ctx.radial_bound,
                                                 ctx.config)
     return dx, dnu, dtheta, ddir, damp, (dh0 if ctx.has_h0 else None), None, None, None, None
 
 
 def _setup_context(ctx, inputs, output):
-    _, _, ctl, rnorm, bound = output
-    _save(ctx, *inputs[:-1], ctl, rnorm, bound)
-    ctx.mark_non_differentiable(ctl, rnorm, bound)
+    _, _, ctl, rnorm, bound, count = output
+    _save(ctx, *inputs[:-1], ctl, rnorm, bound, count)
+    ctx.mark_non_differentiable(ctl, rnorm, bound, count)
 
 
-def _backward(ctx, dy, dfinal, _dctl, _drnorm, _dbound):
+def _backward(ctx, dy, dfinal, _dctl, _drnorm, _dbound, _dcount):
     return _gradients(ctx, dy, dfinal, samu_bwd)
 
 
@@ -154,10 +156,10 @@ class _Eager(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config,
                 want_final):
-        y, final, ctl, rnorm, bound = _fwd(x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens,
-                                           radial_bound, config, want_final)
+        y, final, ctl, rnorm, bound, count = _fwd(x, nu, theta_log, directions, amplitudes, initial_state,
+                                                  cu_seqlens, radial_bound, config, want_final)
         _save(ctx, x, nu, theta_log, directions, amplitudes, initial_state, cu_seqlens, radial_bound, config, ctl,
-              rnorm, bound)
+              rnorm, bound, count)
         return y, final
 
     @staticmethod
@@ -211,9 +213,11 @@ def _scratch(config_of):
         n_slots = slot_count(B * n_chunks * n_tiles, sms, c.slots_per_sm)
         grouped = c.G > 1
         words = (B * D * (8 * n_chunks + grouped * (4 * n_chunks + 4 * n_groups) + 2 * n_groups)
-                 + B * L * (8 + 2 * n_tiles) + n_slots * c.K * 2 * BM + 4 * B * cdiv(L, CONTROLLER_TOKENS))
+                 + B * L * (8 + 2 * n_tiles) + n_slots * c.K * 2 * BM + 4 * B * cdiv(L, CONTROLLER_TOKENS)
+                 + B * cdiv(D // 2, c.BN) * (n_groups + 1))
         formula = (f"4*(B*D*(8*nC + [G>1]*(4*nC + 4*nG) + 2*nG) + B*L*(8 + 2*ceil(D/(2*BM))) + n_slots*K*2*BM"
-                   f" + 4*B*ceil(L/{CONTROLLER_TOKENS})) with K={c.K}, BM={BM}, G={c.G}, n_slots={n_slots}")
+                   f" + 4*B*ceil(L/{CONTROLLER_TOKENS}) + B*ceil(D/(2*BN))*(nG + 1)) with K={c.K}, BN={c.BN}, BM={BM},"
+                   f" G={c.G}, n_slots={n_slots}")
         return formula, 4 * words
     return scratch
 

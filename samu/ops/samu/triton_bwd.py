@@ -2,9 +2,9 @@
 
 Kernels, in launch order:
   _adjoint_summary_kernel  per chunk: the map of delta_t = conj(lambda_{t+1}) delta_{t+1} + g_t over it
-                           (and the chunk's trig planes)
-  _compose_kernel x2       (triton_fwd.prefix, reverse) group-local and outer prefixes of those maps:
-                           the adjoint entering every chunk from its right
+                           (and the chunk's trig planes); then, by the last programs to finish
+                           (triton_fwd._prefix_tail, reverse), the group-local and outer prefixes of those
+                           maps: the adjoint entering every chunk from its right
   _main_kernel             persistent; per (chunk, mode tile): delta walked right to left into a
                            per-program slot, then h_{t-1} walked left to right beside it; writes the
                            per-token controller partials and per-mode partial sums
@@ -14,7 +14,8 @@ Kernels, in launch order:
 Packed calls (VARLEN, the chunk words of packing_triton.chunk_boundaries) cut the adjoint where the next
 token opens a sequence, add each sequence's final-state cotangent where it closes, and take h_{t-1} = the
 sequence's initial state where it opens.
-Extra layouts (fp32): rsum, rck [B, nC, 2, D], right [B, nG, D] mirror csum, ck, start;
+Extra layouts (fp32): rsum, rck [B, nC, 2, D], rgroups [B, nG, 2, D], right [B, nG, D] mirror csum, ck,
+groups, start (and the forward's prefix counters serve again);
 slots [n_slots, K, 2 main_BN]; part [B, 2, ceil(N / main_BN), L] (the main kernel's mode tiles); dp [B, 2, L];
 trig [B, 2, L] (cos phi, sin phi, rebuilt from the saved phi by the adjoint summaries);
 rows [B * nC, 3 D] = (w dL/dw | dL/dpsi | du_0 | du_1) partials; dA_rows [*, 4].
@@ -29,7 +30,7 @@ import triton.language as tl
 from samu.ops.packing_triton import chunk_bits, first_sequence, last_sequence, opens_at, sequence_after, sequence_before
 from samu.ops.samu.triton_fwd import (CTL, _both, _cfma, _clamp, _controls_of, _entering, _fetch_controls, _fetch_pair,
                                       _fetch_token, _gamma, _gamma_squared, _input_of, _load_pair, _mode_row, _restart,
-                                      _store_pair, _store_quad, _transition, prefix)
+                                      _prefix_tail, _store_pair, _store_quad, _transition, prefix_buffers)
 from samu.ops.triton_utils import cdiv, exp_flushed, launch, prefetch_l2, tanh
 
 
@@ -96,9 +97,12 @@ def _walk_words(words, i_c, n_chunks, VARLEN: tl.constexpr):
 
 
 @triton.jit
-def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, words, dfinal, L, D, N, n_chunks, K: tl.constexpr,
-                            BN: tl.constexpr, U: tl.constexpr, VARLEN: tl.constexpr, HAS_DF: tl.constexpr):
-    """Map (Q, F) from the adjoint entering chunk i_c from its right to the adjoint at its first token.
+def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, rck, rgroups, right, init, count, words, dfinal, L, D,
+                            N, n_chunks, G, K: tl.constexpr, BN: tl.constexpr, U: tl.constexpr, VARLEN: tl.constexpr,
+                            HAS_DF: tl.constexpr, HAS_INIT: tl.constexpr):
+    """Map (Q, F) from the adjoint entering chunk i_c from its right to the adjoint at its first token, then the
+    prefix over the chunks from the right (triton_fwd._prefix_tail, REVERSE: rck, rgroups, right from the final
+    state's cotangent ``init``).
 
     The forward's trig planes are not saved (spec §3.1): every program evaluates cos and sin of phi for the K
     tokens whose lambda its walk takes (the chunk's second token to the next chunk's first), one token a lane,
@@ -145,6 +149,8 @@ def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, words, dfinal, L
         p_g -= D
     off = (i_b.to(tl.int64) * n_chunks + i_c) * 2 * D + i_n
     _store_quad(rsum, off, N, D, b_qr, b_qi, b_fr, b_fi, mask_n)
+    _prefix_tail(rsum, rck, rgroups, right, init, count, i_c, i_j, i_b, n_chunks, G, D, N, i_n, mask_n, BN=BN,
+                 HAS_INIT=HAS_INIT, REVERSE=True)
 
 
 @triton.jit
@@ -364,12 +370,12 @@ def _dx_kernel(x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, d
 
 
 @triton.jit
-def _reduce_kernel(rows, dA_rows, theta_log, rnorm, out, dA, n_rows, n_dA_rows, D, N,
+def _reduce_kernel(rows, dA_rows, theta_log, rnorm, dnu, dtheta, ddir, dA, n_rows, n_dA_rows, D, N,
                    BR: tl.constexpr, BC: tl.constexpr):
     """Column sums of the partial rows in a fixed order, scaled into parameter gradients.
 
     Columns: [0, N) w dL/dw -> dnu; [N, 2N) dL/dpsi -> dtheta_log (times theta);
-    [2N, 2N + D) and [2N + D, 3D) -> d directions (times r_0, r_1). The last program sums dA.
+    [2N, 2N + D) and [2N + D, 3D) -> d directions [2, D] (times r_0, r_1). The last program sums dA.
     """
     i_col = tl.program_id(0)
     if i_col * BC < 3 * D:
@@ -384,7 +390,10 @@ def _reduce_kernel(rows, dA_rows, theta_log, rnorm, out, dA, n_rows, n_dA_rows, 
         b_theta = tl.exp(tl.load(theta_log + (i_x - N), mask=(i_x >= N) & (i_x < D), other=0.0))
         b_scale = tl.where(i_x < N, 1.0, tl.where(i_x < D, b_theta,
                            tl.where(i_x < 2 * D, tl.load(rnorm), tl.load(rnorm + 1))))
-        tl.store(out + i_x, b_sum * b_scale, mask=mask_x)
+        b_grad = b_sum * b_scale
+        tl.store(dnu + i_x, b_grad, mask=i_x < N)
+        tl.store(dtheta + (i_x - N), b_grad, mask=(i_x >= N) & (i_x < D))
+        tl.store(ddir + (i_x - D), b_grad, mask=(i_x >= D) & mask_x)
     else:
         i_a = tl.arange(0, 4)
         b_acc4 = tl.zeros([BR, 4], dtype=tl.float32)
@@ -412,11 +421,12 @@ def _slots(device, n_items: int, per_sm: int) -> int:
     return min(n_items, 3)
 
 
-def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, radial_bound, *,
+def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm, bound, count, radial_bound, *,
         K, BN, G, unroll, main_BN=0, num_warps=1, slots_per_sm=16, empty=torch.empty, words=None, h0=None):
     """Backward pass. Returns dx (x.dtype), dnu, dtheta_log, ddirections, damplitudes, dh0 (or None).
     Packed (``words``, as fwd): dfinal and dh0 are [N, D], and ``h0`` is the initial state [N, D] (or None).
-    ``main_BN``: the main kernel's mode tile (0: BN); it alone fixes the layout of ``part``."""
+    ``main_BN``: the main kernel's mode tile (0: BN); it alone fixes the layout of ``part``. ``count``: the
+    forward's prefix counters (zero)."""
     B, L, D = x.shape
     varlen = words is not None
     # packed, each sequence's final-state cotangent enters where it closes (in the walks)
@@ -429,10 +439,13 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     f32 = dict(device=x.device, dtype=torch.float32)
     rsum = empty(B, n_chunks, 2, D, **f32)
     trig = empty(B, 2, L, **f32)  # cos phi, sin phi, rebuilt by the adjoint summaries
-    launch(_adjoint_summary_kernel, (n_chunks, n_tiles, B), dy, ctl, trig, nu, theta_log, rsum, words_arg, df_arg, L, D,
-           N, n_chunks, K=K, BN=BN, U=unroll, VARLEN=varlen, HAS_DF=has_df, num_warps=num_warps)
+    rck, rgroups, right = prefix_buffers(rsum, G, empty=empty)
     # the final-state cotangent is the adjoint entering from the right end (tokens past L are identity)
-    rck, right = prefix(rsum, None if varlen else dfinal, G=G, BN=BN, reverse=True, empty=empty)
+    has_init = not varlen and dfinal is not None
+    launch(_adjoint_summary_kernel, (n_chunks, n_tiles, B), dy, ctl, trig, nu, theta_log, rsum,
+           rsum if rck is None else rck, rgroups, right, dfinal if has_init else rsum, count, words_arg, df_arg, L, D,
+           N, n_chunks, G, K=K, BN=BN, U=unroll, VARLEN=varlen, HAS_DF=has_df, HAS_INIT=has_init,
+           num_warps=num_warps)
     rck = rck if G > 1 else right
     n_groups = right.shape[1]
     main_BN = main_BN or BN
@@ -456,10 +469,10 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     launch(_dx_kernel, (n_chunks, n_tiles, B), x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, dp, dx,
            rows, words_arg, df_arg, L, D, N, n_chunks, n_groups, K=K, BN=BN, U=unroll, G=G, VARLEN=varlen,
            HAS_DF=has_df, num_warps=num_warps)
-    out = empty(3 * D, **f32)
-    dA = empty(4, **f32)
+    dnu, dtheta, ddir = empty(N, **f32), empty(N, **f32), empty(2, D, **f32)
+    dA = empty(2, 2, **f32)
     # ~200 narrow column blocks with 8 KB loads in flight each; BR fixes the order of the column sums
     BC = 32
-    launch(_reduce_kernel, (cdiv(3 * D, BC) + 1,), rows, dA_rows, theta_log, rnorm, out, dA, B * n_chunks,
-           B * n_tb, D, N, BR=64, BC=BC, num_warps=4)
-    return dx, out[:N], out[N:D], out[D:].view(2, D), dA.view(2, 2), dh0
+    launch(_reduce_kernel, (cdiv(3 * D, BC) + 1,), rows, dA_rows, theta_log, rnorm, dnu, dtheta, ddir, dA,
+           B * n_chunks, B * n_tb, D, N, BR=64, BC=BC, num_warps=4)
+    return dx, dnu, dtheta, ddir, dA, dh0

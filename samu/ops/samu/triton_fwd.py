@@ -1,4 +1,4 @@
-"""SAMU forward in Triton: controller, chunk summaries with a group-local prefix, outer prefix, replay.
+"""SAMU forward in Triton: controller, chunk summaries with the group-local and outer prefixes, replay.
 
 Every chunk is walked token by token with the modes of a tile spread over the threads, so each
 thread runs the recurrence of its own modes in registers (no cross-thread scan). Per-token
@@ -13,6 +13,7 @@ Layouts (fp32 unless noted; complex quantities in fused coordinates, real parts 
   ck        [B, nC, 2, D]   per chunk: the same composed over the group's chunks before it
   groups    [B, nG, 2, D]   per group: the same over the whole group
   start     [B, nG, D]      state entering each group (outer prefix)
+  count     [B, tiles, nG + 1] int32  the prefix's arrival counters (prefix_counters, _prefix_tail)
   bound     [B, nC, D]      state entering each chunk (saved for backward)
   words     [3, nC] int32   packed calls (B = 1): each chunk's opening bits, first and last sequence
                             (packing_triton.chunk_boundaries)
@@ -28,7 +29,8 @@ import triton
 import triton.language as tl
 
 from samu.ops.packing_triton import chunk_bits, first_sequence, opens_at, sequence_after
-from samu.ops.triton_utils import cast_to, cdiv, exp_flushed, launch, next_power_of_2, one_minus_exp_neg_small, tanh
+from samu.ops.triton_utils import (arrive, cast_to, cdiv, exp_flushed, launch, next_power_of_2, one_minus_exp_neg_small,
+                                  tanh)
 
 CTL = tl.constexpr(4)  # planes of ctl: p0, p1, m, phi
 
@@ -173,9 +175,10 @@ def _input_of(m, c, s, b_zr, b_zi, valid, b_rate, b_ch, b_cl, b_sh, b_sl):
 
 
 @triton.jit
-def _controller_kernel(x, directions, amplitudes, ctl, trig, rnorm, L, D, kappa,
+def _controller_kernel(x, directions, amplitudes, ctl, trig, rnorm, count, n_count, L, D, kappa,
                        BT: tl.constexpr, BD: tl.constexpr):
-    """p = <u_j / ||u_j||, x_t>, c = A p, m = exp(k tanh(c0 / k)), phi = c1 for BT tokens."""
+    """p = <u_j / ||u_j||, x_t>, c = A p, m = exp(k tanh(c0 / k)), phi = c1 for BT tokens; the first program also
+    zeroes the call's ``n_count`` prefix counters (prefix_counters)."""
     i_tb, i_b = tl.program_id(0), tl.program_id(1)
     i_t = i_tb * BT + tl.arange(0, BT)
     mask_t = i_t < L
@@ -213,13 +216,18 @@ def _controller_kernel(x, directions, amplitudes, ctl, trig, rnorm, L, D, kappa,
     if (i_tb == 0) & (i_b == 0):
         tl.store(rnorm, b_r0)
         tl.store(rnorm + 1, b_r1)
+        for i0 in range(0, n_count, BD):
+            i = i0 + tl.arange(0, BD)
+            tl.store(count + i, tl.zeros([BD], dtype=tl.int32), mask=i < n_count)
 
 
 @triton.jit
-def _summary_kernel(x, ctl, trig, nu, theta_log, csum, words, h0, L, D, N, n_chunks, K: tl.constexpr, BN: tl.constexpr,
-                    U: tl.constexpr, VARLEN: tl.constexpr, HAS_H0: tl.constexpr):
-    """(prod lambda, state reached from zero) of one chunk, for one mode tile. Packed (VARLEN), where a
-    sequence opens the product restarts from zero and the state from that sequence's initial state."""
+def _summary_kernel(x, ctl, trig, nu, theta_log, csum, ck, groups, start, init, count, words, h0, L, D, N, n_chunks, G,
+                    K: tl.constexpr, BN: tl.constexpr, U: tl.constexpr, VARLEN: tl.constexpr, HAS_H0: tl.constexpr,
+                    HAS_INIT: tl.constexpr):
+    """(prod lambda, state reached from zero) of one chunk, for one mode tile, then the prefix over the chunks
+    (_prefix_tail: ck, groups, start from the initial state ``init``). Packed (VARLEN), where a sequence opens the
+    product restarts from zero and the state from that sequence's initial state."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
@@ -254,6 +262,8 @@ def _summary_kernel(x, ctl, trig, nu, theta_log, csum, words, h0, L, D, N, n_chu
         p_x += D
     off = (i_b.to(tl.int64) * n_chunks + i_c) * 2 * D + i_n
     _store_quad(csum, off, N, D, b_pr, b_pi, b_er, b_ei, mask_n)
+    _prefix_tail(csum, ck, groups, start, init, count, i_c, i_j, i_b, n_chunks, G, D, N, i_n, mask_n, BN=BN,
+                 HAS_INIT=HAS_INIT, REVERSE=False)
 
 
 @triton.jit
@@ -266,18 +276,15 @@ def _fetch_map(summ, i_b, i, n_items, D, N, i_n, mask_n):
 
 
 @triton.jit
-def _compose_kernel(summ, init, enter, total, n_items, span, D, N,
-                    BN: tl.constexpr, HAS_INIT: tl.constexpr, MAPS: tl.constexpr, REVERSE: tl.constexpr):
-    """Compose the affine maps (P, E) of ``span`` consecutive items (right to left if REVERSE).
+def _compose_span(summ, init, enter, total, i_b, i_g, n_items, span, n_spans, D, N, i_n, mask_n, BN: tl.constexpr,
+                  HAS_INIT: tl.constexpr, MAPS: tl.constexpr, REVERSE: tl.constexpr):
+    """Compose the affine maps (P, E) of span ``i_g`` of ``summ`` [B, n_items, 2, D] (its ``span`` consecutive items
+    from i_g * span; right to left if REVERSE) for one mode tile and batch row.
 
-    Program (g, tile, batch row) starts from the identity map, or from the state ``init`` (the map
-    (0, init)); before each item it stores the running composition (the map, or with MAPS false
-    only its state part, into ``enter``), and it stores the whole span's composition in ``total``.
-    The group-local prefix is span = G over chunk summaries; the outer prefix is one span over groups.
+    Starts from the identity map, or from the state ``init`` (the map (0, init)); before each item stores the
+    running composition (the map, or with MAPS false only its state part, into ``enter``), and stores the whole
+    span's composition as item i_g of the ``n_spans`` items of ``total`` (MAPS only).
     """
-    i_g, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n = i_j * BN + tl.arange(0, BN)
-    mask_n = i_n < N
     b_pr = tl.full([BN], 0.0 if HAS_INIT else 1.0, dtype=tl.float32)
     b_pi = tl.zeros([BN], dtype=tl.float32)
     if HAS_INIT:
@@ -306,31 +313,54 @@ def _compose_kernel(summ, init, enter, total, n_items, span, D, N,
         b_er, b_ei = _cfma(b_ar, b_ai, b_er, b_ei, b_br, b_bi)
         b_pr, b_pi = _cmul(b_ar, b_ai, b_pr, b_pi)
     if MAPS:
-        off = (i_b.to(tl.int64) * tl.num_programs(0) + i_g) * 2 * D + i_n
+        off = (i_b.to(tl.int64) * n_spans + i_g) * 2 * D + i_n
         _store_quad(total, off, N, D, b_pr, b_pi, b_er, b_ei, mask_n)
 
 
-def prefix(summ, init, *, G, BN, reverse=False, empty=torch.empty):
-    """Entering state of every chunk from per-chunk maps summ [B, nC, 2, D] (group-local prefix
-    within groups of G chunks, then an outer prefix over groups): returns (ck, start), where the
-    state entering chunk c is ck[c] applied to start[c // G] (ck is None when G = 1)."""
-    B, n_chunks, _, D = summ.shape
-    N = D // 2
-    n_tiles = cdiv(N, BN)
-    f32 = dict(device=summ.device, dtype=torch.float32)
-    ck, groups = None, summ
+@triton.jit
+def _prefix_tail(summ, ck, groups, start, init, count, i_c, i_j, i_b, n_chunks, G, D, N, i_n, mask_n,
+                 BN: tl.constexpr, HAS_INIT: tl.constexpr, REVERSE: tl.constexpr):
+    """The prefix over the chunk maps ``summ`` [B, nC, 2, D], run by the summary programs once their maps are stored
+    (program (i_c, i_j, i_b) has just stored chunk i_c's map for mode tile i_j of batch row i_b).
+
+    The last of a group's G chunk programs to arrive (triton_utils.arrive; the counters ``count`` [B, tiles, nG + 1],
+    zero on entry and left zero) composes the group: the map entering each of its chunks from the group's start
+    into ``ck`` [B, nC, 2, D], the group's whole map into ``groups`` [B, nG, 2, D]; the last group to finish (with
+    G = 1 the last chunk, and ``groups`` is ``summ``) composes the groups from ``init`` into ``start`` [B, nG, D],
+    the state entering each group. REVERSE: right to left (the backward's adjoint). Every composition runs in a
+    fixed order, so the prefix is the same whichever program arrives last.
+    """
+    n_groups = (n_chunks + G - 1) // G
+    p_count = count + (i_b.to(tl.int64) * tl.num_programs(1) + i_j) * (n_groups + 1)
+    outer = True
     if G > 1:
-        n_groups = cdiv(n_chunks, G)
-        ck = empty(B, n_chunks, 2, D, **f32)
-        groups = empty(B, n_groups, 2, D, **f32)
-        launch(_compose_kernel, (n_groups, n_tiles, B), summ, summ, ck, groups, n_chunks, G, D, N, BN=BN,
-               HAS_INIT=False, MAPS=True, REVERSE=reverse, num_warps=1)
-    n_groups = groups.shape[1]
-    start = empty(B, n_groups, D, **f32)
-    has_init = init is not None
-    launch(_compose_kernel, (1, n_tiles, B), groups, init if has_init else groups, start, groups, n_groups, n_groups,
-           D, N, BN=BN, HAS_INIT=has_init, MAPS=False, REVERSE=reverse, num_warps=1)
-    return ck, start
+        i_g = i_c // G
+        outer = arrive(p_count + i_g, tl.minimum(G, n_chunks - i_g * G))
+        if outer:
+            _compose_span(summ, summ, ck, groups, i_b, i_g, n_chunks, G, n_groups, D, N, i_n, mask_n, BN=BN,
+                          HAS_INIT=False, MAPS=True, REVERSE=REVERSE)
+            tl.store(p_count + i_g, 0)
+    if outer:
+        if arrive(p_count + n_groups, n_groups):
+            _compose_span(groups, init, start, groups, i_b, 0, n_groups, n_groups, 1, D, N, i_n, mask_n, BN=BN,
+                          HAS_INIT=HAS_INIT, MAPS=False, REVERSE=REVERSE)
+            tl.store(p_count + n_groups, 0)
+
+
+def prefix_buffers(summ, G, empty=torch.empty):
+    """(ck, groups, start) for _prefix_tail over the chunk maps ``summ`` [B, nC, 2, D] (ck is None and groups is
+    summ where G = 1)."""
+    B, n_chunks, _, D = summ.shape
+    n_groups = cdiv(n_chunks, G)
+    f32 = dict(device=summ.device, dtype=torch.float32)
+    ck, groups = (None, summ) if G == 1 else (empty(B, n_chunks, 2, D, **f32), empty(B, n_groups, 2, D, **f32))
+    return ck, groups, empty(B, n_groups, D, **f32)
+
+
+def prefix_counters(B, L, D, *, K, BN, G, device, empty=torch.empty):
+    """The int32 counters [B, tiles, nG + 1] of _prefix_tail for one call, forward and backward, uninitialised: the
+    forward's controller kernel zeroes them, and every launch that uses them leaves them zero."""
+    return empty(B, cdiv(D // 2, BN), cdiv(cdiv(L, K), G) + 1, device=device, dtype=torch.int32)
 
 
 @triton.jit
@@ -397,7 +427,8 @@ def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, word
 def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *, K, BN, G,
         unroll, num_warps=1, want_final=True, empty=torch.empty, words=None, n_seqs=None):
     """Forward pass. Returns y [B, L, D] (x.dtype), final [B, D] fp32 (or None), and the saved
-    tensors for backward: ctl [B, 4, L], rnorm [2], bound [B, nC, D] (spec §3.1's list).
+    tensors for backward: ctl [B, 4, L], rnorm [2], bound [B, nC, D] (spec §3.1's list), and the prefix
+    counters (prefix_counters: zero again once the forward is done; the backward's prefix uses them).
 
     Packed (``words``, packing_triton.chunk_boundaries with this K, and ``n_seqs`` = N, with B = 1):
     initial_state and final are [N, D], one row per sequence.
@@ -412,17 +443,20 @@ def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *
     ctl = empty(B, CTL.value, L, **f32)
     trig = empty(B, 2, L, **f32)
     rnorm = empty(2, **f32)
+    count = prefix_counters(B, L, D, K=K, BN=BN, G=G, device=x.device, empty=empty)
     BT = 16
-    launch(_controller_kernel, (cdiv(L, BT), B), x, directions, amplitudes, ctl, trig, rnorm, L, D, float(radial_bound),
-           BT=BT, BD=min(256, next_power_of_2(D)), num_warps=4)
+    launch(_controller_kernel, (cdiv(L, BT), B), x, directions, amplitudes, ctl, trig, rnorm, count, count.numel(), L,
+           D, float(radial_bound), BT=BT, BD=min(256, next_power_of_2(D)), num_warps=4)
     csum = empty(B, n_chunks, 2, D, **f32)
+    ck, groups, start = prefix_buffers(csum, G, empty=empty)
     # packed, each sequence's initial state enters where it opens (in the walks), not at the left end
     has_h0 = varlen and initial_state is not None
+    has_init = not varlen and initial_state is not None
     h0 = initial_state if has_h0 else csum
     words_arg = words if varlen else csum
-    launch(_summary_kernel, (n_chunks, n_tiles, B), x, ctl, trig, nu, theta_log, csum, words_arg, h0, L, D, N, n_chunks,
-           K=K, BN=BN, U=unroll, VARLEN=varlen, HAS_H0=has_h0, num_warps=num_warps)
-    ck, start = prefix(csum, None if varlen else initial_state, G=G, BN=BN, empty=empty)
+    launch(_summary_kernel, (n_chunks, n_tiles, B), x, ctl, trig, nu, theta_log, csum, csum if ck is None else ck,
+           groups, start, initial_state if has_init else csum, count, words_arg, h0, L, D, N, n_chunks, G, K=K, BN=BN,
+           U=unroll, VARLEN=varlen, HAS_H0=has_h0, HAS_INIT=has_init, num_warps=num_warps)
     n_groups = start.shape[1]
     y = empty(B, L, D, device=x.device, dtype=x.dtype)
     bound = empty(B, n_chunks, D, **f32)
@@ -430,4 +464,4 @@ def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *
     launch(_replay_kernel, (n_chunks, n_tiles, B), x, ctl, trig, nu, theta_log, ck if G > 1 else start, start, y, bound,
            final if want_final else bound, words_arg, h0, L, D, N, n_chunks, n_groups,
            K=K, BN=BN, U=unroll, G=G, HAS_FINAL=want_final, VARLEN=varlen, HAS_H0=has_h0, num_warps=num_warps)
-    return y, final, ctl, rnorm, bound
+    return y, final, ctl, rnorm, bound, count
