@@ -9,7 +9,7 @@ STAGES="${STAGES:-ncu prof}"
 . scripts/stage.sh
 workspace call4.log
 stage ncu 240 env OUT=$W bash scripts/gpu_ncu.sh rglru triton_chunked 1,32768,2048 _rglru_bwd_dw_kernel 2>&1 | tail -4
-rm -f $W/ncu/*.ncu-rep
+rm -f $W/ncu/*.ncu-rep $W/ncu.tar.gz
 save
 stage prof 150 $PY results/dev/session8/scripts/trainprof.py p16 2>&1 | grep -v "^\s*$" | tail -25
 save
