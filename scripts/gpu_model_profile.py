@@ -37,7 +37,7 @@ from samu.train import _deterministic  # noqa: E402
 KINDS = (
     ("attention", r"flash|fmha|attention|sdpa"),
     ("gemm", r"gemm|cutlass|xmma|nvjet|cublas|wgmma|splitk"),
-    ("samu mixer", r"^_(main|dx|summary|replay|compose|controller|adjoint_summary|reduce)_kernel"),
+    ("samu mixer", r"^_(main|dx|summary|replay|controller|adjoint_summary|reduce)_kernel"),
     ("rglru mixer", r"^_rglru"),
     ("packing", r"chunk_boundaries"),
     ("block glue", r"^_conv_gelu"),

@@ -6,8 +6,7 @@
 # Runs one forward + backward three times (scripts/gpu_profile.py's inputs) and profiles the third launch of
 # each KERNEL with the full section set, clocks left alone (--clock-control none). A kernel launched more than
 # once per forward + backward is counted over all its launches: the third of SAMU's _controller_kernel is the
-# second call's forward one, of its _compose_kernel (grouped variant) the first call's backward group-local prefix,
-# of RG-LRU's _rglru_chunk_kernel the second call's summary pass. Writes, per kernel,
+# second call's forward one, of RG-LRU's _rglru_chunk_kernel the second call's summary pass. Writes, per kernel,
 # $OUT/ncu/KERNEL.txt (the details page: throughput, occupancy, warp stall reasons) and KERNEL-source.csv
 # (per SASS instruction: executions and stall samples), and $OUT/ncu.tar.gz of the folder.
 set -u
