@@ -106,11 +106,13 @@ def test_deterministic_bits(G):
         assert torch.equal(a, b)
 
 
-def test_saves_only_what_spec_3_1_allows():
+@pytest.mark.parametrize("G", [1, 2])
+def test_saves_only_spec_3_1_and_the_prefix_counters(G):
     """Saved for backward besides x and the parameters: p, (m, phi) [B, 4, L], the boundary states
     [B, ceil(L/K), D] fp32 and the two direction norms; nothing per token and mode. Beside them, the prefix
     counters, which hold no value of the forward: a few int32 zeros a call, which the backward's prefix counts
-    on (so that it needs no launch to zero its own)."""
+    with (so that it needs no launch to zero its own; docs/spec.md notes it). The backward leaves them zero
+    too, so a second backward of the same graph gives the same bits."""
     from samu.ops.samu.function import run
 
     B, L, D, K = 2, 21, 10, 8
@@ -119,18 +121,25 @@ def test_saves_only_what_spec_3_1_allows():
     h0 = randn((B, D), 6, device=DEVICE).requires_grad_()
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        y, _ = run(x, *params, h0, 2.0, _config(K, 4, 2))
+        y, h = run(x, *params, h0, 2.0, _config(K, 4, G))
     inputs = {t.data_ptr() for t in [x, h0, *params]}
     extra = sorted((tuple(t.shape), t.dtype) for t in saved if t.data_ptr() not in inputs)
     n_chunks = -(-L // K)
     # the two direction norms 1 / ||u_j|| are derived from a parameter, not per-token state
-    counters = (B, 2, -(-n_chunks // 2) + 1)   # batch rows, mode tiles (N = 5 modes, 4 a tile), groups + 1
+    # counters: batch rows, mode tiles (N = 5 modes, 4 a tile), one a group (G > 1) and the outer one
+    counters = (B, 2, (-(-n_chunks // G) if G > 1 else 0) + 1)
     assert extra == sorted([((2,), torch.float32), ((B, 4, L), torch.float32), ((B, n_chunks, D), torch.float32),
                             (counters, torch.int32)])
-    (count,) = [t for t in saved if t.dtype == torch.int32]
-    assert torch.equal(count, torch.zeros_like(count))
     # and nothing is kept beside save_for_backward
     assert not [k for k, v in vars(y.grad_fn).items() if isinstance(v, torch.Tensor)]
+    (count,) = [t for t in saved if t.dtype == torch.int32]
+    assert torch.equal(count, torch.zeros_like(count))
+    grads = []
+    for _ in range(2):
+        grads.append(torch.autograd.grad((y * y).sum() + h.sum(), [x, h0, *params], retain_graph=True))
+        assert torch.equal(count, torch.zeros_like(count))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
 
 
 def test_rtu_degeneration():
@@ -273,6 +282,32 @@ def test_compiles_without_graph_breaks():
         want = torch.autograd.grad(packed_loss(x, offsets, *params), [x, *params])
         for a, b in zip(got, want):
             assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["triton_serial", "triton_grouped"])
+def test_prefix_composed_by_any_arrival_gives_the_same_bits(variant):
+    """On the GPU a group's summary programs finish in any order, so any of them may compose the group's prefix (the
+    interpreter runs them in order: the last chunk always does). Many groups, a ragged last group (94 chunks of 32
+    tokens in groups of 16) and a ragged last mode tile (500 modes in tiles of 128): five calls give the same bits,
+    and the call passes the gate."""
+    B, L, D = 3, 3000, 1000
+    x = randn((B, L, D), 1, device=DEVICE)
+    params = samu_params(D, 2, device=DEVICE)
+    h0 = randn((B, D), 3, device=DEVICE)
+
+    def mixer(*args, **kw):
+        return samu.samu_mixer(*args, backend=variant, **kw)
+
+    runs = []
+    for _ in range(5):
+        y, h = mixer(x, *params, initial_state=h0, output_final_state=True)
+        grads = torch.autograd.grad((y * y).sum() + h.sum(), [x, h0, *params])
+        runs.append([y, h, *grads])
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
+    assert_gate(gate_check("samu", mixer, torch.float32, B, L, D, seed=4, device=DEVICE))
 
 
 @pytest.mark.gpu

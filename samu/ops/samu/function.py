@@ -96,7 +96,8 @@ def samu_bwd(dy: torch.Tensor, dfinal: Optional[torch.Tensor], x: torch.Tensor, 
              cu_seqlens: Optional[torch.Tensor], initial_state: Optional[torch.Tensor], radial_bound: float,
              config: list[int]
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    # the counters go back to zero within the backward's launch: not a mutation seen from outside
+    # the prefix counters go back to zero within the backward's launch: not a mutation seen from outside, as long as
+    # one launch at a time uses them (triton_fwd.prefix_counters)
     dx, dnu, dtheta, ddir, damp, dh0 = _bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl,
                                             rnorm, bound, count, cu_seqlens, initial_state, radial_bound, config)
     return dx, dnu, dtheta, ddir, damp, dh0 if has_h0 else x.new_empty(0, dtype=torch.float32)
@@ -203,7 +204,8 @@ def grouped_config(B: int, L: int, D: int) -> Config:
 
 
 def _scratch(config_of):
-    """Analytic fp32 scratch of one forward + backward (README.md, "What is saved, and scratch")."""
+    """Analytic scratch of one forward + backward, in bytes (4-byte words: fp32 buffers and the int32 prefix counters;
+    README.md, "What is saved, and scratch")."""
     def scratch(B, L, D):
         c = config_of(B, L, D)
         BM = c.main_BN or c.BN  # the main backward's tile: its slots and the partial sums' tiles
@@ -214,10 +216,10 @@ def _scratch(config_of):
         grouped = c.G > 1
         words = (B * D * (8 * n_chunks + grouped * (4 * n_chunks + 4 * n_groups) + 2 * n_groups)
                  + B * L * (8 + 2 * n_tiles) + n_slots * c.K * 2 * BM + 4 * B * cdiv(L, CONTROLLER_TOKENS)
-                 + B * cdiv(D // 2, c.BN) * (n_groups + 1))
+                 + B * cdiv(D // 2, c.BN) * (grouped * n_groups + 1))
         formula = (f"4*(B*D*(8*nC + [G>1]*(4*nC + 4*nG) + 2*nG) + B*L*(8 + 2*ceil(D/(2*BM))) + n_slots*K*2*BM"
-                   f" + 4*B*ceil(L/{CONTROLLER_TOKENS}) + B*ceil(D/(2*BN))*(nG + 1)) with K={c.K}, BN={c.BN}, BM={BM},"
-                   f" G={c.G}, n_slots={n_slots}")
+                   f" + 4*B*ceil(L/{CONTROLLER_TOKENS}) + B*ceil(D/(2*BN))*([G>1]*nG + 1)) with K={c.K}, BN={c.BN},"
+                   f" BM={BM}, G={c.G}, n_slots={n_slots}")
         return formula, 4 * words
     return scratch
 
@@ -238,7 +240,8 @@ def _numerics(c: Config) -> str:
     # parenthesisation, slots do not (the walks' tile BN is named too, though each walk is per mode); the unroll
     # factor changes which products the compiler contracts into fused multiply-adds; v, the kernels' numerics
     # version, changes with any kernel change that moves a bit, so that no gate record of earlier kernels covers
-    # these. Warps are named only where they are not 1 (dispatch runs one)
+    # these (session 16's prefix inside the summary kernels moved none: the same bits at 18 cases on an H200,
+    # results/dev/session16/call5/same.txt). Warps are named only where they are not 1 (dispatch runs one)
     warps = "" if c.num_warps == 1 else f",W={c.num_warps}"
     return f"v=6,K={c.K},BN={c.BN},BM={c.main_BN or c.BN},G={c.G},U={c.unroll}{warps}"
 

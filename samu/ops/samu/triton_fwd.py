@@ -175,6 +175,90 @@ def _input_of(m, c, s, b_zr, b_zi, valid, b_rate, b_ch, b_cl, b_sh, b_sl):
 
 
 @triton.jit
+def _fetch_map(summ, i_b, i, n_items, D, N, i_n, mask_n):
+    """Item i's affine map (P, E) of a [B, n_items, 2, D] tile, [BN] each."""
+    off = (i_b.to(tl.int64) * n_items + i) * 2 * D + i_n
+    b_ar, b_ai = _load_pair(summ, off, N, mask_n)
+    b_br, b_bi = _load_pair(summ, off + D, N, mask_n)
+    return b_ar, b_ai, b_br, b_bi
+
+
+@triton.jit
+def _compose_span(summ, init, enter, total, i_b, i_g, n_items, span, n_spans, D, N, i_n, mask_n, BN: tl.constexpr,
+                  HAS_INIT: tl.constexpr, MAPS: tl.constexpr, REVERSE: tl.constexpr):
+    """Compose the affine maps (P, E) of span ``i_g`` of ``summ`` [B, n_items, 2, D] (its ``span`` consecutive items
+    from i_g * span; right to left if REVERSE) for one mode tile and batch row.
+
+    Starts from the identity map, or from the state ``init`` (the map (0, init)); before each item stores the
+    running composition (the map, or with MAPS false only its state part, into ``enter``), and stores the whole
+    span's composition as item i_g of the ``n_spans`` items of ``total`` (MAPS only).
+    """
+    b_pr = tl.full([BN], 0.0 if HAS_INIT else 1.0, dtype=tl.float32)
+    b_pi = tl.zeros([BN], dtype=tl.float32)
+    if HAS_INIT:
+        b_er, b_ei = _load_pair(init, i_b.to(tl.int64) * D + i_n, N, mask_n)
+    else:
+        b_er = tl.zeros([BN], dtype=tl.float32)
+        b_ei = tl.zeros([BN], dtype=tl.float32)
+    first = i_g * span
+    last = tl.minimum(first + span, n_items)
+    # each item's map is fetched an item ahead (like the token walks' loads), so the composition's chain
+    # does not wait for it
+    i = last - 1 if REVERSE else first
+    b_ar1, b_ai1, b_br1, b_bi1 = _fetch_map(summ, i_b, i, n_items, D, N, i_n, mask_n)
+    for i_s in range(last - first):
+        i = last - 1 - i_s if REVERSE else first + i_s
+        b_ar, b_ai, b_br, b_bi = b_ar1, b_ai1, b_br1, b_bi1
+        # the last item's fetch is clamped into the span: the item past it may be another program's, being written
+        i_next = tl.minimum(tl.maximum(i - 1 if REVERSE else i + 1, first), last - 1)
+        b_ar1, b_ai1, b_br1, b_bi1 = _fetch_map(summ, i_b, i_next, n_items, D, N, i_n, mask_n)
+        if MAPS:
+            off = (i_b.to(tl.int64) * n_items + i) * 2 * D + i_n
+            _store_quad(enter, off, N, D, b_pr, b_pi, b_er, b_ei, mask_n)
+        else:
+            off = (i_b.to(tl.int64) * n_items + i) * D + i_n
+            tl.store(enter + off, b_er, mask=mask_n)
+            tl.store(enter + off + N, b_ei, mask=mask_n)
+        b_er, b_ei = _cfma(b_ar, b_ai, b_er, b_ei, b_br, b_bi)
+        b_pr, b_pi = _cmul(b_ar, b_ai, b_pr, b_pi)
+    if MAPS:
+        off = (i_b.to(tl.int64) * n_spans + i_g) * 2 * D + i_n
+        _store_quad(total, off, N, D, b_pr, b_pi, b_er, b_ei, mask_n)
+
+
+@triton.jit
+def _prefix_tail(summ, ck, groups, start, init, count, i_c, i_j, i_b, n_chunks, G, D, N, i_n, mask_n,
+                 BN: tl.constexpr, HAS_INIT: tl.constexpr, REVERSE: tl.constexpr):
+    """The prefix over the chunk maps ``summ`` [B, nC, 2, D], run by the summary programs once their maps are stored
+    (program (i_c, i_j, i_b) has just stored chunk i_c's map for mode tile i_j of batch row i_b).
+
+    The last of a group's G chunk programs to arrive (triton_utils.arrive; the counters ``count`` of prefix_counters,
+    zero on entry and left zero) composes the group: the map entering each of its chunks from the group's start
+    into ``ck`` [B, nC, 2, D], the group's whole map into ``groups`` [B, nG, 2, D]; the last group to finish (with
+    G = 1 the last chunk, and ``groups`` is ``summ``) composes the groups from ``init`` into ``start`` [B, nG, D],
+    the state entering each group. REVERSE: right to left (the backward's adjoint). Every composition runs in a
+    fixed order, so the prefix is the same whichever program arrives last.
+    """
+    n_groups = (n_chunks + G - 1) // G
+    # per (batch row, mode tile): a counter a group, then the outer one (the outer one alone where G = 1)
+    n_inner = n_groups if G > 1 else 0
+    p_count = count + (i_b.to(tl.int64) * tl.num_programs(1) + i_j) * (n_inner + 1)
+    outer = True
+    if G > 1:
+        i_g = i_c // G
+        outer = arrive(p_count + i_g, tl.minimum(G, n_chunks - i_g * G))
+        if outer:
+            _compose_span(summ, summ, ck, groups, i_b, i_g, n_chunks, G, n_groups, D, N, i_n, mask_n, BN=BN,
+                          HAS_INIT=False, MAPS=True, REVERSE=REVERSE)
+            tl.store(p_count + i_g, 0)
+    if outer:
+        if arrive(p_count + n_inner, n_groups):
+            _compose_span(groups, init, start, groups, i_b, 0, n_groups, n_groups, 1, D, N, i_n, mask_n, BN=BN,
+                          HAS_INIT=HAS_INIT, MAPS=False, REVERSE=REVERSE)
+            tl.store(p_count + n_inner, 0)
+
+
+@triton.jit
 def _controller_kernel(x, directions, amplitudes, ctl, trig, rnorm, count, n_count, L, D, kappa,
                        BT: tl.constexpr, BD: tl.constexpr):
     """p = <u_j / ||u_j||, x_t>, c = A p, m = exp(k tanh(c0 / k)), phi = c1 for BT tokens; the first program also
@@ -216,9 +300,9 @@ def _controller_kernel(x, directions, amplitudes, ctl, trig, rnorm, count, n_cou
     if (i_tb == 0) & (i_b == 0):
         tl.store(rnorm, b_r0)
         tl.store(rnorm + 1, b_r1)
-        for i0 in range(0, n_count, BD):
-            i = i0 + tl.arange(0, BD)
-            tl.store(count + i, tl.zeros([BD], dtype=tl.int32), mask=i < n_count)
+        for i_k0 in range(0, n_count, BD):
+            i_k = i_k0 + tl.arange(0, BD)
+            tl.store(count + i_k, tl.zeros([BD], dtype=tl.int32), mask=i_k < n_count)
 
 
 @triton.jit
@@ -264,103 +348,6 @@ def _summary_kernel(x, ctl, trig, nu, theta_log, csum, ck, groups, start, init, 
     _store_quad(csum, off, N, D, b_pr, b_pi, b_er, b_ei, mask_n)
     _prefix_tail(csum, ck, groups, start, init, count, i_c, i_j, i_b, n_chunks, G, D, N, i_n, mask_n, BN=BN,
                  HAS_INIT=HAS_INIT, REVERSE=False)
-
-
-@triton.jit
-def _fetch_map(summ, i_b, i, n_items, D, N, i_n, mask_n):
-    """Item i's affine map (P, E) of a [B, n_items, 2, D] tile, [BN] each."""
-    off = (i_b.to(tl.int64) * n_items + i) * 2 * D + i_n
-    b_ar, b_ai = _load_pair(summ, off, N, mask_n)
-    b_br, b_bi = _load_pair(summ, off + D, N, mask_n)
-    return b_ar, b_ai, b_br, b_bi
-
-
-@triton.jit
-def _compose_span(summ, init, enter, total, i_b, i_g, n_items, span, n_spans, D, N, i_n, mask_n, BN: tl.constexpr,
-                  HAS_INIT: tl.constexpr, MAPS: tl.constexpr, REVERSE: tl.constexpr):
-    """Compose the affine maps (P, E) of span ``i_g`` of ``summ`` [B, n_items, 2, D] (its ``span`` consecutive items
-    from i_g * span; right to left if REVERSE) for one mode tile and batch row.
-
-    Starts from the identity map, or from the state ``init`` (the map (0, init)); before each item stores the
-    running composition (the map, or with MAPS false only its state part, into ``enter``), and stores the whole
-    span's composition as item i_g of the ``n_spans`` items of ``total`` (MAPS only).
-    """
-    b_pr = tl.full([BN], 0.0 if HAS_INIT else 1.0, dtype=tl.float32)
-    b_pi = tl.zeros([BN], dtype=tl.float32)
-    if HAS_INIT:
-        b_er, b_ei = _load_pair(init, i_b.to(tl.int64) * D + i_n, N, mask_n)
-    else:
-        b_er = tl.zeros([BN], dtype=tl.float32)
-        b_ei = tl.zeros([BN], dtype=tl.float32)
-    first = i_g * span
-    last = tl.minimum(first + span, n_items)
-    # each item's map is fetched an item ahead (like the token walks' loads), so the composition's chain
-    # does not wait for it
-    i = last - 1 if REVERSE else first
-    b_ar1, b_ai1, b_br1, b_bi1 = _fetch_map(summ, i_b, i, n_items, D, N, i_n, mask_n)
-    for i_s in range(last - first):
-        i = last - 1 - i_s if REVERSE else first + i_s
-        b_ar, b_ai, b_br, b_bi = b_ar1, b_ai1, b_br1, b_bi1
-        i_next = tl.minimum(tl.maximum(i - 1 if REVERSE else i + 1, 0), n_items - 1)
-        b_ar1, b_ai1, b_br1, b_bi1 = _fetch_map(summ, i_b, i_next, n_items, D, N, i_n, mask_n)
-        if MAPS:
-            off = (i_b.to(tl.int64) * n_items + i) * 2 * D + i_n
-            _store_quad(enter, off, N, D, b_pr, b_pi, b_er, b_ei, mask_n)
-        else:
-            off = (i_b.to(tl.int64) * n_items + i) * D + i_n
-            tl.store(enter + off, b_er, mask=mask_n)
-            tl.store(enter + off + N, b_ei, mask=mask_n)
-        b_er, b_ei = _cfma(b_ar, b_ai, b_er, b_ei, b_br, b_bi)
-        b_pr, b_pi = _cmul(b_ar, b_ai, b_pr, b_pi)
-    if MAPS:
-        off = (i_b.to(tl.int64) * n_spans + i_g) * 2 * D + i_n
-        _store_quad(total, off, N, D, b_pr, b_pi, b_er, b_ei, mask_n)
-
-
-@triton.jit
-def _prefix_tail(summ, ck, groups, start, init, count, i_c, i_j, i_b, n_chunks, G, D, N, i_n, mask_n,
-                 BN: tl.constexpr, HAS_INIT: tl.constexpr, REVERSE: tl.constexpr):
-    """The prefix over the chunk maps ``summ`` [B, nC, 2, D], run by the summary programs once their maps are stored
-    (program (i_c, i_j, i_b) has just stored chunk i_c's map for mode tile i_j of batch row i_b).
-
-    The last of a group's G chunk programs to arrive (triton_utils.arrive; the counters ``count`` [B, tiles, nG + 1],
-    zero on entry and left zero) composes the group: the map entering each of its chunks from the group's start
-    into ``ck`` [B, nC, 2, D], the group's whole map into ``groups`` [B, nG, 2, D]; the last group to finish (with
-    G = 1 the last chunk, and ``groups`` is ``summ``) composes the groups from ``init`` into ``start`` [B, nG, D],
-    the state entering each group. REVERSE: right to left (the backward's adjoint). Every composition runs in a
-    fixed order, so the prefix is the same whichever program arrives last.
-    """
-    n_groups = (n_chunks + G - 1) // G
-    p_count = count + (i_b.to(tl.int64) * tl.num_programs(1) + i_j) * (n_groups + 1)
-    outer = True
-    if G > 1:
-        i_g = i_c // G
-        outer = arrive(p_count + i_g, tl.minimum(G, n_chunks - i_g * G))
-        if outer:
-            _compose_span(summ, summ, ck, groups, i_b, i_g, n_chunks, G, n_groups, D, N, i_n, mask_n, BN=BN,
-                          HAS_INIT=False, MAPS=True, REVERSE=REVERSE)
-            tl.store(p_count + i_g, 0)
-    if outer:
-        if arrive(p_count + n_groups, n_groups):
-            _compose_span(groups, init, start, groups, i_b, 0, n_groups, n_groups, 1, D, N, i_n, mask_n, BN=BN,
-                          HAS_INIT=HAS_INIT, MAPS=False, REVERSE=REVERSE)
-            tl.store(p_count + n_groups, 0)
-
-
-def prefix_buffers(summ, G, empty=torch.empty):
-    """(ck, groups, start) for _prefix_tail over the chunk maps ``summ`` [B, nC, 2, D] (ck is None and groups is
-    summ where G = 1)."""
-    B, n_chunks, _, D = summ.shape
-    n_groups = cdiv(n_chunks, G)
-    f32 = dict(device=summ.device, dtype=torch.float32)
-    ck, groups = (None, summ) if G == 1 else (empty(B, n_chunks, 2, D, **f32), empty(B, n_groups, 2, D, **f32))
-    return ck, groups, empty(B, n_groups, D, **f32)
-
-
-def prefix_counters(B, L, D, *, K, BN, G, device, empty=torch.empty):
-    """The int32 counters [B, tiles, nG + 1] of _prefix_tail for one call, forward and backward, uninitialised: the
-    forward's controller kernel zeroes them, and every launch that uses them leaves them zero."""
-    return empty(B, cdiv(D // 2, BN), cdiv(cdiv(L, K), G) + 1, device=device, dtype=torch.int32)
 
 
 @triton.jit
@@ -422,6 +409,24 @@ def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, word
     if HAS_FINAL and not VARLEN:
         # tokens past L are identity steps, so the chunk's last state is the state after token L-1
         _store_pair(final, i_b.to(tl.int64) * D + i_n, N, b_hr, b_hi, _both(mask_n, i_c == n_chunks - 1))
+
+
+def prefix_buffers(summ, G, empty=torch.empty):
+    """(ck, groups, start) for _prefix_tail over the chunk maps ``summ`` [B, nC, 2, D] (ck is None and groups is
+    summ where G = 1)."""
+    B, n_chunks, _, D = summ.shape
+    n_groups = cdiv(n_chunks, G)
+    f32 = dict(device=summ.device, dtype=torch.float32)
+    ck, groups = (None, summ) if G == 1 else (empty(B, n_chunks, 2, D, **f32), empty(B, n_groups, 2, D, **f32))
+    return ck, groups, empty(B, n_groups, D, **f32)
+
+
+def prefix_counters(B, L, D, *, K, BN, G, device, empty=torch.empty):
+    """The int32 arrival counters of _prefix_tail for one call, forward and backward, uninitialised: [B, tiles,
+    nG + 1] (one a group, then the outer one; [B, tiles, 1] where G = 1). The forward's controller kernel zeroes
+    them and every launch that uses them leaves them zero, so one launch at a time may use them: the backward runs
+    on the forward's stream after it (two backwards of one graph at once on two streams would share them)."""
+    return empty(B, cdiv(D // 2, BN), (cdiv(cdiv(L, K), G) if G > 1 else 0) + 1, device=device, dtype=torch.int32)
 
 
 def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *, K, BN, G,
