@@ -4,6 +4,8 @@
 #   SAMU_GIT_COMMIT=<HEAD's full hex> PYTHONPATH=$PWD bash results/dev/session16/scripts/call5.sh
 # 1. both SAMU variants against the previous kernels to the bit (call 3's 9 cases);
 # 2. the SAMU GPU tests, with the new one (a prefix composed by whichever program arrives last).
+# The call ran with the `same` stages' limits at 100 and 60 s, and the second was cut (its kernels compiled afresh);
+# they are 150 s here for the rerun it owes.
 set -u
 cd "$(dirname "$0")/../../../.."
 S=results/dev/session16/scripts
@@ -11,8 +13,8 @@ STAGES="${STAGES:-same tests}"
 . scripts/stage.sh
 workspace call5.log
 OLD=$PWD/old16
-stage same 100 env PYTHONPATH=$OLD $PY $S/bitsame.py $OLD $W/old.pt 2>&1 | tail -1
-stage same 60 $PY $S/bitsame.py $PWD $W/new.pt 2>&1 | tail -1
+stage same 150 env PYTHONPATH=$OLD $PY $S/bitsame.py $OLD $W/old.pt 2>&1 | tail -1
+stage same 150 $PY $S/bitsame.py $PWD $W/new.pt 2>&1 | tail -1
 $PY - "$W" <<'PYEOF' 2>&1 | tee "$W/same.txt" | tail -1
 import sys, torch
 a, b = torch.load(f"{sys.argv[1]}/old.pt"), torch.load(f"{sys.argv[1]}/new.pt")
