@@ -442,11 +442,9 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     rck, rgroups, right = prefix_buffers(rsum, G, empty=empty)
     # the final-state cotangent is the adjoint entering from the right end (tokens past L are identity)
     has_init = not varlen and dfinal is not None
-    launch(_adjoint_summary_kernel, (n_chunks, n_tiles, B), dy, ctl, trig, nu, theta_log, rsum,
-           rsum if rck is None else rck, rgroups, right, dfinal if has_init else rsum, count, words_arg, df_arg, L, D,
-           N, n_chunks, G, K=K, BN=BN, U=unroll, VARLEN=varlen, HAS_DF=has_df, HAS_INIT=has_init,
-           num_warps=num_warps)
-    rck = rck if G > 1 else right
+    launch(_adjoint_summary_kernel, (n_chunks, n_tiles, B), dy, ctl, trig, nu, theta_log, rsum, rck, rgroups, right,
+           dfinal if has_init else rsum, count, words_arg, df_arg, L, D, N, n_chunks, G, K=K, BN=BN, U=unroll,
+           VARLEN=varlen, HAS_DF=has_df, HAS_INIT=has_init, num_warps=num_warps)
     n_groups = right.shape[1]
     main_BN = main_BN or BN
     main_tiles = cdiv(N, main_BN)

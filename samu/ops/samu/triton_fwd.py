@@ -13,7 +13,8 @@ Layouts (fp32 unless noted; complex quantities in fused coordinates, real parts 
   ck        [B, nC, 2, D]   per chunk: the same composed over the group's chunks before it
   groups    [B, nG, 2, D]   per group: the same over the whole group
   start     [B, nG, D]      state entering each group (outer prefix)
-  count     [B, tiles, nG + 1] int32  the prefix's arrival counters (prefix_counters, _prefix_tail)
+  count     [B, tiles, nG + 1] int32  the prefix's arrival counters (prefix_counters, _prefix_tail; [B, tiles, 1]
+                            where G = 1)
   bound     [B, nC, D]      state entering each chunk (saved for backward)
   words     [3, nC] int32   packed calls (B = 1): each chunk's opening bits, first and last sequence
                             (packing_triton.chunk_boundaries)
@@ -412,12 +413,12 @@ def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, word
 
 
 def prefix_buffers(summ, G, empty=torch.empty):
-    """(ck, groups, start) for _prefix_tail over the chunk maps ``summ`` [B, nC, 2, D] (ck is None and groups is
-    summ where G = 1)."""
+    """(ck, groups, start) for _prefix_tail over the chunk maps ``summ`` [B, nC, 2, D]. Where G = 1 ck and groups are
+    summ itself: the group maps are the chunk maps, and no kernel reads ck (every read of it is under G > 1)."""
     B, n_chunks, _, D = summ.shape
     n_groups = cdiv(n_chunks, G)
     f32 = dict(device=summ.device, dtype=torch.float32)
-    ck, groups = (None, summ) if G == 1 else (empty(B, n_chunks, 2, D, **f32), empty(B, n_groups, 2, D, **f32))
+    ck, groups = (summ, summ) if G == 1 else (empty(B, n_chunks, 2, D, **f32), empty(B, n_groups, 2, D, **f32))
     return ck, groups, empty(B, n_groups, D, **f32)
 
 
@@ -459,14 +460,14 @@ def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *
     has_init = not varlen and initial_state is not None
     h0 = initial_state if has_h0 else csum
     words_arg = words if varlen else csum
-    launch(_summary_kernel, (n_chunks, n_tiles, B), x, ctl, trig, nu, theta_log, csum, csum if ck is None else ck,
-           groups, start, initial_state if has_init else csum, count, words_arg, h0, L, D, N, n_chunks, G, K=K, BN=BN,
-           U=unroll, VARLEN=varlen, HAS_H0=has_h0, HAS_INIT=has_init, num_warps=num_warps)
+    launch(_summary_kernel, (n_chunks, n_tiles, B), x, ctl, trig, nu, theta_log, csum, ck, groups, start,
+           initial_state if has_init else csum, count, words_arg, h0, L, D, N, n_chunks, G, K=K, BN=BN, U=unroll,
+           VARLEN=varlen, HAS_H0=has_h0, HAS_INIT=has_init, num_warps=num_warps)
     n_groups = start.shape[1]
     y = empty(B, L, D, device=x.device, dtype=x.dtype)
     bound = empty(B, n_chunks, D, **f32)
     final = empty(n_seqs if varlen else B, D, **f32) if want_final else None
-    launch(_replay_kernel, (n_chunks, n_tiles, B), x, ctl, trig, nu, theta_log, ck if G > 1 else start, start, y, bound,
+    launch(_replay_kernel, (n_chunks, n_tiles, B), x, ctl, trig, nu, theta_log, ck, start, y, bound,
            final if want_final else bound, words_arg, h0, L, D, N, n_chunks, n_groups,
            K=K, BN=BN, U=unroll, G=G, HAS_FINAL=want_final, VARLEN=varlen, HAS_H0=has_h0, num_warps=num_warps)
     return y, final, ctl, rnorm, bound, count

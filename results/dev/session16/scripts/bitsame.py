@@ -1,8 +1,25 @@
 """Session 16 (issue 12): the SAMU Triton variants' outputs and gradients at a set of shapes, saved, so that two trees
 can be compared to the bit (the prefix moved into the summary kernels' last programs must not move a bit).
-Usage: python bitsame.py ROOT OUT.pt  (imports samu and tests.helpers from ROOT)."""
+Usage: python bitsame.py ROOT OUT.pt  (imports samu and tests.helpers from ROOT);
+       python bitsame.py compare OLD.pt NEW.pt  (prints each case, same or DIFF, and a count)."""
 import sys
 
+
+def compare(old, new):
+    import torch
+
+    a, b = torch.load(old), torch.load(new)
+    bad = 0
+    for k in a:
+        same = k in b and len(a[k]) == len(b[k]) and all(torch.equal(u, v) for u, v in zip(a[k], b[k]))
+        bad += not same
+        print(("same  " if same else "DIFF  ") + k)
+    print(f"{len(a) - bad} of {len(a)} cases equal to the bit ({len(b)} new)")
+
+
+if sys.argv[1] == "compare":
+    compare(sys.argv[2], sys.argv[3])
+    sys.exit()
 root, out = sys.argv[1], sys.argv[2]
 sys.path.insert(0, root)
 import torch  # noqa: E402

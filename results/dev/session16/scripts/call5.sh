@@ -5,7 +5,7 @@
 # 1. both SAMU variants against the previous kernels to the bit (call 3's 9 cases);
 # 2. the SAMU GPU tests, with the new one (a prefix composed by whichever program arrives last).
 # The call ran with the `same` stages' limits at 100 and 60 s, and the second was cut (its kernels compiled afresh);
-# they are 150 s here for the rerun it owes.
+# they are 150 s here for the rerun it owes, and the comparison is bitsame.py's own (the same code call 3 ran inline).
 set -u
 cd "$(dirname "$0")/../../../.."
 S=results/dev/session16/scripts
@@ -15,16 +15,7 @@ workspace call5.log
 OLD=$PWD/old16
 stage same 150 env PYTHONPATH=$OLD $PY $S/bitsame.py $OLD $W/old.pt 2>&1 | tail -1
 stage same 150 $PY $S/bitsame.py $PWD $W/new.pt 2>&1 | tail -1
-$PY - "$W" <<'PYEOF' 2>&1 | tee "$W/same.txt" | tail -1
-import sys, torch
-a, b = torch.load(f"{sys.argv[1]}/old.pt"), torch.load(f"{sys.argv[1]}/new.pt")
-bad = 0
-for k in a:
-    same = k in b and len(a[k]) == len(b[k]) and all(torch.equal(u, v) for u, v in zip(a[k], b[k]))
-    bad += not same
-    print(("same  " if same else "DIFF  ") + k)
-print(f"{len(a) - bad} of {len(a)} cases equal to the bit ({len(b)} new)")
-PYEOF
+$PY $S/bitsame.py compare $W/old.pt $W/new.pt 2>&1 | tee "$W/same.txt" | tail -1
 rm -f $W/old.pt $W/new.pt
 save
 stage tests 150 $PY -m pytest -q -p no:cacheprovider --tb=short -m gpu tests/ops/test_samu_triton.py > "$W/tests.log" 2>&1
