@@ -220,18 +220,13 @@ def inv_rms(v, n, eps):
 
 
 @triton.jit
-def prefetch(p, L1: tl.constexpr = False):
-    """Ask the L2 cache (with ``L1``, this multiprocessor's L1 too) for the lines at pointers ``p`` (any shape)
-    ahead of the loads that will read them: no register waits for the line and no value changes (PTX
-    ``prefetch.global.L2`` / ``.L1``, NVIDIA GPUs only, as dispatch.triton_unusable says; nothing in the
-    interpreter)."""
+def prefetch_l2(p):
+    """Ask the L2 cache for the lines at pointers ``p`` (any shape) ahead of the loads that will read them: no
+    register waits for the line and no value changes (PTX ``prefetch.global.L2``, NVIDIA GPUs only, as
+    dispatch.triton_unusable says; nothing in the interpreter)."""
     if not _INTERPRETED:
-        if L1:
-            tl.inline_asm_elementwise("prefetch.global.L1 [$1];\n\tmov.u32 $0, 0;", "=r,l", [p], dtype=tl.int32,
-                                      is_pure=False, pack=1)
-        else:
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [p], dtype=tl.int32,
-                                      is_pure=False, pack=1)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [p], dtype=tl.int32,
+                                  is_pure=False, pack=1)
 
 
 @triton.jit
@@ -269,8 +264,3 @@ def arrive(count, members):
     seen = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
     fence_gpu()
     return seen == members - 1
-
-
-def _cap(name):  # TEMPORARY exploration
-    v = os.environ.get("CAP" + name)
-    return {"maxnreg": int(v)} if v else {}

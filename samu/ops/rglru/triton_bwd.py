@@ -103,7 +103,7 @@ def _scan_adjoint(b_af, b_dyf, K: tl.constexpr, MATH: tl.constexpr):
 @triton.jit
 def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e, m_t, X_PARTS: tl.constexpr,
                       ORDER: tl.constexpr, NPB: tl.constexpr, WC: tl.constexpr, K: tl.constexpr, BJ: tl.constexpr,
-                      MATH: tl.constexpr, opens, b_h0, VARLEN: tl.constexpr, HAS_H0: tl.constexpr):
+                      MATH: tl.constexpr, opens, b_h0, one, VARLEN: tl.constexpr, HAS_H0: tl.constexpr):
     """What WC chunks of one channel tile contribute, as [BJ, WC, K] tiles.
 
     xa, xb: parts of the head's input rows (two column pieces); wa, wb: the (gate a, gate x) weight
@@ -149,6 +149,10 @@ def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
     # tokens past L carry the adjoint through but contribute nothing: every cotangent below is a
     # multiple of delta (padded channels have delta = 0 already)
     b_delta = tl.where(m_t[None, :, :], _flip_tokens(b_v + b_q * b_e[:, :, None], K, MATH), 0.0)
+    if VARLEN and not HAS_H0:
+        # the gates' own a again (the same bits): through the scans only the restarted one is held, where the packed
+        # kernels spill; gate a times ``one`` (a runtime 1) keeps the compiler from merging it with the first
+        b_at = tl.where(m_t[None, :, :], _decay(b_csp[:, None, None] * (b_ga * one), MATH)[0], 1.0)
 
     # pointwise cotangents; b = multiplier * gate_x * x
     b_dm = b_delta * b_mult
@@ -338,8 +342,8 @@ def _rglru_bwd_dw_kernel(
                                                                                  other=0.0)
         tl.store(estates + o_s, b_e, mask=m_s)
         b_dza, b_dzx, _, b_dlga, b_dh = _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
-                                                          m_t, X_PARTS, 2, NPB, WC, K, BJ, MATH, opens, b_h0, VARLEN,
-                                                          HAS_H0)
+                                                          m_t, X_PARTS, 2, NPB, WC, K, BJ, MATH, opens, b_h0, one,
+                                                          VARLEN, HAS_H0)
         if VARLEN:
             if HAS_H0:
                 tl.store(dh0 + i_n[None, :, :].to(tl.int64) * D + o_d[:, None, None], b_dh,
@@ -469,7 +473,7 @@ def _rglru_bwd_dx_kernel(
             b_e = tl.load(estates + o_s, mask=m_s, other=0.0)
             b_dza, b_dzx, b_direct, _, _ = _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin,
                                                              b_e, m_t, X_PARTS, DX_ORDER, NPB, WC, K, BJ, MATH,
-                                                             opens, b_h0, VARLEN, HAS_H0)
+                                                             opens, b_h0, one, VARLEN, HAS_H0)
             # dx += dz w^T over this tile's channels (ORDER 1 keeps ~2^-16, enough for bf16 / fp16 dx);
             # the direct term enters through the identity slab E[j, i] = [i == channel j] (exact: one part)
             dza = _split3(_rows(b_dza, WC, K, BJ))

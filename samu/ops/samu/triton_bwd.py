@@ -31,7 +31,7 @@ from samu.ops.packing_triton import chunk_bits, first_sequence, last_sequence, o
 from samu.ops.samu.triton_fwd import (CTL, _both, _cfma, _clamp, _controls_of, _entering, _fetch_controls, _fetch_pair,
                                       _fetch_token, _gamma, _gamma_squared, _input_of, _load_pair, _mode_row, _restart,
                                       _prefix_tail, _store_pair, _store_quad, _transition, prefix_buffers)
-from samu.ops.triton_utils import cdiv, exp_flushed, launch, prefetch, tanh
+from samu.ops.triton_utils import cdiv, exp_flushed, launch, prefetch_l2, tanh
 
 
 # tokens between a prefetch into L2 (_prefetch_token) and the walk's load of the same tile
@@ -48,8 +48,8 @@ def _prefetch_token(x, i_b, t, i_j, L, N, D, BN: tl.constexpr):
     last = tl.minimum(BN, N - i_j * BN) - 1
     for j in tl.static_range(0, BN, LINE):
         q = p + tl.minimum(j, last)
-        prefetch(q)
-        prefetch(q + N)
+        prefetch_l2(q)
+        prefetch_l2(q + N)
 
 
 @triton.jit
@@ -444,7 +444,7 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     has_init = not varlen and dfinal is not None
     launch(_adjoint_summary_kernel, (n_chunks, n_tiles, B), dy, ctl, trig, nu, theta_log, rsum, rck, rgroups, right,
            dfinal if has_init else rsum, count, words_arg, df_arg, L, D, N, n_chunks, G, K=K, BN=BN, U=unroll,
-           VARLEN=varlen, HAS_DF=has_df, HAS_INIT=has_init, num_warps=num_warps, **__import__('samu.ops.triton_utils',fromlist=['x'])._cap('_adjoint_summary_kernel'))
+           VARLEN=varlen, HAS_DF=has_df, HAS_INIT=has_init, num_warps=num_warps)
     n_groups = right.shape[1]
     main_BN = main_BN or BN
     main_tiles = cdiv(N, main_BN)
@@ -466,7 +466,7 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     dx = empty(B, L, D, device=x.device, dtype=x.dtype)
     launch(_dx_kernel, (n_chunks, n_tiles, B), x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, dp, dx,
            rows, words_arg, df_arg, L, D, N, n_chunks, n_groups, K=K, BN=BN, U=unroll, G=G, VARLEN=varlen,
-           HAS_DF=has_df, num_warps=num_warps, **__import__('samu.ops.triton_utils',fromlist=['x'])._cap('_dx_kernel'))
+           HAS_DF=has_df, num_warps=num_warps)
     dnu, dtheta, ddir = empty(N, **f32), empty(N, **f32), empty(2, D, **f32)
     dA = empty(2, 2, **f32)
     # ~200 narrow column blocks with 8 KB loads in flight each; BR fixes the order of the column sums

@@ -31,11 +31,9 @@ import triton.language as tl
 
 from samu.ops.packing_triton import chunk_bits, first_sequence, opens_at, sequence_after
 from samu.ops.triton_utils import (arrive, cast_to, cdiv, exp_flushed, launch, next_power_of_2, one_minus_exp_neg_small,
-                                  prefetch, tanh)
+                                  tanh)
 
 CTL = tl.constexpr(4)  # planes of ctl: p0, p1, m, phi
-# items of a span (_compose_span) between a map's prefetch into L1 and its fetch into registers
-COMPOSE_AHEAD = tl.constexpr(8)
 
 
 @triton.jit
@@ -187,29 +185,10 @@ def _fetch_map(summ, i_b, i, n_items, D, N, i_n, mask_n):
 
 
 @triton.jit
-def _prefetch_map(summ, i_b, i, n_items, D, N, n0, BN: tl.constexpr):
-    """Item i's map of a [B, n_items, 2, D] tile, modes n0 .. n0 + BN - 1 (cut at N), into L1
-    (triton_utils.prefetch): one prefetch a 128-byte line, the map's lines spread over the lanes."""
-    LINE: tl.constexpr = 1024 // summ.dtype.element_ty.primitive_bitwidth   # elements a line
-    LINES: tl.constexpr = (BN + LINE - 1) // LINE                            # lines a [BN] part
-    i_l = tl.arange(0, 4 * LINES)
-    part = i_l // LINES   # (P re, P im, E re, E im)
-    off = (part % 2) * N + (part // 2) * D + tl.minimum((i_l % LINES) * LINE, tl.minimum(BN, N - n0) - 1)
-    prefetch(summ + (i_b.to(tl.int64) * n_items + i) * 2 * D + n0 + off, L1=True)
-
-
-@triton.jit
-def _span_item(s, first, last, REVERSE: tl.constexpr):
-    """Item s of the span [first, last) in walking order, clamped to its last."""
-    s = tl.minimum(s, last - first - 1)
-    return last - 1 - s if REVERSE else first + s
-
-
-@triton.jit
-def _compose_span(summ, init, enter, total, i_b, i_g, n_items, span, n_spans, D, N, i_n, mask_n, n0,
-                  BN: tl.constexpr, HAS_INIT: tl.constexpr, MAPS: tl.constexpr, REVERSE: tl.constexpr):
+def _compose_span(summ, init, enter, total, i_b, i_g, n_items, span, n_spans, D, N, i_n, mask_n, BN: tl.constexpr,
+                  HAS_INIT: tl.constexpr, MAPS: tl.constexpr, REVERSE: tl.constexpr):
     """Compose the affine maps (P, E) of span ``i_g`` of ``summ`` [B, n_items, 2, D] (its ``span`` consecutive items
-    from i_g * span; right to left if REVERSE) for one mode tile (modes i_n, from n0) and batch row.
+    from i_g * span; right to left if REVERSE) for one mode tile and batch row.
 
     Starts from the identity map, or from the state ``init`` (the map (0, init)); before each item stores the
     running composition (the map, or with MAPS false only its state part, into ``enter``), and stores the whole
@@ -224,20 +203,16 @@ def _compose_span(summ, init, enter, total, i_b, i_g, n_items, span, n_spans, D,
         b_ei = tl.zeros([BN], dtype=tl.float32)
     first = i_g * span
     last = tl.minimum(first + span, n_items)
-    # every map was stored moments ago by another program, so each fetch is an L2 round trip, long next to one
-    # composition: the maps are prefetched into L1 COMPOSE_AHEAD items ahead (no registers held), and each is
-    # fetched into registers an item ahead. Both stay inside the span: the item past it may be another program's,
-    # being written
-    for i_s in tl.static_range(COMPOSE_AHEAD):
-        _prefetch_map(summ, i_b, _span_item(i_s, first, last, REVERSE), n_items, D, N, n0, BN)
-    b_ar1, b_ai1, b_br1, b_bi1 = _fetch_map(summ, i_b, _span_item(0, first, last, REVERSE), n_items, D, N, i_n,
-                                            mask_n)
+    # each item's map is fetched an item ahead (like the token walks' loads), so the composition's chain
+    # does not wait for it
+    i = last - 1 if REVERSE else first
+    b_ar1, b_ai1, b_br1, b_bi1 = _fetch_map(summ, i_b, i, n_items, D, N, i_n, mask_n)
     for i_s in range(last - first):
         i = last - 1 - i_s if REVERSE else first + i_s
         b_ar, b_ai, b_br, b_bi = b_ar1, b_ai1, b_br1, b_bi1
-        b_ar1, b_ai1, b_br1, b_bi1 = _fetch_map(summ, i_b, _span_item(i_s + 1, first, last, REVERSE), n_items, D,
-                                                N, i_n, mask_n)
-        _prefetch_map(summ, i_b, _span_item(i_s + COMPOSE_AHEAD, first, last, REVERSE), n_items, D, N, n0, BN)
+        # the last item's fetch is clamped into the span: the item past it may be another program's, being written
+        i_next = tl.minimum(tl.maximum(i - 1 if REVERSE else i + 1, first), last - 1)
+        b_ar1, b_ai1, b_br1, b_bi1 = _fetch_map(summ, i_b, i_next, n_items, D, N, i_n, mask_n)
         if MAPS:
             off = (i_b.to(tl.int64) * n_items + i) * 2 * D + i_n
             _store_quad(enter, off, N, D, b_pr, b_pi, b_er, b_ei, mask_n)
@@ -274,13 +249,13 @@ def _prefix_tail(summ, ck, groups, start, init, count, i_c, i_j, i_b, n_chunks, 
         i_g = i_c // G
         outer = arrive(p_count + i_g, tl.minimum(G, n_chunks - i_g * G))
         if outer:
-            _compose_span(summ, summ, ck, groups, i_b, i_g, n_chunks, G, n_groups, D, N, i_n, mask_n, i_j * BN,
-                          BN=BN, HAS_INIT=False, MAPS=True, REVERSE=REVERSE)
+            _compose_span(summ, summ, ck, groups, i_b, i_g, n_chunks, G, n_groups, D, N, i_n, mask_n, BN=BN,
+                          HAS_INIT=False, MAPS=True, REVERSE=REVERSE)
             tl.store(p_count + i_g, 0)
     if outer:
         if arrive(p_count + n_inner, n_groups):
-            _compose_span(groups, init, start, groups, i_b, 0, n_groups, n_groups, 1, D, N, i_n, mask_n, i_j * BN,
-                          BN=BN, HAS_INIT=HAS_INIT, MAPS=False, REVERSE=REVERSE)
+            _compose_span(groups, init, start, groups, i_b, 0, n_groups, n_groups, 1, D, N, i_n, mask_n, BN=BN,
+                          HAS_INIT=HAS_INIT, MAPS=False, REVERSE=REVERSE)
             tl.store(p_count + n_inner, 0)
 
 
@@ -487,12 +462,12 @@ def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *
     words_arg = words if varlen else csum
     launch(_summary_kernel, (n_chunks, n_tiles, B), x, ctl, trig, nu, theta_log, csum, ck, groups, start,
            initial_state if has_init else csum, count, words_arg, h0, L, D, N, n_chunks, G, K=K, BN=BN, U=unroll,
-           VARLEN=varlen, HAS_H0=has_h0, HAS_INIT=has_init, num_warps=num_warps, **__import__('samu.ops.triton_utils',fromlist=['x'])._cap('_summary_kernel'))
+           VARLEN=varlen, HAS_H0=has_h0, HAS_INIT=has_init, num_warps=num_warps)
     n_groups = start.shape[1]
     y = empty(B, L, D, device=x.device, dtype=x.dtype)
     bound = empty(B, n_chunks, D, **f32)
     final = empty(n_seqs if varlen else B, D, **f32) if want_final else None
     launch(_replay_kernel, (n_chunks, n_tiles, B), x, ctl, trig, nu, theta_log, ck, start, y, bound,
            final if want_final else bound, words_arg, h0, L, D, N, n_chunks, n_groups,
-           K=K, BN=BN, U=unroll, G=G, HAS_FINAL=want_final, VARLEN=varlen, HAS_H0=has_h0, num_warps=num_warps, **__import__('samu.ops.triton_utils',fromlist=['x'])._cap('_replay_kernel'))
+           K=K, BN=BN, U=unroll, G=G, HAS_FINAL=want_final, VARLEN=varlen, HAS_H0=has_h0, num_warps=num_warps)
     return y, final, ctl, rnorm, bound, count
