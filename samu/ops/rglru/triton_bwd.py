@@ -149,9 +149,11 @@ def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
     # tokens past L carry the adjoint through but contribute nothing: every cotangent below is a
     # multiple of delta (padded channels have delta = 0 already)
     b_delta = tl.where(m_t[None, :, :], _flip_tokens(b_v + b_q * b_e[:, :, None], K, MATH), 0.0)
-    if VARLEN and not HAS_H0:
-        # the gates' own a again (the same bits): through the scans only the restarted one is held, where the packed
-        # kernels spill; gate a times ``one`` (a runtime 1) keeps the compiler from merging it with the first
+    if VARLEN and not HAS_H0 and MATH != 1:
+        # the gates' own a again, so that only the restarted one is held through the scans (the packed kernels
+        # spill); gate a times ``one`` (a runtime 1) keeps the compiler from merging it with the first. The same bits
+        # with the fast math (on the H200, 9 cases, session 17) and in the interpreter; not with the precise
+        # variant's libdevice expm1, whose second instance was compiled to other bits, so it keeps the first
         b_at = tl.where(m_t[None, :, :], _decay(b_csp[:, None, None] * (b_ga * one), MATH)[0], 1.0)
 
     # pointwise cotangents; b = multiplier * gate_x * x
