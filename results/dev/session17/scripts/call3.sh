@@ -3,6 +3,8 @@
 #   SAMU_GIT_COMMIT=<HEAD's full hex> PYTHONPATH=$PWD bash results/dev/session17/scripts/call3.sh
 # 1. same: bitsame_rglru.py for old17 and this tree (the recompute now skipped by the precise variant), compared;
 # 2. tests: scripts/gpu_packed.sh's tests stage (every packing test on the GPU).
+# Call 3 ran both stages with the 240 s limit, which cut the comparison (a fresh machine compiles both trees) and
+# the first tests stage; call 4 is this script with STAGES=same LIMIT=450.
 set -u
 cd "$(dirname "$0")/../../../.."
 S=results/dev/session17/scripts
@@ -10,10 +12,10 @@ STAGES="${STAGES:-same tests}"
 . scripts/stage.sh
 workspace call3.log
 if [[ " $STAGES " == *" same "* ]]; then
-  echo "=== same (limit 240s each, two at once)"
-  PYTHONPATH=$PWD/old17 timeout --signal=INT --kill-after=15 240 $PY $S/bitsame_rglru.py $PWD/old17 $W/o17.pt > $W/same_o17.log 2>&1 &
+  echo "=== same (limit ${LIMIT:-240}s each, two at once)"
+  PYTHONPATH=$PWD/old17 timeout --signal=INT --kill-after=15 ${LIMIT:-240} $PY $S/bitsame_rglru.py $PWD/old17 $W/o17.pt > $W/same_o17.log 2>&1 &
   p1=$!
-  timeout --signal=INT --kill-after=15 240 $PY $S/bitsame_rglru.py $PWD $W/new.pt > $W/same_new.log 2>&1 &
+  timeout --signal=INT --kill-after=15 ${LIMIT:-240} $PY $S/bitsame_rglru.py $PWD $W/new.pt > $W/same_new.log 2>&1 &
   p2=$!
   wait $p1; wait $p2
   $PY results/dev/session16/scripts/bitsame.py compare $W/o17.pt $W/new.pt 2>&1 | tee "$W/same.txt" | tail -1
