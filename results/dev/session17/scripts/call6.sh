@@ -23,7 +23,7 @@ save
 for t in head pA pB; do
   root=$PWD; [ $t != head ] && root=$PWD/$t
   mkdir -p $W/prof_$t
-  STAGES=profile stage profile 60 env PYTHONPATH=$root $PY $root/scripts/gpu_packed_profile.py --ops rglru --documents 16 --out $W/prof_$t 2>&1 | grep "^=="
+  STAGES=profile stage profile 70 env PYTHONPATH=$root $PY $root/scripts/gpu_packed_profile.py --ops rglru --documents 16 --out $W/prof_$t 2>&1 | grep "^=="
   save
 done
 for t in pA pB; do
