@@ -4,8 +4,10 @@
 # the recompute): git archive HEAD samu tests scripts | tar -x -C pA; patch -p1 < the patch (results/dev/session17/
 # patches/). Then SAMU_GIT_COMMIT=<HEAD's full hex> PYTHONPATH=$PWD bash results/dev/session17/scripts/call6.sh
 # 1. packedbits.py for HEAD, pA, pB at once (compiles each tree's kernels; saves the fast variant's packed results);
-# 2. gpu_packed_profile.py --ops rglru --documents 16 for HEAD, pA, pB one after another;
-# 3. pA and pB against HEAD to the bit.
+# 2. pA and pB against HEAD to the bit;
+# 3. gpu_packed_profile.py --ops rglru --documents 16 for HEAD, pA, pB one after another.
+# Session 17 ran it with the comparison last, and the device time ran out after HEAD's profile: the saved results
+# (too large to return) were lost uncompared. It now compares first; give it ~7 minutes on a fresh machine.
 set -u
 cd "$(dirname "$0")/../../../.."
 S=results/dev/session17/scripts
@@ -19,6 +21,10 @@ for t in head pA pB; do
   pids+=($!)
 done
 for p in "${pids[@]}"; do wait $p; done
+for t in pA pB; do
+  $PY results/dev/session16/scripts/bitsame.py compare $W/head.pt $W/$t.pt 2>&1 | tee $W/same_$t.txt | tail -1
+done
+rm -f $W/*.pt
 save
 for t in head pA pB; do
   root=$PWD; [ $t != head ] && root=$PWD/$t
@@ -26,8 +32,3 @@ for t in head pA pB; do
   STAGES=profile stage profile 70 env PYTHONPATH=$root $PY $root/scripts/gpu_packed_profile.py --ops rglru --documents 16 --out $W/prof_$t 2>&1 | grep "^=="
   save
 done
-for t in pA pB; do
-  $PY results/dev/session16/scripts/bitsame.py compare $W/head.pt $W/$t.pt 2>&1 | tee $W/same_$t.txt | tail -1
-done
-rm -f $W/*.pt
-save
