@@ -198,9 +198,11 @@ def _packed_config(config):
 PACKED = [0, 1, 9, 17, 18, 23, 24, 40, 41, 44, 70]
 
 
-# (config, initial states, a final-state cotangent): the second is what training runs (neither)
+# (config, initial states, a final-state cotangent): the second is what training runs (neither); the third, a
+# final-state cotangent without initial states, is compiled apart from both
 @pytest.mark.parametrize("cfg,with_state,final_grad", [(dict(K=8, WC=2), True, True),
-                                                       (dict(target=8, K=8, WC=2, WC_dx=4), False, False)])
+                                                       (dict(target=8, K=8, WC=2, WC_dx=4), False, False),
+                                                       (dict(K=8, WC=2), False, True)])
 def test_packed_kernels_pass_the_gate_per_sequence(cfg, with_state, final_grad):
     """One packed call restarts at every boundary: each sequence against the reference run alone."""
     assert_gate(gate_check("rglru", _packed_config(_config(**cfg)), torch.float32, 1, PACKED[-1], 32, H=2, seed=7,

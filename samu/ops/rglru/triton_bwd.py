@@ -114,7 +114,7 @@ def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
     cotangent delta * multiplier * gate_x, dlog a * gate_a (for d softplus) and a * delta (d of the
     state before each token: d initial_state where a packed sequence opens). Packed (VARLEN): b_dy
     holds the final-state cotangents already, ``opens`` [WC, K] marks where sequences open and b_h0
-    holds their initial states there.
+    holds their initial states there. ``one``: the kernel's runtime 1 (not specialised by Triton).
     """
     b_za = _to_scan_layout(_gate_dot(xa, xb, wa[0], wb[0], X_PARTS, ORDER, NPB, WC, K, BJ, MATH), MATH)
     b_zx = _to_scan_layout(_gate_dot(xa, xb, wa[1], wb[1], X_PARTS, ORDER, NPB, WC, K, BJ, MATH), MATH)
@@ -150,10 +150,7 @@ def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
     # multiple of delta (padded channels have delta = 0 already)
     b_delta = tl.where(m_t[None, :, :], _flip_tokens(b_v + b_q * b_e[:, :, None], K, MATH), 0.0)
     if VARLEN and not HAS_H0 and MATH != 1:
-        # the gates' own a again, so that only the restarted one is held through the scans (the packed kernels
-        # spill); gate a times ``one`` (a runtime 1) keeps the compiler from merging it with the first. The same bits
-        # with the fast math (on the H200, 9 cases, session 17) and in the interpreter; not with the precise
-        # variant's libdevice expm1, whose second instance was compiled to other bits, so it keeps the first
+        # a again, so only a' is held through the scans; x ``one`` blocks CSE; not precise (README.md, "Packed")
         b_at = tl.where(m_t[None, :, :], _decay(b_csp[:, None, None] * (b_ga * one), MATH)[0], 1.0)
 
     # pointwise cotangents; b = multiplier * gate_x * x

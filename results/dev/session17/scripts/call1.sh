@@ -8,6 +8,9 @@
 #    processes at once (their compiles run in parallel; the outputs are deterministic); each compared with old16.
 #    old17 against old16 is session 16's owed comparison; the caps change no arithmetic, so they must match too;
 # 2. profile: scripts/gpu_profile.py at three shapes for old17, this tree, and the three caps, one after another.
+# It measures what it says only at 63b7480, whose launches read the CAP_* variables (the hook was removed after this
+# call: at later commits B, C and D run the shipped kernels). The profile records' git_commit field is the call's
+# SAMU_GIT_COMMIT even for old17's run (98732b7's tree); o17's runs now set their own.
 set -u
 cd "$(dirname "$0")/../../../.."
 S16=results/dev/session16/scripts
@@ -45,7 +48,7 @@ SH="1,8192,1024;4,2048,2048;1,32768,2048"
 for run in o17 new B C D; do
   mkdir -p $W/prof_$run
   case $run in
-    o17) stage profile 120 env PYTHONPATH=$PWD/old17 $PY old17/scripts/gpu_profile.py --op samu --shapes "$SH" --out $W/prof_$run 2>&1 | grep "fb " | tail -3 ;;
+    o17) stage profile 120 env PYTHONPATH=$PWD/old17 SAMU_GIT_COMMIT=98732b723b75cd5fef16b3f0285ff11f0d03add6 $PY old17/scripts/gpu_profile.py --op samu --shapes "$SH" --out $W/prof_$run 2>&1 | grep "fb " | tail -3 ;;
     new) stage profile 120 $PY scripts/gpu_profile.py --op samu --shapes "$SH" --out $W/prof_$run 2>&1 | grep "fb " | tail -3 ;;
     B) stage profile 120 env $capB $PY scripts/gpu_profile.py --op samu --shapes "$SH" --out $W/prof_$run 2>&1 | grep "fb " | tail -3 ;;
     C) stage profile 120 env $capC $PY scripts/gpu_profile.py --op samu --shapes "$SH" --out $W/prof_$run 2>&1 | grep "fb " | tail -3 ;;

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Session 17, call 6 (issue 15): the packed backward's gate-a chain kept in the scans' layout. From the repository root,
 # with HEAD's tree patched, untracked, in pA/ (the layout fix alone, the recompute dropped) and pB/ (the layout fix and
-# the recompute): git archive HEAD samu tests scripts | tar -x -C pA; patch -p1 < the patch (results/dev/session17/
-# patches/). Then SAMU_GIT_COMMIT=<HEAD's full hex> PYTHONPATH=$PWD bash results/dev/session17/scripts/call6.sh
+# the recompute):
+#   for p in A B; do mkdir p$p && git archive HEAD samu tests scripts | tar -x -C p$p; done
+#   (cd pA && patch -p1 < ../results/dev/session17/patches/patchA_layout_only.diff)
+#   (cd pB && patch -p1 < ../results/dev/session17/patches/patchB_layout_recompute.diff)
+# then SAMU_GIT_COMMIT=<HEAD's full hex> PYTHONPATH=$PWD bash results/dev/session17/scripts/call6.sh
+# (the records of pA and pB carry HEAD's hash: they are HEAD with the patch their folder names)
 # 1. packedbits.py for HEAD, pA, pB at once (compiles each tree's kernels; saves the fast variant's packed results);
 # 2. pA and pB against HEAD to the bit;
 # 3. gpu_packed_profile.py --ops rglru --documents 16 for HEAD, pA, pB one after another.
