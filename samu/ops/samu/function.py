@@ -240,9 +240,9 @@ def _numerics(c: Config) -> str:
     # parenthesisation, slots do not (the walks' tile BN is named too, though each walk is per mode); the unroll
     # factor changes which products the compiler contracts into fused multiply-adds; v, the kernels' numerics
     # version, changes with any kernel change that moves a bit, so that no gate record of earlier kernels covers
-    # these (session 16's prefix inside the summary kernels moved none: the same bits at 18 cases on an H200,
-    # results/dev/session16/call3/same.txt, before its review's mends, which change no arithmetic and whose own
-    # comparison is owed). Warps are named only where they are not 1 (dispatch runs one)
+    # these (session 16's prefix inside the summary kernels moved none: the same bits at 18 cases on an H200, before
+    # its review's mends in results/dev/session16/call3/same.txt and after them in
+    # results/dev/session17/call1/w/same_o17.txt). Warps are named only where they are not 1 (dispatch runs one)
     warps = "" if c.num_warps == 1 else f",W={c.num_warps}"
     return f"v=6,K={c.K},BN={c.BN},BM={c.main_BN or c.BN},G={c.G},U={c.unroll}{warps}"
 
