@@ -20,10 +20,13 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 # returns no final state and a backward of y's cotangent alone ("dx" -> "dx|no_final"); the kernels compile
 # that form apart
 NO_FINAL = "|no_final"
+# the call training makes: no initial state and no final state ("dx" -> "dx|no_state"); the kernels compile a call
+# without an initial state apart too (packed, the restarts at every sequence's start are a different code path)
+NO_STATE = "|no_state"
 
 
 def base_quantity(quantity: str) -> str:
-    """The result a quantity is of, in either call: "dx|no_final" -> "dx"."""
+    """The result a quantity is of, in any call: "dx|no_final" -> "dx", "dx|no_state" -> "dx"."""
     return quantity.split("|")[0]
 
 

@@ -3,8 +3,9 @@
 For each (op, shape, dtype) the float64 serial reference and the serial fp32 evaluation run once
 on the same inputs; each backend is then compared with the reference for the output, the final
 state, the input gradient, the initial-state gradient and every parameter gradient; and again, named
-``<result>|no_final``, for the call a caller that drops the final state makes (training does): a forward
-without it and a backward of y's cotangent alone, which the kernels compile apart. On CUDA the units run in a
+``<result>|no_final``, for the call a caller that drops the final state makes: a forward without it and a
+backward of y's cotangent alone, which the kernels compile apart; and, named ``<result>|no_state``, for the call
+training makes, without an initial state as well (compiled apart again). On CUDA the units run in a
 worker process, so a kernel fault fails its own row and the run goes on in a fresh one.
 
 With ``documents`` = N, each unit of a batch-1 shape packs N sequences (samu.ops.packing; the first one
@@ -34,7 +35,7 @@ from samu.environment import environment
 from samu.ops import gate_status
 from samu.ops.gate_status import reload, status_path
 from samu.gates.inputs import PARAMS, RGLRU_C, derive_seed, document_offsets, make_inputs, pack_inputs, rglru_heads
-from samu.gates.rules import LOW_PRECISION, NO_FINAL, base_quantity, load_rules, rel_error
+from samu.gates.rules import LOW_PRECISION, NO_FINAL, NO_STATE, base_quantity, load_rules, rel_error
 from samu.ops import dispatch
 from samu.ops.functional import rglru_mixer, samu_mixer
 from samu.ops.packing import per_sequence
@@ -48,9 +49,12 @@ REFERENCE_RETRY_S = 10.0
 
 def quantities(op: str, both_forms: bool = False) -> tuple:
     """The results a gate compares: the outputs and every gradient; ``both_forms``: also those of the call that
-    drops the final state (named with NO_FINAL)."""
+    drops the final state (named with NO_FINAL) and of the call without either state (NO_STATE)."""
     names = ("y", "final_state", "dx", "d_initial_state") + tuple(f"d_{p}" for p in PARAMS[op])
-    return names + tuple(q + NO_FINAL for q in names if q != "final_state") if both_forms else names
+    if not both_forms:
+        return names
+    return (names + tuple(q + NO_FINAL for q in names if q != "final_state")
+            + tuple(q + NO_STATE for q in names if q not in ("final_state", "d_initial_state")))
 
 
 def evaluate(op: str, inputs: dict, *, backend: "str | None" = None, ref_dtype: "torch.dtype | None" = None,
@@ -61,7 +65,8 @@ def evaluate(op: str, inputs: dict, *, backend: "str | None" = None, ref_dtype: 
     ``initial_state`` of None runs without one (no d_initial_state). Packed inputs (``cu_seqlens``,
     pack_inputs) run the reference one sequence at a time and the op packed. ``both_forms`` (with a "dh"): the
     NO_FINAL results too, of the call that drops the final state: a forward without it (the reference's is the
-    same forward) and a backward of y's cotangent alone."""
+    same forward) and a backward of y's cotangent alone; and (with an initial state) the NO_STATE results of the
+    call without either state, training's."""
     cast = (lambda t: t.to(ref_dtype)) if ref_dtype is not None else (lambda t: t.clone())
     x = cast(inputs["x"]).requires_grad_()
     params = [cast(p).requires_grad_() for p in inputs["params"].values()]
@@ -95,6 +100,11 @@ def evaluate(op: str, inputs: dict, *, backend: "str | None" = None, ref_dtype: 
             y, _ = fn(x, *params, initial_state=h0, output_final_state=False, **kw)
         out[f"y{NO_FINAL}"] = y.detach()
         out.update(zip([q + NO_FINAL for q in names[2:]], torch.autograd.grad([y], leaves, cots[:1])))
+    if alone and h0 is not None:
+        y, _ = fn(x, *params, initial_state=None, output_final_state=ref_dtype is not None, **kw)
+        out[f"y{NO_STATE}"] = y.detach()
+        out.update(zip([q + NO_STATE for q in names[2:] if q != "d_initial_state"],
+                       torch.autograd.grad([y], [x] + params, cots[:1])))
     return out
 
 

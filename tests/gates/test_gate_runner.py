@@ -44,6 +44,12 @@ def _bad_without_dh(*args):
     return _OffWithoutDh.apply(*_good(*args))
 
 
+def _bad_without_state(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound):
+    # right from an initial state, 0.1% off without one (the form training calls, compiled apart)
+    y, h = _good(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound)
+    return (y if initial_state is not None else y * 1.001), h
+
+
 @pytest.fixture
 def dummy_variants(tmp_path, monkeypatch):
     """Three registered SAMU variants ranked bad < crash < good, and a private status file."""
@@ -51,7 +57,8 @@ def dummy_variants(tmp_path, monkeypatch):
     monkeypatch.setenv("SAMU_GATE_STATUS", str(tmp_path / "status.json"))
     dispatch.variants("samu")
     names = {"test_gate_bad": (_bad, -3e9), "test_gate_crash": (_crash, -2.5e9), "test_gate_good": (_good, -2e9),
-             "test_gate_bad_without_dh": (_bad_without_dh, -3.5e9)}
+             "test_gate_bad_without_dh": (_bad_without_dh, -3.5e9),
+             "test_gate_bad_without_state": (_bad_without_state, -3.6e9)}
     for name, (run, score) in names.items():
         dispatch.register(dispatch.Variant("samu", name, run, lambda B, L, D, H, s=score: s,
                                            lambda B, L, D: ("0", 0), "test dummy",
@@ -76,7 +83,13 @@ def test_failing_variant_is_recorded_and_never_dispatched_for_its_shape_class(du
     # a backward right with the final state's cotangent and wrong without one fails, on that call's gradients only
     partly = rows["test_gate_bad_without_dh"]
     wrong = {q for q, ok in partly["passed"].items() if not ok}
-    assert not partly["pass"] and wrong and all(q.endswith("|no_final") for q in wrong) and "dx|no_final" in wrong
+    assert not partly["pass"] and all(q.endswith(("|no_final", "|no_state")) for q in wrong)
+    assert {"dx|no_final", "dx|no_state"} <= wrong and not {"y|no_final", "y|no_state"} & wrong
+    # a call right from an initial state and wrong without one fails on that call's results only
+    stateless = rows["test_gate_bad_without_state"]
+    wrong = {q for q, ok in stateless["passed"].items() if not ok}
+    assert not stateless["pass"] and {"y|no_state", "dx|no_state"} <= wrong
+    assert all(q.endswith("|no_state") for q in wrong)
     crash = rows["test_gate_crash"]
     # an exception row carries what status_from_records reads, so it blocks its class below
     assert crash["exception"] == "RuntimeError: kernel launch failed"
@@ -89,6 +102,7 @@ def test_failing_variant_is_recorded_and_never_dispatched_for_its_shape_class(du
     assert status_path == tmp_path / "status.json"
     assert ["samu", "test_gate_bad", CLASS] in status["blocked"]
     assert ["samu", "test_gate_bad_without_dh", CLASS] in status["blocked"]
+    assert ["samu", "test_gate_bad_without_state", CLASS] in status["blocked"]
     assert ["samu", "test_gate_crash", CLASS] in status["blocked"]
     assert ["samu", "test_gate_good", CLASS] in status["passed"]
     assert status["sources"] == [f"gates/{path.name}"]
@@ -112,9 +126,9 @@ def test_torch_backend_passes_its_gates_for_both_mixers_and_dtypes():
         assert set(row["errors"]) == set(quantities(row["op"], both_forms=True))
         low = row["dtype"] == "bfloat16"
         assert row["rules"]["y"] == row["rules"]["y|no_final"] == row["rules"]["dx|no_final"] == (
-            "low_precision" if low else "fp32")
+            row["rules"]["y|no_state"]) == row["rules"]["dx|no_state"] == ("low_precision" if low else "fp32")
         assert row["rules"]["d_initial_state"] == row["rules"]["d_initial_state|no_final"] == "fp32"
-        rounded = {"y", "dx", "y|no_final", "dx|no_final"} if low else set()
+        rounded = {"y", "dx", "y|no_final", "dx|no_final", "y|no_state", "dx|no_state"} if low else set()
         assert set(row["baselines"]["rounded_float64"]) == rounded
 
 
@@ -189,7 +203,8 @@ def test_a_state_crossing_a_boundary_fails_the_packed_gate(monkeypatch):
     packed = functional._packed
 
     def leaking(op, backend, heads, native, run, x, h0, output_final_state, cu_seqlens):
-        y, _ = packed(op, backend, heads, native, run, x, h0[:1], output_final_state, [0, x.shape[1]])
+        y, _ = packed(op, backend, heads, native, run, x, None if h0 is None else h0[:1], output_final_state,
+                      [0, x.shape[1]])
         return y, packed(op, backend, heads, native, run, x, h0, output_final_state, cu_seqlens)[1]
 
     monkeypatch.setattr(functional, "_packed", leaking)
@@ -197,6 +212,7 @@ def test_a_state_crossing_a_boundary_fails_the_packed_gate(monkeypatch):
     [row] = record["rows"]
     assert "exception" not in row and row["passed"]["final_state"]
     assert not row["pass"] and not row["passed"]["y"] and not row["passed"]["dx"]
+    assert not row["passed"]["y|no_state"] and not row["passed"]["dx|no_state"]
 
 
 def _gate_record(created, rows, version=1):

@@ -103,7 +103,7 @@ def _scan_adjoint(b_af, b_dyf, K: tl.constexpr, MATH: tl.constexpr):
 @triton.jit
 def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e, m_t, X_PARTS: tl.constexpr,
                       ORDER: tl.constexpr, NPB: tl.constexpr, WC: tl.constexpr, K: tl.constexpr, BJ: tl.constexpr,
-                      MATH: tl.constexpr, opens, b_h0, one, VARLEN: tl.constexpr, HAS_H0: tl.constexpr):
+                      MATH: tl.constexpr, opens, b_h0, VARLEN: tl.constexpr, HAS_H0: tl.constexpr):
     """What WC chunks of one channel tile contribute, as [BJ, WC, K] tiles.
 
     xa, xb: parts of the head's input rows (two column pieces); wa, wb: the (gate a, gate x) weight
@@ -114,13 +114,17 @@ def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
     cotangent delta * multiplier * gate_x, dlog a * gate_a (for d softplus) and a * delta (d of the
     state before each token: d initial_state where a packed sequence opens). Packed (VARLEN): b_dy
     holds the final-state cotangents already, ``opens`` [WC, K] marks where sequences open and b_h0
-    holds their initial states there. ``one``: the kernel's runtime 1 (not specialised by Triton).
+    holds their initial states there.
     """
     b_za = _to_scan_layout(_gate_dot(xa, xb, wa[0], wb[0], X_PARTS, ORDER, NPB, WC, K, BJ, MATH), MATH)
     b_zx = _to_scan_layout(_gate_dot(xa, xb, wa[1], wb[1], X_PARTS, ORDER, NPB, WC, K, BJ, MATH), MATH)
     b_za += b_ba[:, None, None]
     b_zx += b_bx[:, None, None]
     b_ga, b_gac = _sigmoid_pair(b_za, MATH)
+    if VARLEN:
+        # in the scans' layout, as the products' results are: packed, the compiler otherwise runs gate a's
+        # chain a second time in the layout the restarted transitions take (README.md, "Packed sequences")
+        b_ga = _to_scan_layout(b_ga, MATH)
     # sigma' = sigma (1 - sigma), both factors free of cancellation
     b_pa = b_ga * b_gac
     b_gx, b_gxc = _sigmoid_pair(b_zx, MATH)
@@ -149,9 +153,6 @@ def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
     # tokens past L carry the adjoint through but contribute nothing: every cotangent below is a
     # multiple of delta (padded channels have delta = 0 already)
     b_delta = tl.where(m_t[None, :, :], _flip_tokens(b_v + b_q * b_e[:, :, None], K, MATH), 0.0)
-    if VARLEN and not HAS_H0 and MATH != 1:
-        # a again, so only a' is held through the scans; x ``one`` blocks CSE; not precise (README.md, "Packed")
-        b_at = tl.where(m_t[None, :, :], _decay(b_csp[:, None, None] * (b_ga * one), MATH)[0], 1.0)
 
     # pointwise cotangents; b = multiplier * gate_x * x
     b_dm = b_delta * b_mult
@@ -341,8 +342,8 @@ def _rglru_bwd_dw_kernel(
                                                                                  other=0.0)
         tl.store(estates + o_s, b_e, mask=m_s)
         b_dza, b_dzx, _, b_dlga, b_dh = _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
-                                                          m_t, X_PARTS, 2, NPB, WC, K, BJ, MATH, opens, b_h0, one,
-                                                          VARLEN, HAS_H0)
+                                                          m_t, X_PARTS, 2, NPB, WC, K, BJ, MATH, opens, b_h0, VARLEN,
+                                                          HAS_H0)
         if VARLEN:
             if HAS_H0:
                 tl.store(dh0 + i_n[None, :, :].to(tl.int64) * D + o_d[:, None, None], b_dh,
@@ -472,7 +473,7 @@ def _rglru_bwd_dx_kernel(
             b_e = tl.load(estates + o_s, mask=m_s, other=0.0)
             b_dza, b_dzx, b_direct, _, _ = _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin,
                                                              b_e, m_t, X_PARTS, DX_ORDER, NPB, WC, K, BJ, MATH,
-                                                             opens, b_h0, one, VARLEN, HAS_H0)
+                                                             opens, b_h0, VARLEN, HAS_H0)
             # dx += dz w^T over this tile's channels (ORDER 1 keeps ~2^-16, enough for bf16 / fp16 dx);
             # the direct term enters through the identity slab E[j, i] = [i == channel j] (exact: one part)
             dza = _split3(_rows(b_dza, WC, K, BJ))
