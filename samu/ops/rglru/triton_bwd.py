@@ -103,7 +103,7 @@ def _scan_adjoint(b_af, b_dyf, K: tl.constexpr, MATH: tl.constexpr):
 @triton.jit
 def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e, m_t, X_PARTS: tl.constexpr,
                       ORDER: tl.constexpr, NPB: tl.constexpr, WC: tl.constexpr, K: tl.constexpr, BJ: tl.constexpr,
-                      MATH: tl.constexpr, opens, b_h0, VARLEN: tl.constexpr, HAS_H0: tl.constexpr):
+                      MATH: tl.constexpr, b_h0, words, i_s, L, NC, VARLEN: tl.constexpr, HAS_H0: tl.constexpr):
     """What WC chunks of one channel tile contribute, as [BJ, WC, K] tiles.
 
     xa, xb: parts of the head's input rows (two column pieces); wa, wb: the (gate a, gate x) weight
@@ -113,8 +113,8 @@ def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
     in bf16 or fp16). Returns dza, dzx (gate pre-activation cotangents), the direct input
     cotangent delta * multiplier * gate_x, dlog a * gate_a (for d softplus) and a * delta (d of the
     state before each token: d initial_state where a packed sequence opens). Packed (VARLEN): b_dy
-    holds the final-state cotangents already, ``opens`` [WC, K] marks where sequences open and b_h0
-    holds their initial states there.
+    holds the final-state cotangents already and b_h0 the initial states where sequences open; where they
+    open comes from step i_s's chunk words, found here, after the products (fewer values live through them).
     """
     b_za = _to_scan_layout(_gate_dot(xa, xb, wa[0], wb[0], X_PARTS, ORDER, NPB, WC, K, BJ, MATH), MATH)
     b_zx = _to_scan_layout(_gate_dot(xa, xb, wa[1], wb[1], X_PARTS, ORDER, NPB, WC, K, BJ, MATH), MATH)
@@ -137,6 +137,7 @@ def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
     # the scans run on the restarted transitions (packed); the pointwise terms keep the gates' own a
     b_as, b_bs = b_at, b_bt
     if VARLEN:
+        _, opens, _ = _boundaries(words, i_s, m_t, L, NC, WC, K)
         b_as, b_bs = _restart(b_at, b_bt, opens, b_h0, HAS_H0)
     # g_t = a_t h_{t-1}, from the state entering the chunk
     b_P, b_W = _scan_before(b_as, b_bs, K, MATH)
@@ -331,7 +332,7 @@ def _rglru_bwd_dw_kernel(
         b_xj = tl.load(p_x + o_ch, mask=m_x, other=0.0).to(tl.float32)
         b_dy = tl.load(p_dy + o_ch, mask=m_x, other=0.0).to(tl.float32)
         opens, b_h0 = m_t, b_dy
-        if VARLEN:
+        if VARLEN and (HAS_DH or HAS_H0):
             b_dy, i_n, opens = _with_final(b_dy, dh_last, words, i_s, m_t, m_j, o_d, L, NC, D, WC, K, HAS_DH)
             if HAS_H0:
                 b_h0 = _rows_of(h0, i_n, o_d, m_j, opens, D)
@@ -342,8 +343,8 @@ def _rglru_bwd_dw_kernel(
                                                                                  other=0.0)
         tl.store(estates + o_s, b_e, mask=m_s)
         b_dza, b_dzx, _, b_dlga, b_dh = _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
-                                                          m_t, X_PARTS, 2, NPB, WC, K, BJ, MATH, opens, b_h0, VARLEN,
-                                                          HAS_H0)
+                                                          m_t, X_PARTS, 2, NPB, WC, K, BJ, MATH, b_h0, words, i_s,
+                                                          L, NC, VARLEN, HAS_H0)
         if VARLEN:
             if HAS_H0:
                 tl.store(dh0 + i_n[None, :, :].to(tl.int64) * D + o_d[:, None, None], b_dh,
@@ -462,8 +463,8 @@ def _rglru_bwd_dx_kernel(
             b_bx = tl.load(b_x + o_d, mask=m_j, other=0.0)
             b_xj = tl.load(p_x + o_ch, mask=m_x, other=0.0).to(tl.float32)
             b_dy = tl.load(p_dy + o_ch, mask=m_x, other=0.0).to(tl.float32)
-            opens, b_h0 = m_t, b_dy
-            if VARLEN:
+            b_h0 = b_dy
+            if VARLEN and (HAS_DH or HAS_H0):
                 b_dy, i_n, opens = _with_final(b_dy, dh_last, words, i_s, m_t, m_j, o_d, L, NC, D, WC, K, HAS_DH)
                 if HAS_H0:
                     b_h0 = _rows_of(h0, i_n, o_d, m_j, opens, D)
@@ -473,7 +474,7 @@ def _rglru_bwd_dx_kernel(
             b_e = tl.load(estates + o_s, mask=m_s, other=0.0)
             b_dza, b_dzx, b_direct, _, _ = _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin,
                                                              b_e, m_t, X_PARTS, DX_ORDER, NPB, WC, K, BJ, MATH,
-                                                             opens, b_h0, VARLEN, HAS_H0)
+                                                             b_h0, words, i_s, L, NC, VARLEN, HAS_H0)
             # dx += dz w^T over this tile's channels (ORDER 1 keeps ~2^-16, enough for bf16 / fp16 dx);
             # the direct term enters through the identity slab E[j, i] = [i == channel j] (exact: one part)
             dza = _split3(_rows(b_dza, WC, K, BJ))
