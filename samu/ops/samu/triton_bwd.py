@@ -54,10 +54,10 @@ def _prefetch_token(x, i_b, t, i_j, L, N, D, BN: tl.constexpr):
 
 @triton.jit
 def _adjoint_of(m, c, s, b_gr, b_gi, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl,
-                w, w_next, k, n, dfinal, i_n, N, D, K: tl.constexpr, VARLEN: tl.constexpr, HAS_DF: tl.constexpr):
+                bits, k, n, dfinal, i_n, N, D, K: tl.constexpr, VARLEN: tl.constexpr, HAS_DF: tl.constexpr):
     """conj(lambda_{t+1}) (identity from L on) and g_t, from token t + 1's fetched controls and token t's
     fetched dy tile (triton_fwd._fetch_controls, _fetch_pair). Packed (VARLEN; token t is token k of its
-    chunk, whose words are w and w_next, and belongs to sequence n): zero where token t + 1 opens a
+    chunk, whose opening bits are ``bits``, and belongs to sequence n): zero where token t + 1 opens a
     sequence, and g_t gains the final-state cotangent of the sequence token t closes."""
     nxt = t + 1 < L
     m, cphi, sphi = _controls_of(m, c, s, nxt)
@@ -67,7 +67,7 @@ def _adjoint_of(m, c, s, b_gr, b_gi, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_s
     b_gr = b_gr.to(tl.float32)
     b_gi = b_gi.to(tl.float32)
     if VARLEN:
-        cut = nxt & opens_at(w, w_next, k + 1, K)
+        cut = nxt & opens_at(bits, k + 1)
         b_ar = tl.where(cut, 0.0, b_ar)
         b_ai = tl.where(cut, 0.0, b_ai)
         if HAS_DF:
@@ -86,14 +86,14 @@ def _fetch_projections(p_p, p_dp, t, L):
 
 
 @triton.jit
-def _walk_words(words, i_c, n_chunks, VARLEN: tl.constexpr):
-    """For a right-to-left walk of chunk i_c, packed: its opening bits, the next chunk's and the sequence of
-    its last token (packing_triton); zeros unpacked."""
-    w, w_next, n = 0, 0, 0
+def _walk_words(words, i_c, n_chunks, K: tl.constexpr, VARLEN: tl.constexpr):
+    """For a right-to-left walk of chunk i_c, packed: its opening bits with the next chunk's first one
+    (packing_triton.chunk_bits) and the sequence of its last token; zeros unpacked."""
+    bits, n = 0, 0
     if VARLEN:
-        w, w_next = chunk_bits(words, i_c, n_chunks)
+        bits = chunk_bits(words, i_c, n_chunks, K)
         n = last_sequence(words, i_c, n_chunks)
-    return w, w_next, n
+    return bits, n
 
 
 @triton.jit
@@ -129,7 +129,7 @@ def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, rck, rgroups, ri
     b_qi = tl.zeros([BN], dtype=tl.float32)
     b_fr = tl.zeros([BN], dtype=tl.float32)
     b_fi = tl.zeros([BN], dtype=tl.float32)
-    w, w_next, n = _walk_words(words, i_c, n_chunks, VARLEN)
+    bits, n = _walk_words(words, i_c, n_chunks, K, VARLEN)
     # token t + 1's controls (mr, cr, sr: for lambda_{t+1}); token t's controls and dy fetched a token ahead
     mr, cr, sr = _fetch_controls(p_m, p_c, t + 1, L)
     m1, c1, s1, b_gr1, b_gi1 = _fetch_token(p_g, p_m, p_c, t, L, N, mask_n)
@@ -138,11 +138,11 @@ def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, rck, rgroups, ri
         m0, c0, s0, b_gr0, b_gi0 = m1, c1, s1, b_gr1, b_gi1
         m1, c1, s1, b_gr1, b_gi1 = _fetch_token(p_g - D, p_m, p_c, t - 1, L, N, mask_n)
         b_ar, b_ai, b_gr, b_gi = _adjoint_of(mr, cr, sr, b_gr0, b_gi0, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl,
-                                             w, w_next, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
+                                             bits, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
         mr, cr, sr = m0, c0, s0
         if VARLEN:
             if HAS_DF:
-                n = sequence_before(n, opens_at(w, w_next, k, K), k)
+                n = sequence_before(n, opens_at(bits, k), k)
         b_fr, b_fi = _cfma(b_ar, b_ai, b_fr, b_fi, b_gr, b_gi)
         b_qr, b_qi = b_ar * b_qr - b_ai * b_qi, b_ar * b_qi + b_ai * b_qr
         t -= 1
@@ -175,7 +175,7 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
         t = i_c * K + K - 1
         p_g = dy + (i_b.to(tl.int64) * L + t) * D + i_n
         p_slot = p_slot0 + (K - 1) * 2 * BN
-        w, w_next, n = _walk_words(words, i_c, n_chunks, VARLEN)
+        bits, n = _walk_words(words, i_c, n_chunks, K, VARLEN)
         # token t + 1's controls (mr, cr, sr: for lambda_{t+1}); token t's controls and dy fetched two tokens ahead
         mr, cr, sr = _fetch_controls(p_m, p_c, t + 1, L)
         m1, c1, s1, b_gr1, b_gi1 = _fetch_token(p_g, p_m, p_c, t, L, N, mask_n)
@@ -187,11 +187,11 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
             m2, c2, s2, b_gr2, b_gi2 = _fetch_token(p_g - 2 * D, p_m, p_c, t - 2, L, N, mask_n)
             _prefetch_token(dy, i_b, t - PREFETCH_AHEAD, i_j, L, N, D, BN)
             b_ar, b_ai, b_gr, b_gi = _adjoint_of(mr, cr, sr, b_gr0, b_gi0, t, L, mask_n, b_rate, b_ch, b_cl, b_sh,
-                                                 b_sl, w, w_next, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
+                                                 b_sl, bits, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
             mr, cr, sr = m0, c0, s0
             if VARLEN:
                 if HAS_DF:
-                    n = sequence_before(n, opens_at(w, w_next, k, K), k)
+                    n = sequence_before(n, opens_at(bits, k), k)
             b_dr, b_di = _cfma(b_ar, b_ai, b_dr, b_di, b_gr, b_gi)
             tl.store(p_slot, b_dr)
             tl.store(p_slot + BN, b_di)
@@ -225,7 +225,7 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
             b_dr1 = tl.load(p_next)
             b_di1 = tl.load(p_next + BN)
             if VARLEN:
-                opens = valid & opens_at(w, w_next, k, K)
+                opens = valid & opens_at(bits, k)
                 if HAS_H0:
                     n = sequence_after(n, opens, k)
                 b_hr, b_hi = _restart(opens, n, h0, b_hr, b_hi, i_n, N, D, mask_n, HAS_H0)
@@ -325,7 +325,7 @@ def _dx_kernel(x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, d
     p_g = dy + row
     p_x = x + row
     p_dx = dx + row
-    w, w_next, n = _walk_words(words, i_c, n_chunks, VARLEN)
+    bits, n = _walk_words(words, i_c, n_chunks, K, VARLEN)
     # token t + 1's controls (mr, cr, sr: for lambda_{t+1}); token t's controls, dy, x, dp and p (the
     # projections) fetched a token ahead
     p_m = p_p + 2 * L
@@ -343,11 +343,11 @@ def _dx_kernel(x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, d
         b_xr1, b_xi1 = _fetch_pair(p_x - D, t - 1, L, N, mask_n)
         dp0_1, dp1_1, p0_1, p1_1 = _fetch_projections(p_p, p_dp, t - 1, L)
         b_ar, b_ai, b_gr, b_gi = _adjoint_of(mr, cr, sr, b_gr0, b_gi0, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_sl,
-                                             w, w_next, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
+                                             bits, k, n, dfinal, i_n, N, D, K, VARLEN, HAS_DF)
         mr, cr, sr = m0, c0, s0
         if VARLEN:
             if HAS_DF:
-                n = sequence_before(n, opens_at(w, w_next, k, K), k)
+                n = sequence_before(n, opens_at(bits, k), k)
         b_dr, b_di = _cfma(b_ar, b_ai, b_dr, b_di, b_gr, b_gi)
         b_w = m0 * b_rate
         b_g = _gamma(b_w, exp_flushed(-b_w))
