@@ -11,9 +11,10 @@ SAMU's walks: +7.6% of its kernels' time, `results/dev/issue15/packed_profile_1.
 
 so a kernel loads a few words a chunk and finds the rest by shifts (the jit helpers below, which both
 mixers' kernels use): token k opens where bit k is set, closes where bit k + 1 (bit 0 of the next chunk at
-k = K - 1) is set or it is token L - 1, and belongs to first[c] plus the bits set in (0, k]. A kernel holds a
+k = K - 1) is set or it is token L - 1, and belongs to first[c] plus the bits set in (0, k]. SAMU's walks hold a
 chunk's bits and the next chunk's bit 0 as one 64-bit word (``chunk_bits``), so each test is one shift: a
-select between the two words per token cost SAMU's packed dx walk 55 registers (127 -> 182, sm_90).
+select between the two words per token cost SAMU's packed dx walk 55 registers (127 -> 182, sm_90). RG-LRU's
+``_boundaries`` still selects, as its packed gates ran (docs/performance.md, "Session 18").
 """
 
 from __future__ import annotations
