@@ -47,26 +47,28 @@ RADIAL_BOUND = 2.0
 REFERENCE_ATTEMPTS = 4
 REFERENCE_RETRY_S = 10.0
 
-def quantities(op: str, both_forms: bool = False) -> tuple:
-    """The results a gate compares: the outputs and every gradient; ``both_forms``: also those of the call that
+def quantities(op: str, all_forms: bool = False) -> tuple:
+    """The results a gate compares: the outputs and every gradient; ``all_forms``: also those of the call that
     drops the final state (named with NO_FINAL) and of the call without either state (NO_STATE)."""
     names = ("y", "final_state", "dx", "d_initial_state") + tuple(f"d_{p}" for p in PARAMS[op])
-    if not both_forms:
+    if not all_forms:
         return names
     return (names + tuple(q + NO_FINAL for q in names if q != "final_state")
             + tuple(q + NO_STATE for q in names if q not in ("final_state", "d_initial_state")))
 
 
 def evaluate(op: str, inputs: dict, *, backend: "str | None" = None, ref_dtype: "torch.dtype | None" = None,
-             run=None, both_forms: bool = False) -> dict:
+             run=None, all_forms: bool = False) -> dict:
     """One forward and backward: {quantity: tensor}. ``ref_dtype`` runs the serial reference in
     that dtype on the same (already rounded) inputs; otherwise the public op with ``backend``, or
     ``run``, a callable with the public op's signature (the tests' own configurations). An
     ``initial_state`` of None runs without one (no d_initial_state). Packed inputs (``cu_seqlens``,
-    pack_inputs) run the reference one sequence at a time and the op packed. ``both_forms`` (with a "dh"): the
-    NO_FINAL results too, of the call that drops the final state: a forward without it (the reference's is the
-    same forward) and a backward of y's cotangent alone; and (with an initial state) the NO_STATE results of the
-    call without either state, training's."""
+    pack_inputs) run the reference one sequence at a time and the op packed. ``all_forms`` (the gates' inputs:
+    an initial state and a "dh"): the NO_FINAL results too, of the call that drops the final state (a forward
+    without it, the reference's being the same forward, and a backward of y's cotangent alone), and the NO_STATE
+    results of the call without either state, training's."""
+    if all_forms and (inputs["initial_state"] is None or inputs["dh"] is None):
+        raise ValueError("all_forms: the inputs need an initial state and a final-state cotangent (the gates' own)")
     cast = (lambda t: t.to(ref_dtype)) if ref_dtype is not None else (lambda t: t.clone())
     x = cast(inputs["x"]).requires_grad_()
     params = [cast(p).requires_grad_() for p in inputs["params"].values()]
@@ -90,17 +92,16 @@ def evaluate(op: str, inputs: dict, *, backend: "str | None" = None, ref_dtype: 
     # a "dh" of None leaves the final state out of the loss (its cotangent is then no tensor at all)
     outs, cots = ([y], [inputs["dy"].to(y.dtype)]) if inputs["dh"] is None else (
         [y, h], [inputs["dy"].to(y.dtype), inputs["dh"].to(h.dtype)])
-    alone = both_forms and inputs["dh"] is not None
-    grads = torch.autograd.grad(outs, leaves, cots, retain_graph=alone and ref_dtype is not None)
+    grads = torch.autograd.grad(outs, leaves, cots, retain_graph=all_forms and ref_dtype is not None)
     names = [q for q in quantities(op) if h0 is not None or q != "d_initial_state"]
     out = dict(zip(names, (y.detach(), h.detach(), *grads)))
-    if alone:
+    if all_forms:
         if ref_dtype is None:
             # no final state asked for, and no cotangent (not even a zero one) reaching it
             y, _ = fn(x, *params, initial_state=h0, output_final_state=False, **kw)
         out[f"y{NO_FINAL}"] = y.detach()
         out.update(zip([q + NO_FINAL for q in names[2:]], torch.autograd.grad([y], leaves, cots[:1])))
-    if alone and h0 is not None:
+        # the call training makes: no initial state, no final state
         y, _ = fn(x, *params, initial_state=None, output_final_state=ref_dtype is not None, **kw)
         out[f"y{NO_STATE}"] = y.detach()
         out.update(zip([q + NO_STATE for q in names[2:] if q != "d_initial_state"],
@@ -207,7 +208,7 @@ def _warm_one(item) -> tuple:
     start = time.perf_counter()
     try:
         inputs = _inputs(op, shape, getattr(torch, dname), device, seed, heads, load_rules())
-        evaluate(op, inputs, backend=name, both_forms=True)
+        evaluate(op, inputs, backend=name, all_forms=True)
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize()
         return item, time.perf_counter() - start, None
@@ -299,8 +300,8 @@ def gate_unit(op: str, shape, dtype: torch.dtype, heads: int, backends: list, de
     for attempt in range(REFERENCE_ATTEMPTS):
         try:
             inputs = _inputs(op, shape, dtype, device, seed, heads, rules, documents)
-            ref = evaluate(op, inputs, ref_dtype=torch.float64, both_forms=True)
-            serial = evaluate(op, inputs, ref_dtype=torch.float32, both_forms=True)
+            ref = evaluate(op, inputs, ref_dtype=torch.float64, all_forms=True)
+            serial = evaluate(op, inputs, ref_dtype=torch.float32, all_forms=True)
             _sync(device)
             failure = None
             break
@@ -338,7 +339,7 @@ def gate_unit(op: str, shape, dtype: torch.dtype, heads: int, backends: list, de
         yield "start", dict(row)
         start, lost = time.perf_counter(), None
         try:
-            out = evaluate(op, inputs, backend=name, both_forms=True)
+            out = evaluate(op, inputs, backend=name, all_forms=True)
             _sync(device)
             row.update(judge(op, dtype, out, ref, serial_err, rounded_err, rules))
         except Exception as err:  # noqa: BLE001  (a backend that crashes fails its gate; the run goes on)

@@ -14,7 +14,8 @@ mixers' kernels use): token k opens where bit k is set, closes where bit k + 1 (
 k = K - 1) is set or it is token L - 1, and belongs to first[c] plus the bits set in (0, k]. SAMU's walks hold a
 chunk's bits and the next chunk's bit 0 as one 64-bit word (``chunk_bits``), so each test is one shift: a
 select between the two words per token cost SAMU's packed dx walk 55 registers (127 -> 182, sm_90). RG-LRU's
-``_boundaries`` still selects, as its packed gates ran (docs/performance.md, "Session 18").
+``_boundaries`` still selects (``chunk_bits_pair``, ``opens_at_pair``), as its packed gates ran
+(docs/performance.md, "Session 18").
 """
 
 from __future__ import annotations
@@ -64,6 +65,14 @@ def chunk_bits(words, i_c, NC, K: tl.constexpr):
 
 
 @triton.jit
+def chunk_bits_pair(words, i_c, NC):
+    """chunk_bits as two int32 words, the chunk's bits and the next chunk's (0 past the last): the form RG-LRU's
+    packed kernels were gated with, kept until a GPU run compares their bits on the one word."""
+    return (tl.load(words + tl.minimum(i_c, NC - 1)),
+            tl.where(i_c + 1 < NC, tl.load(words + tl.minimum(i_c + 1, NC - 1)), 0))
+
+
+@triton.jit
 def first_sequence(words, i_c, NC):
     """The sequence of chunk i_c's first token."""
     return tl.load(words + NC + tl.minimum(i_c, NC - 1))
@@ -80,6 +89,12 @@ def opens_at(bits, k):
     """Whether token k of a chunk opens a sequence (k = K: the next chunk's first token), from the chunk's
     ``bits`` (chunk_bits); k a scalar or a tensor broadcast against them, in [0, K]."""
     return ((bits >> k) & 1) != 0
+
+
+@triton.jit
+def opens_at_pair(w, w_next, k, K: tl.constexpr):
+    """opens_at on chunk_bits_pair's two words: a select between them per token (RG-LRU's gated form)."""
+    return ((tl.where(k < K, w, w_next) >> (k % K)) & 1) != 0
 
 
 @triton.jit

@@ -79,7 +79,7 @@ def test_failing_variant_is_recorded_and_never_dispatched_for_its_shape_class(du
     bad = rows["test_gate_bad"]
     assert not bad["pass"] and not bad["passed"]["y"] and bad["passed"]["final_state"]
     assert bad["errors"]["y"] == pytest.approx(1e-3, rel=1e-3)
-    assert set(bad["thresholds"]) == set(quantities("samu", both_forms=True))
+    assert set(bad["thresholds"]) == set(quantities("samu", all_forms=True))
     # a backward right with the final state's cotangent and wrong without one fails, on that call's gradients only
     partly = rows["test_gate_bad_without_dh"]
     wrong = {q for q, ok in partly["passed"].items() if not ok}
@@ -123,7 +123,7 @@ def test_torch_backend_passes_its_gates_for_both_mixers_and_dtypes():
     assert record["complete"] and len(record["rows"]) == 4
     for row in record["rows"]:
         assert row["pass"], row
-        assert set(row["errors"]) == set(quantities(row["op"], both_forms=True))
+        assert set(row["errors"]) == set(quantities(row["op"], all_forms=True))
         low = row["dtype"] == "bfloat16"
         assert row["rules"]["y"] == row["rules"]["y|no_final"] == row["rules"]["dx|no_final"] == (
             row["rules"]["y|no_state"]) == row["rules"]["dx|no_state"] == ("low_precision" if low else "fp32")
@@ -173,7 +173,7 @@ def test_packed_gates_judge_each_sequence_against_its_own_reference(dummy_varian
         assert row["documents"] == 5 and row["cu_seqlens"][:2] == [0, 1] and row["cu_seqlens"][-1] == 61
         # the bad dummy's 0.1% error hides under bf16's rounding, not under the fp32 rule
         assert row["pass"] == (row["backend"] != "test_pack_bad" or row["dtype"] == "bfloat16"), row
-        assert set(row["errors"]) == set(quantities(row["op"], both_forms=True))
+        assert set(row["errors"]) == set(quantities(row["op"], all_forms=True))
     # packed rows speak for packed classes only
     status = status_from_records([("r", {**record, "kind": "gate", "created": "x"})])
     packed = dispatch.shape_class(61, 8, torch.float32, packed=True)

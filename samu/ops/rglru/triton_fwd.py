@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from samu.ops.packing_triton import first_sequence
+from samu.ops.packing_triton import chunk_bits_pair, first_sequence, opens_at_pair
 from samu.ops.triton_utils import cdiv, next_power_of_2
 from samu.ops.triton_utils import launch as triton_launch
 from samu.ops.triton_utils import expm1 as _expm1_interp
@@ -549,13 +549,10 @@ def _boundaries(words, i_s, m_t, L, NC, WC: tl.constexpr, K: tl.constexpr):
     the step's chunk words (packing_triton: bits by shifts, the sequence by an in-thread prefix count)."""
     o_k = tl.arange(0, K)[None, :]
     i_c = i_s * WC + tl.arange(0, WC)                                                # [WC] chunks
-    # the two words apart, a select per token, as gated (packing_triton.chunk_bits holds them as one word, which
-    # SAMU's walks use; these kernels move to it once a GPU run has compared their bits)
-    w, w_next = tl.load(words + tl.minimum(i_c, NC - 1)), tl.where(i_c + 1 < NC, tl.load(words + tl.minimum(i_c + 1,
-                                                                                                  NC - 1)), 0)
-    opens = ((tl.where(o_k < K, w[:, None], w_next[:, None]) >> (o_k % K)) & 1) != 0
-    closes = (((tl.where(o_k + 1 < K, w[:, None], w_next[:, None]) >> ((o_k + 1) % K)) & 1) != 0) | (
-        i_c[:, None] * K + o_k == L - 1)
+    # the two words apart, a select per token, as gated (SAMU's walks hold them as one, packing_triton.chunk_bits)
+    w, w_next = chunk_bits_pair(words, i_c, NC)
+    opens = opens_at_pair(w[:, None], w_next[:, None], o_k, K)
+    closes = opens_at_pair(w[:, None], w_next[:, None], o_k + 1, K) | (i_c[:, None] * K + o_k == L - 1)
     n = first_sequence(words, i_c, NC)[:, None] + tl.cumsum(tl.where(opens & (o_k > 0), 1, 0), axis=1)
     return n, m_t & opens, m_t & closes
 

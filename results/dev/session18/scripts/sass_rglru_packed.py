@@ -1,0 +1,22 @@
+"""Session 18 (issue 15), no GPU: scripts/sass_same.py's dump for RG-LRU, packed launches only, two shapes (head dims 16
+and 160), both variants, three dtypes, four state combinations. Usage: python sass_rglru_packed.py ROOT OUT.json (ROOT: a
+tree with samu, tests, scripts); then python scripts/sass_same.py compare A.json B.json."""
+import sys
+
+root, out = sys.argv[1], sys.argv[2]
+sys.path[:0] = [root, root + "/scripts"]
+import sass_same  # noqa: E402
+import tests.sm90 as sm90  # noqa: E402
+
+assert sm90.__file__.startswith(root), sm90.__file__
+sass_same.SHAPES["rglru"] = ((1, 300, 256), (1, 2100, 2560))
+unpacked_too = sm90.run_case
+
+
+def packed_only(op, variant, shape, dtype, documents, **kw):
+    if documents:
+        unpacked_too(op, variant, shape, dtype, documents, **kw)
+
+
+sm90.run_case = packed_only
+sass_same.dump(out, "rglru")
