@@ -114,8 +114,7 @@ def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
     cotangent delta * multiplier * gate_x, dlog a * gate_a (for d softplus) and a * delta (d of the
     state before each token: d initial_state where a packed sequence opens). Packed (VARLEN): b_dy
     holds the final-state cotangents already and b_h0 the initial states where sequences open; where they
-    open comes from step i_s's chunk words, found here, after the products (fewer values live through them;
-    a caller that found them already, for b_h0 or the final cotangents, leaves the compiler to merge the two).
+    open comes from step i_s's chunk words, found here, after the products (fewer values live through them).
     """
     b_za = _to_scan_layout(_gate_dot(xa, xb, wa[0], wb[0], X_PARTS, ORDER, NPB, WC, K, BJ, MATH), MATH)
     b_zx = _to_scan_layout(_gate_dot(xa, xb, wa[1], wb[1], X_PARTS, ORDER, NPB, WC, K, BJ, MATH), MATH)
@@ -332,7 +331,7 @@ def _rglru_bwd_dw_kernel(
         xa, xb = _head_rows(p_x, o_t, t0 + o_t < L, o_ia, m_ia, o_ib, m_ib, D, NPB, X_PARTS)
         b_xj = tl.load(p_x + o_ch, mask=m_x, other=0.0).to(tl.float32)
         b_dy = tl.load(p_dy + o_ch, mask=m_x, other=0.0).to(tl.float32)
-        b_h0 = b_dy
+        opens, b_h0 = m_t, b_dy
         if VARLEN and (HAS_DH or HAS_H0):
             b_dy, i_n, opens = _with_final(b_dy, dh_last, words, i_s, m_t, m_j, o_d, L, NC, D, WC, K, HAS_DH)
             if HAS_H0:

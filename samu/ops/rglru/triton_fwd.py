@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from samu.ops.packing_triton import chunk_bits_pair, first_sequence, opens_at_pair
+from samu.ops.packing_triton import chunk_bits, first_sequence, opens_at
 from samu.ops.triton_utils import cdiv, next_power_of_2
 from samu.ops.triton_utils import launch as triton_launch
 from samu.ops.triton_utils import expm1 as _expm1_interp
@@ -549,10 +549,9 @@ def _boundaries(words, i_s, m_t, L, NC, WC: tl.constexpr, K: tl.constexpr):
     the step's chunk words (packing_triton: bits by shifts, the sequence by an in-thread prefix count)."""
     o_k = tl.arange(0, K)[None, :]
     i_c = i_s * WC + tl.arange(0, WC)                                                # [WC] chunks
-    # the two words apart, a select per token, as gated (SAMU's walks hold them as one, packing_triton.chunk_bits)
-    w, w_next = chunk_bits_pair(words, i_c, NC)
-    opens = opens_at_pair(w[:, None], w_next[:, None], o_k, K)
-    closes = opens_at_pair(w[:, None], w_next[:, None], o_k + 1, K) | (i_c[:, None] * K + o_k == L - 1)
+    w, w_next = chunk_bits(words, i_c, NC)
+    opens = opens_at(w[:, None], w_next[:, None], o_k, K)
+    closes = opens_at(w[:, None], w_next[:, None], o_k + 1, K) | (i_c[:, None] * K + o_k == L - 1)
     n = first_sequence(words, i_c, NC)[:, None] + tl.cumsum(tl.where(opens & (o_k > 0), 1, 0), axis=1)
     return n, m_t & opens, m_t & closes
 

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from samu.ops.packing_triton import chunk_bits, first_sequence, last_sequence, opens_at, sequence_after, sequence_before
+from samu.ops.packing_triton import chunk_word, first_sequence, last_sequence, opens_in, sequence_after, sequence_before
 from samu.ops.samu.triton_fwd import (CTL, _both, _cfma, _clamp, _controls_of, _entering, _fetch_controls, _fetch_pair,
                                       _fetch_token, _gamma, _gamma_squared, _input_of, _load_pair, _mode_row, _restart,
                                       _prefix_tail, _store_pair, _store_quad, _transition, prefix_buffers)
@@ -67,7 +67,7 @@ def _adjoint_of(m, c, s, b_gr, b_gi, t, L, mask_n, b_rate, b_ch, b_cl, b_sh, b_s
     b_gr = b_gr.to(tl.float32)
     b_gi = b_gi.to(tl.float32)
     if VARLEN:
-        cut = nxt & opens_at(bits, k + 1)
+        cut = nxt & opens_in(bits, k + 1)
         b_ar = tl.where(cut, 0.0, b_ar)
         b_ai = tl.where(cut, 0.0, b_ai)
         if HAS_DF:
@@ -88,10 +88,10 @@ def _fetch_projections(p_p, p_dp, t, L):
 @triton.jit
 def _walk_words(words, i_c, n_chunks, K: tl.constexpr, VARLEN: tl.constexpr):
     """For a right-to-left walk of chunk i_c, packed: its opening bits with the next chunk's first one
-    (packing_triton.chunk_bits) and the sequence of its last token; zeros unpacked."""
+    (packing_triton.chunk_word) and the sequence of its last token; zeros unpacked."""
     bits, n = 0, 0
     if VARLEN:
-        bits = chunk_bits(words, i_c, n_chunks, K)
+        bits = chunk_word(words, i_c, n_chunks, K)
         n = last_sequence(words, i_c, n_chunks)
     return bits, n
 
@@ -142,7 +142,7 @@ def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, rck, rgroups, ri
         mr, cr, sr = m0, c0, s0
         if VARLEN:
             if HAS_DF:
-                n = sequence_before(n, opens_at(bits, k), k)
+                n = sequence_before(n, opens_in(bits, k), k)
         b_fr, b_fi = _cfma(b_ar, b_ai, b_fr, b_fi, b_gr, b_gi)
         b_qr, b_qi = b_ar * b_qr - b_ai * b_qi, b_ar * b_qi + b_ai * b_qr
         t -= 1
@@ -191,7 +191,7 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
             mr, cr, sr = m0, c0, s0
             if VARLEN:
                 if HAS_DF:
-                    n = sequence_before(n, opens_at(bits, k), k)
+                    n = sequence_before(n, opens_in(bits, k), k)
             b_dr, b_di = _cfma(b_ar, b_ai, b_dr, b_di, b_gr, b_gi)
             tl.store(p_slot, b_dr)
             tl.store(p_slot + BN, b_di)
@@ -225,7 +225,7 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
             b_dr1 = tl.load(p_next)
             b_di1 = tl.load(p_next + BN)
             if VARLEN:
-                opens = valid & opens_at(bits, k)
+                opens = valid & opens_in(bits, k)
                 if HAS_H0:
                     n = sequence_after(n, opens, k)
                 b_hr, b_hi = _restart(opens, n, h0, b_hr, b_hi, i_n, N, D, mask_n, HAS_H0)
@@ -347,7 +347,7 @@ def _dx_kernel(x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, d
         mr, cr, sr = m0, c0, s0
         if VARLEN:
             if HAS_DF:
-                n = sequence_before(n, opens_at(bits, k), k)
+                n = sequence_before(n, opens_in(bits, k), k)
         b_dr, b_di = _cfma(b_ar, b_ai, b_dr, b_di, b_gr, b_gi)
         b_w = m0 * b_rate
         b_g = _gamma(b_w, exp_flushed(-b_w))

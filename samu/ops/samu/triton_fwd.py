@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from samu.ops.packing_triton import chunk_bits, first_sequence, opens_at, sequence_after
+from samu.ops.packing_triton import chunk_word, first_sequence, opens_in, sequence_after
 from samu.ops.triton_utils import (arrive, cast_to, cdiv, exp_flushed, launch, next_power_of_2, one_minus_exp_neg_small,
                                   tanh)
 
@@ -326,7 +326,7 @@ def _summary_kernel(x, ctl, trig, nu, theta_log, csum, ck, groups, start, init, 
     b_er = tl.zeros([BN], dtype=tl.float32)
     b_ei = tl.zeros([BN], dtype=tl.float32)
     if VARLEN:
-        bits = chunk_bits(words, i_c, n_chunks, K)
+        bits = chunk_word(words, i_c, n_chunks, K)
         n = first_sequence(words, i_c, n_chunks)
     m1, c1, s1, b_zr1, b_zi1 = _fetch_token(p_x, p_m, p_c, t, L, N, mask_n)
     for k in tl.range(K, loop_unroll_factor=U):
@@ -334,7 +334,7 @@ def _summary_kernel(x, ctl, trig, nu, theta_log, csum, ck, groups, start, init, 
         m1, c1, s1, b_zr1, b_zi1 = _fetch_token(p_x + D, p_m, p_c, t + 1, L, N, mask_n)
         if VARLEN:
             # n: the sequence of token t
-            opens = (t < L) & opens_at(bits, k)
+            opens = (t < L) & opens_in(bits, k)
             if HAS_H0:
                 n = sequence_after(n, opens, k)
             b_er, b_ei = _restart(opens, n, h0, b_er, b_ei, i_n, N, D, mask_n, HAS_H0)
@@ -382,7 +382,7 @@ def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, word
     p_x = x + row
     p_y = y + row
     if VARLEN:
-        bits = chunk_bits(words, i_c, n_chunks, K)
+        bits = chunk_word(words, i_c, n_chunks, K)
         n = first_sequence(words, i_c, n_chunks)
     # the two fetches apart, not through _fetch_token: that changed this kernel's SASS (scripts/sass_same.py)
     m1, c1, s1 = _fetch_controls(p_m, p_c, t, L)
@@ -393,7 +393,7 @@ def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, word
         m1, c1, s1 = _fetch_controls(p_m, p_c, t + 1, L)
         b_zr1, b_zi1 = _fetch_pair(p_x + D, t + 1, L, N, mask_n)
         if VARLEN:
-            opens = valid & opens_at(bits, k)
+            opens = valid & opens_in(bits, k)
             if HAS_H0 or HAS_FINAL:
                 n = sequence_after(n, opens, k)
             b_hr, b_hi = _restart(opens, n, h0, b_hr, b_hi, i_n, N, D, mask_n, HAS_H0)
@@ -402,7 +402,7 @@ def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, word
         _store_pair(p_y, 0, N, b_hr, b_hi, _both(mask_n, valid))
         if VARLEN:
             if HAS_FINAL:
-                closes = valid & ((t == L - 1) | opens_at(bits, k + 1))
+                closes = valid & ((t == L - 1) | opens_in(bits, k + 1))
                 _store_pair(final, n.to(tl.int64) * D + i_n, N, b_hr, b_hi, _both(mask_n, closes))
         t += 1
         p_x += D
