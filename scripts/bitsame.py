@@ -51,20 +51,21 @@ def save(op: str, root: str, out: str, device: str = "cuda"):
     assert samu.__file__.startswith(root), f"samu imported from {samu.__file__}, not from {root}"
     results = {}
     for B, L, D, dname, docs, with_state, final in CASES[op]:
+        # one set of inputs per case, shared by the variants (leaves: torch.autograd.grad leaves no .grad behind)
         dtype = getattr(torch, dname)
+        x = randn((B, L, D), 0, dtype=dtype, device=device)
+        params = samu_params(D, 1, device=device) if op == "samu" else rglru_params(D, HEADS, 1, device=device)
+        params = [p.requires_grad_(True) for p in params]
+        cu = torch.tensor(document_offsets(L, docs, 1), dtype=torch.int32, device=device) if docs else None
+        rows = docs or B
+        h0 = randn((rows, D), 2, device=device) if with_state else None
+        cots = [randn((B, L, D), 3, dtype=dtype, device=device, requires_grad=False)]
+        cots += [randn((rows, D), 4, device=device, requires_grad=False)] if final else []
+        leaves = [x, *params] + ([h0] if with_state else [])
         for name, variant in sorted(dispatch.variants(op).items()):
-            x = randn((B, L, D), 0, dtype=dtype, device=device)
-            params = samu_params(D, 1, device=device) if op == "samu" else rglru_params(D, HEADS, 1, device=device)
-            params = [p.requires_grad_(True) for p in params]
-            cu = torch.tensor(document_offsets(L, docs, 1), dtype=torch.int32, device=device) if docs else None
-            rows = docs or B
-            h0 = randn((rows, D), 2, device=device) if with_state else None
             y, h = variant.run(x, *params, h0, 2.0 if op == "samu" else 8.0, cu_seqlens=cu, final=final)
-            outs, cots = [y], [randn((B, L, D), 3, dtype=dtype, device=device, requires_grad=False)]
-            if final:
-                outs.append(h)
-                cots.append(randn((rows, D), 4, device=device, requires_grad=False))
-            grads = torch.autograd.grad(outs, [x, *params] + ([h0] if with_state else []), cots)
+            outs = [y, h] if final else [y]
+            grads = torch.autograd.grad(outs, leaves, cots)
             key = f"{name} {B}x{L}x{D} {dname} docs={docs} state={with_state} final={final}"
             results[key] = [t.detach().cpu() for t in (*outs, *grads)]
             print(key, "done", flush=True)

@@ -1,7 +1,8 @@
-"""Session 18 (issue 15), from session 16's bitsame.py with two packed cases of the form training calls: the SAMU Triton variants' outputs and gradients at a set of shapes, saved, so that two trees
-can be compared to the bit (the prefix moved into the summary kernels' last programs must not move a bit).
-Usage: python bitsame.py ROOT OUT.pt  (imports samu and tests.helpers from ROOT);
-       python bitsame.py compare OLD.pt NEW.pt  (prints each case, same or DIFF, and a count)."""
+"""Session 18, call 7 (issue 15): session 16's bitsame.py with two packed cases of the form training calls (no
+states), as call 7 ran it: the SAMU Triton variants' outputs and gradients saved, so that two trees can be compared
+to the bit (the one-word chunk bits must not move one). scripts/bitsame.py, for both mixers, supersedes it.
+Usage: python bitsame_samu.py ROOT OUT.pt  (imports samu and tests.helpers from ROOT);
+       python bitsame_samu.py compare OLD.pt NEW.pt  (each case same or DIFF, and a count)."""
 import sys
 
 
