@@ -52,11 +52,14 @@ def _chunk_boundaries_kernel(cu, words, N, NC, steps, K: tl.constexpr, BC: tl.co
 
 
 @triton.jit
-def chunk_bits(words, i_c, NC):
-    """Opening bits of chunk i_c (a scalar or a tensor of chunks, clamped into [0, NC)) and of the chunk
-    after it (0 past the last), from ``words`` [3, NC] (chunk_boundaries)."""
-    return (tl.load(words + tl.minimum(i_c, NC - 1)),
-            tl.where(i_c + 1 < NC, tl.load(words + tl.minimum(i_c + 1, NC - 1)), 0))
+def chunk_word(words, i_c, NC, K: tl.constexpr):
+    """The opening bits of chunk i_c (a scalar or a tensor of chunks, clamped into [0, NC)) as one int64 word:
+    bits 0..K-1 its own, bit K that of the next chunk's first token (0 past the last). With it a token's test is
+    one shift (opens_in) for every k in [0, K], not a select between two words per token: that select cost
+    SAMU's packed dx walk 55 registers (127 -> 182 on sm_90; docs/performance.md, "Session 18")."""
+    w = tl.load(words + tl.minimum(i_c, NC - 1)).to(tl.int64) & ((1 << K) - 1)
+    w_next = tl.where(i_c + 1 < NC, tl.load(words + tl.minimum(i_c + 1, NC - 1)), 0)
+    return w | ((w_next & 1).to(tl.int64) << K)
 
 
 @triton.jit
@@ -72,10 +75,10 @@ def last_sequence(words, i_c, NC):
 
 
 @triton.jit
-def opens_at(w, w_next, k, K: tl.constexpr):
-    """Whether token k of a chunk opens a sequence (k = K: the next chunk's first token), from the chunk's
-    bits w and w_next (chunk_bits); k a scalar or a tensor broadcast against them."""
-    return ((tl.where(k < K, w, w_next) >> (k % K)) & 1) != 0
+def opens_in(word, k):
+    """Whether token k of a chunk opens a sequence (k = K: the next chunk's first token), from its chunk_word;
+    k a scalar or a tensor broadcast against it, in [0, K]."""
+    return ((word >> k) & 1) != 0
 
 
 @triton.jit
@@ -103,22 +106,3 @@ def chunk_boundaries(cu_seqlens: torch.Tensor, L: int, K: int) -> torch.Tensor:
     launch(_chunk_boundaries_kernel, (cdiv(NC, BC),), cu_seqlens, words, N, NC, max(1, N.bit_length()), K=K, BC=BC,
            num_warps=4)
     return words
-
-
-@triton.jit
-def chunk_word(words, i_c, NC, K: tl.constexpr):
-    """chunk_bits as one int64 word: bits 0..K-1 the opening bits of chunk i_c (a scalar or a tensor of chunks,
-    clamped into [0, NC)), bit K that of the next chunk's first token (0 past the last). With it a token's test is
-    one shift (opens_in), not a select between two words per token: the select cost SAMU's packed dx walk 55
-    registers (127 -> 182 on sm_90; docs/performance.md, "Session 18"). SAMU's walks use it; RG-LRU's kernels
-    keep chunk_bits and opens_at, the form their packed gates ran, until a GPU run compares their bits on this one."""
-    w = tl.load(words + tl.minimum(i_c, NC - 1)).to(tl.int64) & ((1 << K) - 1)
-    w_next = tl.where(i_c + 1 < NC, tl.load(words + tl.minimum(i_c + 1, NC - 1)), 0)
-    return w | ((w_next & 1).to(tl.int64) << K)
-
-
-@triton.jit
-def opens_in(word, k):
-    """Whether token k of a chunk opens a sequence (k = K: the next chunk's first token), from its chunk_word;
-    k a scalar or a tensor broadcast against it, in [0, K]."""
-    return ((word >> k) & 1) != 0

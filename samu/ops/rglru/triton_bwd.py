@@ -139,6 +139,12 @@ def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
     if VARLEN:
         _, opens, _ = _boundaries(words, i_s, m_t, L, NC, WC, K)
         b_as, b_bs = _restart(b_at, b_bt, opens, b_h0, HAS_H0)
+    # delta_t = dy_t + a_{t+1} delta_{t+1} over each chunk flipped (free: its tokens lie inside a thread), before
+    # g_t's scan: after it, packed, the cut transitions stayed beside a through both (dx spilled 60 words, not 16)
+    b_q, b_v = _scan_adjoint(_flip_tokens(b_as, K, MATH), _flip_tokens(b_dy, K, MATH), K, MATH)
+    # tokens past L carry the adjoint through but contribute nothing: every cotangent below is a
+    # multiple of delta (padded channels have delta = 0 already)
+    b_delta = tl.where(m_t[None, :, :], _flip_tokens(b_v + b_q * b_e[:, :, None], K, MATH), 0.0)
     # g_t = a_t h_{t-1}, from the state entering the chunk
     b_P, b_W = _scan_before(b_as, b_bs, K, MATH)
     b_gt = b_W + b_P * b_hin[:, :, None]
@@ -148,12 +154,6 @@ def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
             b_gt = tl.where(opens[None, :, :], b_at * b_h0, b_gt)
         else:
             b_gt = tl.where(opens[None, :, :], 0.0, b_gt)
-
-    # delta_t = dy_t + a_{t+1} delta_{t+1} over each chunk flipped (free: its tokens lie inside a thread)
-    b_q, b_v = _scan_adjoint(_flip_tokens(b_as, K, MATH), _flip_tokens(b_dy, K, MATH), K, MATH)
-    # tokens past L carry the adjoint through but contribute nothing: every cotangent below is a
-    # multiple of delta (padded channels have delta = 0 already)
-    b_delta = tl.where(m_t[None, :, :], _flip_tokens(b_v + b_q * b_e[:, :, None], K, MATH), 0.0)
 
     # pointwise cotangents; b = multiplier * gate_x * x
     b_dm = b_delta * b_mult
@@ -167,8 +167,8 @@ def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
 @triton.jit
 def _with_final(b_dy, dh_last, words, i_s, m_t, m_j, o_d, L, NC, D: tl.constexpr, WC: tl.constexpr,
                 K: tl.constexpr, HAS_DH: tl.constexpr):
-    """Packed: dy with each sequence's final-state cotangent added where it closes; the step's
-    (sequence, opens) per token."""
+    """Packed: dy with each sequence's final-state cotangent added where it closes, and the step's (sequence, opens)
+    per token (_chunk_cotangents decodes opens again after the gate products: fewer values live through them)."""
     i_n, opens, closes = _boundaries(words, i_s, m_t, L, NC, WC, K)
     if HAS_DH:
         b_dy = b_dy + _rows_of(dh_last, i_n, o_d, m_j, closes, D)
@@ -331,7 +331,7 @@ def _rglru_bwd_dw_kernel(
         xa, xb = _head_rows(p_x, o_t, t0 + o_t < L, o_ia, m_ia, o_ib, m_ib, D, NPB, X_PARTS)
         b_xj = tl.load(p_x + o_ch, mask=m_x, other=0.0).to(tl.float32)
         b_dy = tl.load(p_dy + o_ch, mask=m_x, other=0.0).to(tl.float32)
-        opens, b_h0 = m_t, b_dy
+        b_h0 = b_dy
         if VARLEN and (HAS_DH or HAS_H0):
             b_dy, i_n, opens = _with_final(b_dy, dh_last, words, i_s, m_t, m_j, o_d, L, NC, D, WC, K, HAS_DH)
             if HAS_H0:

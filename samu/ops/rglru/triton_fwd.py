@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from samu.ops.packing_triton import chunk_bits, first_sequence, opens_at
+from samu.ops.packing_triton import chunk_word, first_sequence, opens_in
 from samu.ops.triton_utils import cdiv, next_power_of_2
 from samu.ops.triton_utils import launch as triton_launch
 from samu.ops.triton_utils import expm1 as _expm1_interp
@@ -549,9 +549,9 @@ def _boundaries(words, i_s, m_t, L, NC, WC: tl.constexpr, K: tl.constexpr):
     the step's chunk words (packing_triton: bits by shifts, the sequence by an in-thread prefix count)."""
     o_k = tl.arange(0, K)[None, :]
     i_c = i_s * WC + tl.arange(0, WC)                                                # [WC] chunks
-    w, w_next = chunk_bits(words, i_c, NC)
-    opens = opens_at(w[:, None], w_next[:, None], o_k, K)
-    closes = opens_at(w[:, None], w_next[:, None], o_k + 1, K) | (i_c[:, None] * K + o_k == L - 1)
+    word = chunk_word(words, i_c, NC, K)[:, None]
+    opens = opens_in(word, o_k)
+    closes = opens_in(word, o_k + 1) | (i_c[:, None] * K + o_k == L - 1)
     n = first_sequence(words, i_c, NC)[:, None] + tl.cumsum(tl.where(opens & (o_k > 0), 1, 0), axis=1)
     return n, m_t & opens, m_t & closes
 
