@@ -8,7 +8,9 @@
 # once per forward + backward is counted over all its launches: the third of SAMU's _controller_kernel is the
 # second call's forward one, of RG-LRU's _rglru_chunk_kernel the second call's summary pass. Writes, per kernel,
 # $OUT/ncu/KERNEL.txt (the details page: throughput, occupancy, warp stall reasons) and KERNEL-source.csv
-# (per SASS instruction: executions and stall samples), and $OUT/ncu.tar.gz of the folder.
+# (per SASS instruction: executions and stall samples), and $OUT/ncu.tar.gz of the folder (of every run so far).
+# DOCUMENTS=N packs the row into N sequences (the offsets of the packed bench and gates); the files are then
+# named KERNEL-packedN.
 set -u
 cd "$(dirname "$0")/.."
 OP=${1:?usage: gpu_ncu.sh OP BACKEND B,L,D KERNEL...}
@@ -23,24 +25,28 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
 [ -n "$NCU" ] || { echo "gpu_ncu.sh: no ncu on this machine (PATH or /opt/nvidia/nsight-compute)"; exit 1; }
 DRIVER="import sys; sys.path.insert(0, 'scripts'); import torch, samu; from gpu_profile import make
 samu.set_check_finite(False)
-_, fb, leaves = make('$OP', tuple(int(v) for v in '$SHAPE'.split(',')), '$BACKEND')
+from samu.gates.inputs import document_offsets
+shape = tuple(int(v) for v in '$SHAPE'.split(','))
+cu = document_offsets(shape[1], ${DOCUMENTS:-0}, 1) if ${DOCUMENTS:-0} else None
+_, fb, leaves = make('$OP', shape, '$BACKEND', cu_seqlens=cu)
 for _ in range(3):
     fb()
     for t in leaves: t.grad = None
 torch.cuda.synchronize()"
 failed=0
 for kernel in "$@"; do
-  echo "=== $kernel"
+  name=$kernel${DOCUMENTS:+-packed$DOCUMENTS}
+  echo "=== $name"
   if ! timeout 240 "$NCU" --clock-control none --set full --import-source no -k "regex:^${kernel}\$" --launch-skip 2 \
-      --launch-count 1 -f -o "$OUT/ncu/$kernel" python3 -c "$DRIVER" > "$OUT/ncu/$kernel.log" 2>&1 \
-      || [ ! -f "$OUT/ncu/$kernel.ncu-rep" ]; then
-    echo "ncu failed for $kernel:"; tail -5 "$OUT/ncu/$kernel.log"; failed=$((failed + 1)); continue
+      --launch-count 1 -f -o "$OUT/ncu/$name" python3 -c "$DRIVER" > "$OUT/ncu/$name.log" 2>&1 \
+      || [ ! -f "$OUT/ncu/$name.ncu-rep" ]; then
+    echo "ncu failed for $name:"; tail -5 "$OUT/ncu/$name.log"; failed=$((failed + 1)); continue
   fi
-  tail -2 "$OUT/ncu/$kernel.log"
-  "$NCU" --import "$OUT/ncu/$kernel.ncu-rep" --page details > "$OUT/ncu/$kernel.txt" 2>&1
-  "$NCU" --import "$OUT/ncu/$kernel.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu/$kernel-source.csv" 2>&1
+  tail -2 "$OUT/ncu/$name.log"
+  "$NCU" --import "$OUT/ncu/$name.ncu-rep" --page details > "$OUT/ncu/$name.txt" 2>&1
+  "$NCU" --import "$OUT/ncu/$name.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu/$name-source.csv" 2>&1
   grep -E "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|Issued Ipc|No Eligible|Warp Cycles Per Issued|Memory Throughput" \
-    "$OUT/ncu/$kernel.txt" | head -12
+    "$OUT/ncu/$name.txt" | head -12
 done
 rm -f "$OUT"/ncu/*.ncu-rep
 tar -czf "$OUT/ncu.tar.gz" -C "$OUT" ncu
