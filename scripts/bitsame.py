@@ -6,14 +6,16 @@ The cases: unpacked and packed (offsets from samu.gates.inputs.document_offsets:
 others cut at random, so sequences open on every token of a chunk), with and without initial states, with and
 without a final-state cotangent (each a form the kernels compile apart), bf16, fp16 and fp32, L up to 131,072.
 
-Usage: python scripts/bitsame.py save --op samu|rglru ROOT OUT.pt   (imports samu and tests.helpers from ROOT;
-                                                                       run two trees side by side, each its own)
-       python scripts/bitsame.py compare A.pt B.pt                  (each case same or DIFF, then a count)
+Usage: python scripts/bitsame.py save --op samu|rglru ROOT DIR [--part K/N]   (imports samu and tests.helpers from
+           ROOT; one file a case in DIR, written as it finishes, so a run cut short keeps what finished; --part runs
+           the cases i with i % N == K, so N processes a tree share the compiling; run the trees side by side)
+       python scripts/bitsame.py compare A B      (each case same, DIFF or missing from one side, then a count)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 # (B, L, D, dtype, documents (0: unpacked), initial states, final state with its cotangent)
@@ -40,7 +42,7 @@ CASES = {
 HEADS = 16
 
 
-def save(op: str, root: str, out: str, device: str = "cuda"):
+def save(op: str, root: str, out: str, device: str = "cuda", part: str = "0/1"):
     sys.path.insert(0, root)
     import torch
 
@@ -50,8 +52,11 @@ def save(op: str, root: str, out: str, device: str = "cuda"):
     from tests.helpers import randn, rglru_params, samu_params
 
     assert samu.__file__.startswith(root), f"samu imported from {samu.__file__}, not from {root}"
-    results = {}
-    for B, L, D, dname, docs, with_state, final in CASES[op]:
+    k, n = (int(v) for v in part.split("/"))
+    os.makedirs(out, exist_ok=True)
+    for i, (B, L, D, dname, docs, with_state, final) in enumerate(CASES[op]):
+        if i % n != k:
+            continue
         # one set of inputs per case, shared by the variants (leaves: torch.autograd.grad leaves no .grad behind)
         dtype = getattr(torch, dname)
         x = randn((B, L, D), 0, dtype=dtype, device=device)
@@ -63,6 +68,7 @@ def save(op: str, root: str, out: str, device: str = "cuda"):
         cots = [randn((B, L, D), 3, dtype=dtype, device=device, requires_grad=False)]
         cots += [randn((rows, D), 4, device=device, requires_grad=False)] if final else []
         leaves = [x, *params] + ([h0] if with_state else [])
+        results = {}
         for name, variant in sorted(dispatch.variants(op).items()):
             y, h = variant.run(x, *params, h0, 2.0 if op == "samu" else 8.0, cu_seqlens=cu, final=final)
             outs = [y, h] if final else [y]
@@ -70,20 +76,37 @@ def save(op: str, root: str, out: str, device: str = "cuda"):
             key = f"{name} {B}x{L}x{D} {dname} docs={docs} state={with_state} final={final}"
             results[key] = [t.detach().cpu() for t in (*outs, *grads)]
             print(key, "done", flush=True)
-    torch.save(results, out)
+        # written beside and renamed: a file in DIR is a whole case
+        path = os.path.join(out, f"case{i:03d}.pt")
+        torch.save(results, path + ".tmp")
+        os.replace(path + ".tmp", path)
+
+
+def _cases(folder: str) -> dict:
+    import torch
+
+    results = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".pt"):
+            results.update(torch.load(os.path.join(folder, name)))
+    return results
 
 
 def compare(a_path: str, b_path: str) -> int:
     import torch
 
-    a, b = torch.load(a_path), torch.load(b_path)
+    a, b = _cases(a_path), _cases(b_path)
     differ = 0
-    for key in a:
-        same = key in b and len(a[key]) == len(b[key]) and all(torch.equal(u, v) for u, v in zip(a[key], b[key]))
+    for key in sorted(set(a) | set(b)):
+        if key not in a or key not in b:
+            print(f"only in {'A' if key in a else 'B'}  {key}")
+            continue
+        same = len(a[key]) == len(b[key]) and all(torch.equal(u, v) for u, v in zip(a[key], b[key]))
         differ += not same
         print(("same  " if same else "DIFF  ") + key)
-    missing = [key for key in b if key not in a]
-    print(f"{len(a) - differ} of {len(a)} cases equal to the bit" + (f"; {len(missing)} only in B" if missing else ""))
+    both = len(set(a) & set(b))
+    missing = len(set(a) ^ set(b))
+    print(f"{both - differ} of {both} cases equal to the bit" + (f"; {missing} on one side only" if missing else ""))
     return 1 if differ or missing else 0
 
 
@@ -93,14 +116,15 @@ def main():
     s = sub.add_parser("save")
     s.add_argument("--op", choices=sorted(CASES), required=True)
     s.add_argument("root")
-    s.add_argument("out")
+    s.add_argument("out", help="folder: one file a case")
+    s.add_argument("--part", default="0/1", help="K/N: the cases i with i %% N == K")
     s.add_argument("--device", default="cuda", help="cpu: the Triton interpreter (TRITON_INTERPRET=1), small cases only")
     c = sub.add_parser("compare")
     c.add_argument("a")
     c.add_argument("b")
     args = ap.parse_args()
     if args.cmd == "save":
-        save(args.op, args.root, args.out, args.device)
+        save(args.op, args.root, args.out, args.device, args.part)
     else:
         sys.exit(compare(args.a, args.b))
 
