@@ -9,7 +9,8 @@ without a final-state cotangent (each a form the kernels compile apart), bf16, f
 Usage: python scripts/bitsame.py save --op samu|rglru ROOT DIR [--part K/N]   (imports samu and tests.helpers from
            ROOT; one file a case in DIR, written as it finishes, so a run cut short keeps what finished; --part runs
            the cases i with i % N == K, so N processes a tree share the compiling; run the trees side by side)
-       python scripts/bitsame.py compare A B      (each case same, DIFF or missing from one side, then a count)
+       python scripts/bitsame.py compare --op OP A B   (each variant run same or DIFF, each case missing from a
+           side; exit 1 unless every case of OP is in both folders and equal to the bit)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 # (B, L, D, dtype, documents (0: unpacked), initial states, final state with its cotangent)
 CASES = {
@@ -51,8 +53,8 @@ def save(op: str, root: str, out: str, device: str = "cuda", part: str = "0/1"):
     from samu.ops import dispatch
     from tests.helpers import randn, rglru_params, samu_params
 
-    assert samu.__file__.startswith(root), f"samu imported from {samu.__file__}, not from {root}"
-    k, n = (int(v) for v in part.split("/"))
+    assert Path(samu.__file__).resolve().parents[1] == Path(root).resolve(), f"samu imported from {samu.__file__}"
+    k, n = _part(part)
     os.makedirs(out, exist_ok=True)
     for i, (B, L, D, dname, docs, with_state, final) in enumerate(CASES[op]):
         if i % n != k:
@@ -82,32 +84,44 @@ def save(op: str, root: str, out: str, device: str = "cuda", part: str = "0/1"):
         os.replace(path + ".tmp", path)
 
 
+def _part(text: str) -> tuple[int, int]:
+    k, _, n = text.partition("/")
+    if not (k.isdigit() and n.isdigit() and int(k) < int(n)):
+        raise SystemExit(f"bitsame.py: --part must be K/N with 0 <= K < N, got {text!r}")
+    return int(k), int(n)
+
+
 def _cases(folder: str) -> dict:
+    """case index -> {variant key: tensors}, from the case files in ``folder`` (none if it does not exist)."""
     import torch
 
-    results = {}
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".pt"):
-            results.update(torch.load(os.path.join(folder, name)))
-    return results
+    if not os.path.isdir(folder):
+        return {}
+    return {int(name[4:7]): torch.load(os.path.join(folder, name)) for name in sorted(os.listdir(folder))
+            if name.startswith("case") and name.endswith(".pt")}
 
 
-def compare(a_path: str, b_path: str) -> int:
+def compare(op: str, a_path: str, b_path: str) -> int:
+    """Every case of ``op`` in both folders, to the bit; a case missing from either side fails, as does a differing
+    one (so a run in which nothing finished never reads as the same bits)."""
     import torch
 
     a, b = _cases(a_path), _cases(b_path)
-    differ = 0
-    for key in sorted(set(a) | set(b)):
-        if key not in a or key not in b:
-            print(f"only in {'A' if key in a else 'B'}  {key}")
+    same = runs = missing = 0
+    for i, case in enumerate(CASES[op]):
+        if i not in a or i not in b:
+            print(f"missing from {' and '.join(side for side, got in (('A', a), ('B', b)) if i not in got)}  case {i} "
+                  f"{case}")
+            missing += 1
             continue
-        same = len(a[key]) == len(b[key]) and all(torch.equal(u, v) for u, v in zip(a[key], b[key]))
-        differ += not same
-        print(("same  " if same else "DIFF  ") + key)
-    both = len(set(a) & set(b))
-    missing = len(set(a) ^ set(b))
-    print(f"{both - differ} of {both} cases equal to the bit" + (f"; {missing} on one side only" if missing else ""))
-    return 1 if differ or missing else 0
+        for key in sorted(set(a[i]) | set(b[i])):
+            equal = key in a[i] and key in b[i] and len(a[i][key]) == len(b[i][key]) and all(
+                torch.equal(u, v) for u, v in zip(a[i][key], b[i][key]))
+            print(("same  " if equal else "DIFF  ") + key)
+            same += equal
+            runs += 1
+    print(f"{same} of {runs} variant runs equal to the bit; {missing} of {len(CASES[op])} cases missing")
+    return 0 if runs and same == runs and not missing else 1
 
 
 def main():
@@ -120,13 +134,14 @@ def main():
     s.add_argument("--part", default="0/1", help="K/N: the cases i with i %% N == K")
     s.add_argument("--device", default="cuda", help="cpu: the Triton interpreter (TRITON_INTERPRET=1), small cases only")
     c = sub.add_parser("compare")
+    c.add_argument("--op", choices=sorted(CASES), required=True)
     c.add_argument("a")
     c.add_argument("b")
     args = ap.parse_args()
     if args.cmd == "save":
         save(args.op, args.root, args.out, args.device, args.part)
     else:
-        sys.exit(compare(args.a, args.b))
+        sys.exit(compare(args.op, args.a, args.b))
 
 
 if __name__ == "__main__":

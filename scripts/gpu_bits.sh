@@ -7,8 +7,8 @@
 #   bash scripts/gpu_bits.sh OP OLD        OP: samu or rglru; LIMIT (default 450 s) bounds each process, PARTS
 #                                          (default 4) the processes a tree
 #
-# Each process writes one file a case as it finishes, so a run cut short still compares what finished (the cases
-# missing on one side are counted and fail the comparison). Writes $OUT/bits-OP.log, $OUT/w/same-OP.txt and
+# Each process writes one file a case as it finishes, so a run cut short still compares what finished; a case
+# missing from either side, or a process that failed or ran past the limit, fails the comparison. Writes $OUT/bits-OP.log, $OUT/w/same-OP.txt and
 # $OUT/results.tar.gz; exits 1 when a case differs or is missing.
 set -u
 cd "$(dirname "$0")/.."
@@ -18,6 +18,7 @@ OLD=$(cd "${2:?usage: gpu_bits.sh samu|rglru OLD}" && pwd) || exit 1
 STAGES=bits
 workspace "bits-$OP.log"
 PARTS=${PARTS:-4}
+rm -rf "$W/bits-old" "$W/bits-new"   # no case file of an earlier run is compared as this one's
 pids=()
 for tree in old new; do
   root=$PWD
@@ -28,9 +29,11 @@ for tree in old new; do
     pids+=($!)
   done
 done
-for p in "${pids[@]}"; do wait "$p"; done
-$PY scripts/bitsame.py compare "$W/bits-old" "$W/bits-new" > "$W/same-$OP.txt" 2>&1
+failed=0
+for p in "${pids[@]}"; do wait "$p" || failed=$((failed + 1)); done
+$PY scripts/bitsame.py compare --op "$OP" "$W/bits-old" "$W/bits-new" > "$W/same-$OP.txt" 2>&1
 rc=$?
+[ "$failed" -eq 0 ] || { echo "$failed of $((2 * PARTS)) bitsame processes failed or ran past the limit"; rc=1; }
 rm -rf "$W/bits-old" "$W/bits-new"
 save
 echo "== $OP bits, old against new: $(tail -1 "$W/same-$OP.txt")"

@@ -20,9 +20,11 @@
 #            (this, OLD, this), so the drift between runs shows next to the difference
 #
 # EXTRA_TESTS="FILE..." runs more test files beside the tests (their own process and log, tests-extra.log).
-# LIMIT=SECONDS replaces the tests' and gates' limit. Since the gates judge both of a mixer's calls, RG-LRU's fp32
-# gates take ~425 s (results/dev/session14/call4): `STAGES="tests gates" LIMIT=470 bash scripts/gpu_change.sh rglru`
-# gates every RG-LRU class in one call, and the profiles then need a call of their own.
+# LIMIT=SECONDS replaces the tests' and gates' limit. The gates judge three calls of a mixer now (session 19), and
+# RG-LRU's fp32 gate set no longer fits one device call in one process: even split in two processes by shapes
+# (`--shapes primary,length` and `gate,-primary,-length`), its second was cut at 540 s one shape short
+# (results/dev/session19/call1/gates-float32-b.log). Gate RG-LRU's classes over two calls as session 19's
+# scripts/call1.sh and call2.sh (results/dev/session19/) did; SAMU's fit in one (124 s a dtype).
 #
 # Writes $OUT/change.log and $OUT/results.tar.gz (after the gates and again after the profiles: a call cut
 # short keeps what finished). Set SAMU_GIT_COMMIT when .git does not travel.

@@ -9,8 +9,8 @@
 # second call's forward one, of RG-LRU's _rglru_chunk_kernel the second call's summary pass. Writes, per kernel,
 # $OUT/ncu/KERNEL.txt (the details page: throughput, occupancy, warp stall reasons) and KERNEL-source.csv
 # (per SASS instruction: executions and stall samples), and $OUT/ncu.tar.gz of the folder (of every run so far).
-# DOCUMENTS=N packs the row into N sequences (the offsets of the packed bench and gates); the files are then
-# named KERNEL-packedN.
+# DOCUMENTS=N (N > 0) packs the row into N sequences (samu.gates.inputs.document_offsets(L, N, 1), the offsets of
+# scripts/gpu_packed_profile.py); the files are then named KERNEL-packedN.
 set -u
 cd "$(dirname "$0")/.."
 OP=${1:?usage: gpu_ncu.sh OP BACKEND B,L,D KERNEL...}
@@ -35,7 +35,7 @@ for _ in range(3):
 torch.cuda.synchronize()"
 failed=0
 for kernel in "$@"; do
-  name=$kernel${DOCUMENTS:+-packed$DOCUMENTS}
+  name=$kernel; [ "${DOCUMENTS:-0}" != 0 ] && name=$kernel-packed$DOCUMENTS
   echo "=== $name"
   if ! timeout 240 "$NCU" --clock-control none --set full --import-source no -k "regex:^${kernel}\$" --launch-skip 2 \
       --launch-count 1 -f -o "$OUT/ncu/$name" python3 -c "$DRIVER" > "$OUT/ncu/$name.log" 2>&1 \

@@ -1,13 +1,15 @@
 # Sourced by the GPU scripts: `stage NAME SECONDS COMMAND...` runs COMMAND under a time limit when NAME
-# is among $STAGES, with a header and its exit status. SIGINT first: Python stops between units, so a
-# record keeps what finished.
+# is among $STAGES, with a header and its exit status, and returns that status (124 past the limit). SIGINT
+# first: Python stops between units, so a record keeps what finished.
 stage() {
   local name=$1 limit=$2; shift 2
   case " $STAGES " in *" $name "*) ;; *) return 0 ;; esac
   echo "=== $name (limit ${limit}s): $*"
   local start=$SECONDS
   timeout --signal=INT --kill-after=15 "$limit" "$@"
-  echo "=== $name: exit $? after $((SECONDS - start))s"
+  local rc=$?
+  echo "=== $name: exit $rc after $((SECONDS - start))s"
+  return $rc
 }
 
 # `workspace LOG`: the call's folders and log. OUT (absolute; default ./out) and W = $OUT/w for the records

@@ -1,3 +1,4 @@
+"""Executed instructions by opcode from two Nsight Compute source-counter CSVs (gpu_ncu.sh): A against B."""
 import csv, sys, re
 from collections import Counter
 def load(p):
@@ -10,7 +11,6 @@ def load(p):
         m = re.match(r"(@!?U?P\w+\s+)?([A-Z0-9_.]+)", src)
         if not m: continue
         op = m.group(2).split('.')[0]
-        if src.startswith(('LDL', 'STL')) or ' LDL' in src or ' STL' in src: pass
         ops[op] += int(r[i_ex].replace(',', '') or 0); stalls[op] += int(r[i_st].replace(',', '') or 0)
     return ops, stalls
 a, sa = load(sys.argv[1]); b, sb = load(sys.argv[2])

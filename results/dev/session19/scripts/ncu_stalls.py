@@ -1,3 +1,4 @@
+"""Stall reasons from Nsight Compute source-counter CSVs (gpu_ncu.sh), and which opcodes wait on a long scoreboard."""
 import csv, sys, re
 from collections import Counter
 for p in sys.argv[1:]:
