@@ -91,13 +91,11 @@ def _part(text: str) -> tuple[int, int]:
     return int(k), int(n)
 
 
-def _cases(folder: str) -> dict:
-    """case index -> {variant key: tensors}, from the case files in ``folder`` (none if it does not exist)."""
-    import torch
-
+def _case_files(folder: str) -> dict:
+    """case index -> path of its file in ``folder`` (none if the folder does not exist)."""
     if not os.path.isdir(folder):
         return {}
-    return {int(name[4:7]): torch.load(os.path.join(folder, name)) for name in sorted(os.listdir(folder))
+    return {int(name[4:7]): os.path.join(folder, name) for name in os.listdir(folder)
             if name.startswith("case") and name.endswith(".pt")}
 
 
@@ -106,17 +104,19 @@ def compare(op: str, a_path: str, b_path: str) -> int:
     one (so a run in which nothing finished never reads as the same bits)."""
     import torch
 
-    a, b = _cases(a_path), _cases(b_path)
+    files_a, files_b = _case_files(a_path), _case_files(b_path)
     same = runs = missing = 0
     for i, case in enumerate(CASES[op]):
-        if i not in a or i not in b:
-            print(f"missing from {' and '.join(side for side, got in (('A', a), ('B', b)) if i not in got)}  case {i} "
-                  f"{case}")
+        if i not in files_a or i not in files_b:
+            print(f"missing from {' and '.join(s for s, got in (('A', files_a), ('B', files_b)) if i not in got)}  "
+                  f"case {i} {case}")
             missing += 1
             continue
-        for key in sorted(set(a[i]) | set(b[i])):
-            equal = key in a[i] and key in b[i] and len(a[i][key]) == len(b[i][key]) and all(
-                torch.equal(u, v) for u, v in zip(a[i][key], b[i][key]))
+        # one case of each side in memory at a time (a long case's outputs and gradients take gigabytes)
+        a, b = torch.load(files_a[i]), torch.load(files_b[i])
+        for key in sorted(set(a) | set(b)):
+            equal = key in a and key in b and len(a[key]) == len(b[key]) and all(
+                torch.equal(u, v) for u, v in zip(a[key], b[key]))
             print(("same  " if equal else "DIFF  ") + key)
             same += equal
             runs += 1

@@ -263,12 +263,18 @@ def test_graphed_decoding_equals_eager_decoding_bit_for_bit(config, dtype, rows)
                                                  generate(model, prompts, 20, graph=False, **kw)))
 
 
-def _bf16_decoding_against_the_forward(config, device):
-    """(error of bf16 batch-1 decoding, error of the bf16 forward), each against the fp32 forward of the same weights:
-    relative errors over a prompt's logits, token by token through the one-row products against the whole row."""
-    model = _model(config, 9, device=device)
-    tokens = torch.randint(0, config.vocab_size, (1, 40), device=device,
-                           generator=torch.Generator(device).manual_seed(9))
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mixer", ["samu", "rglru"])
+def test_bf16_batch_one_decoding_follows_the_forward_on_gpu(mixer):
+    # bf16 decoding (token by token through the one-row products) rounds the same quantities to bf16 as the bf16
+    # forward does, in another order: its error against the fp32 forward of the same weights may be of the same size
+    # as the bf16 forward's, not larger (3x allows for the other order)
+    config = LMConfig(vocab_size=256, width=256, num_layers=2, mixer=mixer, num_heads=4)
+    model = _model(config, 9, device="cuda")
+    tokens = torch.randint(0, config.vocab_size, (1, 40), device="cuda",
+                           generator=torch.Generator("cuda").manual_seed(9))
     with torch.no_grad():
         exact, _ = model(tokens)
         model = model.to(torch.bfloat16)
@@ -277,15 +283,5 @@ def _bf16_decoding_against_the_forward(config, device):
         assert plan == [True] * config.num_layers   # the one-row products
         state = model.init_state(1)
         decoded = torch.stack([model.decode(tokens[:, t], state, plan) for t in range(tokens.shape[1])], 1)
-    return rel_err(decoded.float(), exact), rel_err(forward.float(), exact)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("mixer", ["samu", "rglru"])
-def test_bf16_batch_one_decoding_follows_the_forward_on_gpu(mixer):
-    # bf16 decoding rounds the same quantities to bf16 as the bf16 forward does, in another order: its error against
-    # the fp32 forward may be of the same size as the bf16 forward's, not larger (3x allows for the other order)
-    config = LMConfig(vocab_size=256, width=256, num_layers=2, mixer=mixer, num_heads=4)
-    decoding, forward = _bf16_decoding_against_the_forward(config, "cuda")
+    decoding, forward = rel_err(decoded.float(), exact), rel_err(forward.float(), exact)
     assert decoding <= 3 * forward + 1e-3, (decoding, forward)
