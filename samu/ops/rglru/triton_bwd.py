@@ -41,6 +41,7 @@ from samu.ops.rglru.triton_fwd import (
     _sigmoid_pair,
     _scan_affine,
     _split3,
+    _tile_ptrs,
     _sqrt,
     _steps,
     _to_scan_layout,
@@ -216,7 +217,6 @@ def _rglru_bwd_summary_kernel(
     tl.store(p_c, b_rP, mask=m_j)
     tl.store(p_c + SC, b_rE, mask=m_j)
 
-    o_ch = (o_c[None, :, None] * K + o_k[None, None, :]) * D + (o_j * one)[:, None, None]  # [BJ, WC, K]
     o_base = (i_b64 * L + (s_hi - 1).to(tl.int64) * (WC * K)) * D + i_h * n
     p_x = x + o_base
     p_dy = dy + o_base
@@ -225,7 +225,8 @@ def _rglru_bwd_summary_kernel(
         t0 = i_s * (WC * K)
         m_t = t0 + o_c[:, None] * K + o_k[None, :] < L                                 # [WC, K]
         xa, xb = _head_rows(p_x, o_t, t0 + o_t < L, o_ia, m_ia, o_ib, m_ib, D, NPB, X_PARTS)
-        b_dy = tl.load(p_dy + o_ch, mask=m_j[:, None, None] & m_t[None, :, :], other=0.0).to(tl.float32)
+        b_dy = tl.load(_tile_ptrs(p_dy, o_c, o_j, one, K, D), mask=m_j[:, None, None] & m_t[None, :, :],
+                       other=0.0).to(tl.float32)
         b_za = _gate_dot(xa, xb, wa[0], wb[0], X_PARTS, 2, NPB, WC, K, BJ, MATH) + b_ba[:, None, None]
         b_at, _ = _decay(b_csp[:, None, None] * _sigmoid(b_za, MATH), MATH)
         if VARLEN:
@@ -319,7 +320,6 @@ def _rglru_bwd_dw_kernel(
         tl.store(dh0 + i_b64 * D + o_d, tl.load(p_g, mask=m_j, other=1.0) * b_eg
                  + tl.load(p_g + SG, mask=m_j, other=0.0), mask=m_j)
 
-    o_ch = (o_c[None, :, None] * K + o_k[None, None, :]) * D + (o_j * one)[:, None, None]  # [BJ, WC, K]
     s_lo, s_hi = _steps(i_g, G, NC, WC)
     o_base = (i_b64 * L + s_lo.to(tl.int64) * (WC * K)) * D + i_h * n
     p_x = x + o_base
@@ -329,8 +329,8 @@ def _rglru_bwd_dw_kernel(
         m_t = t0 + o_c[:, None] * K + o_k[None, :] < L                                 # [WC, K]
         m_x = m_j[:, None, None] & m_t[None, :, :]
         xa, xb = _head_rows(p_x, o_t, t0 + o_t < L, o_ia, m_ia, o_ib, m_ib, D, NPB, X_PARTS)
-        b_xj = tl.load(p_x + o_ch, mask=m_x, other=0.0).to(tl.float32)
-        b_dy = tl.load(p_dy + o_ch, mask=m_x, other=0.0).to(tl.float32)
+        b_xj = tl.load(_tile_ptrs(p_x, o_c, o_j, one, K, D), mask=m_x, other=0.0).to(tl.float32)
+        b_dy = tl.load(_tile_ptrs(p_dy, o_c, o_j, one, K, D), mask=m_x, other=0.0).to(tl.float32)
         b_h0 = b_dy
         if VARLEN and (HAS_DH or HAS_H0):
             b_dy, i_n, opens = _with_final(b_dy, dh_last, words, i_s, m_t, m_j, o_d, L, NC, D, WC, K, HAS_DH)
@@ -457,12 +457,11 @@ def _rglru_bwd_dx_kernel(
             m_j = o_j < n
             m_x = m_j[:, None, None] & m_t[None, :, :]
             o_d = i_h * n + o_j
-            o_ch = (o_c[None, :, None] * K + o_k[None, None, :]) * D + (o_j * one)[:, None, None]
             b_ba, b_csp, wa, wb = _channel_consts(b_a, a_param, w3, c, i_h, o_ia, o_ib, o_j, o_d, m_j, NPB, NPW, H,
                                                   MATH)
             b_bx = tl.load(b_x + o_d, mask=m_j, other=0.0)
-            b_xj = tl.load(p_x + o_ch, mask=m_x, other=0.0).to(tl.float32)
-            b_dy = tl.load(p_dy + o_ch, mask=m_x, other=0.0).to(tl.float32)
+            b_xj = tl.load(_tile_ptrs(p_x + i_j * BJ, o_c, o_jt, one, K, D), mask=m_x, other=0.0).to(tl.float32)
+            b_dy = tl.load(_tile_ptrs(p_dy + i_j * BJ, o_c, o_jt, one, K, D), mask=m_x, other=0.0).to(tl.float32)
             b_h0 = b_dy
             if VARLEN and (HAS_DH or HAS_H0):
                 b_dy, i_n, opens = _with_final(b_dy, dh_last, words, i_s, m_t, m_j, o_d, L, NC, D, WC, K, HAS_DH)

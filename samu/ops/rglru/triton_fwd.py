@@ -534,6 +534,16 @@ def _channel_tile(i_hj, n: tl.constexpr, BJ: tl.constexpr):
 
 
 @triton.jit
+def _tile_ptrs(p, o_c, o_j, one, K: tl.constexpr, D: tl.constexpr):
+    """[BJ, WC, K] pointers to a channel tile's tokens in the WC chunks of a step from its base p: one pointer a
+    thread (its channel and chunk), then a constant a token. Offsets summed before the pointer is formed left a
+    64-bit address a token live, which the weight-gradient kernel spilled (docs/performance.md, "Session 19").
+    The channel stride `one` is hidden from the compiler so it lays channel tiles out one channel per lane
+    (token scans stay in-thread)."""
+    return (p + (o_c[None, :, None] * (K * D) + (o_j * one)[:, None, None])) + (tl.arange(0, K) * D)[None, None, :]
+
+
+@triton.jit
 def _channel_consts(b_a, a_param, w3, c, i_h, o_ia, o_ib, o_j, o_d, m_j, NPB: tl.constexpr, NPW: tl.constexpr,
                     H: tl.constexpr, MATH: tl.constexpr):
     """A channel tile's gate-a bias, -c softplus(a_param), and weight slabs (see _weight_slabs)."""
@@ -645,9 +655,6 @@ def _rglru_chunk_kernel(
         if NGP > 1:
             b_rB = _fold_groups(b_rB, p_g, SG, o_r, o_r < i_g, o_d, m_j, D, BJ, NGP, MATH)
 
-    # 64-bit bases, 32-bit offsets inside a step; the channel stride `one` is hidden from the
-    # compiler so it lays channel tiles out one channel per lane (token scans stay in-thread)
-    o_ch = (o_c[None, :, None] * K + o_k[None, None, :]) * D + (o_j * one)[:, None, None]  # [BJ, WC, K]
     o_base = (i_b64 * L + s_lo.to(tl.int64) * (WC * K)) * D + i_h * n
     p_x = x + o_base
     p_y = y + o_base
@@ -657,7 +664,7 @@ def _rglru_chunk_kernel(
         m_x = m_j[:, None, None] & m_t[None, :, :]
         m_r = t0 + o_t < L
         xa, xb = _head_rows(p_x, o_t, m_r, o_ia, m_ia, o_ib, m_ib, D, NPB, X_PARTS)
-        b_xj = tl.load(p_x + o_ch, mask=m_x, other=0.0).to(tl.float32)
+        b_xj = tl.load(_tile_ptrs(p_x, o_c, o_j, one, K, D), mask=m_x, other=0.0).to(tl.float32)
         b_at, b_bt = _chunk_gates(xa, xb, b_xj, wa, wb, b_ba, b_bx, b_csp, m_t, X_PARTS,
                                   2 if SUMMARY else Y_ORDER, NPB, WC, K, BJ, MATH)
         if VARLEN:
@@ -699,7 +706,7 @@ def _rglru_chunk_kernel(
                 tl.store(h_last + o_f, b_end, mask=m_f)
             b_bt = tl.where(o_k[None, None, :] == 0, b_bt + b_at * b_h[:, :, None], b_bt)
             _, b_H = _scan_affine(b_at, b_bt, K, MATH)
-            tl.store(p_y + o_ch, _to_store(b_H, y.dtype.element_ty, MATH), mask=m_x)
+            tl.store(_tile_ptrs(p_y, o_c, o_j, one, K, D), _to_store(b_H, y.dtype.element_ty, MATH), mask=m_x)
         p_x += WC * K * D
         p_y += WC * K * D
     if SUMMARY:
