@@ -817,5 +817,17 @@ def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, 
     meta.update(NGP=group_width(NG), HAS_H0=h0 is not None, Y_ORDER=out_order(x.dtype), VARLEN=varlen,
                 HAS_FINAL=want_final)
     launch_staged(_rglru_chunk_kernel, grid, *args, SUMMARY=True, **meta)
-    launch_staged(_rglru_chunk_kernel, grid, *args, SUMMARY=False, **meta)
+    launch_staged(_rglru_chunk_kernel, grid, *args, SUMMARY=False, **output_pass(meta, x.dtype))
     return y, h_last, states
+
+
+def output_pass(meta: dict, dtype: torch.dtype) -> dict:
+    """The output pass's launch options. With 16-bit inputs at head dims up to 128 it runs unpipelined at 128
+    registers (a few words spilled; 51 KB of shared memory at head dim 128): four programs a multiprocessor rather
+    than three, so the launch's programs (target_programs, sized for the two a multiprocessor of the summary pass and
+    the backward's weight-gradient kernel) run in one wave, not 1.3 (docs/performance.md, "Session 20"). Registers and
+    stages change timing only, never results. Elsewhere the cap would spill far more (fp32 inputs, 50-318 words) or
+    not lift the count (head dim 160: 63 KB, three a multiprocessor)."""
+    if dtype == torch.float32 or meta["n"] > 128:
+        return meta
+    return dict(meta, num_stages=1, maxnreg=128)
