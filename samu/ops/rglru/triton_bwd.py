@@ -42,6 +42,7 @@ from samu.ops.rglru.triton_fwd import (
     _scan_affine,
     _split3,
     _tile_ptrs,
+    leaner,
     _sqrt,
     _steps,
     _to_scan_layout,
@@ -553,11 +554,8 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
     dh = dh_last if dh_last is not None else cums
     words_arg = words if varlen else cums
     h0_arg = h0 if varlen and has_h0 else cums
-    # unpipelined, the summary takes 40 KB of shared memory, not 64: four programs a multiprocessor, so the launch's
-    # programs (target_programs, sized for the two a multiprocessor of the weight-gradient kernel) run in one wave,
-    # not 1.3 (docs/performance.md, "Session 20")
     launch_staged(_rglru_bwd_summary_kernel, grid, x, dy, w3, b_a, a_param, cums, gsums, words_arg, dh, L, NC, G, NG,
-                  float(c), 1, VARLEN=varlen, HAS_DH=dh_last is not None, **dict(meta, num_stages=1))
+                  float(c), 1, VARLEN=varlen, HAS_DH=dh_last is not None, **leaner("bwd_summary", meta, x.dtype))
     estates = new_buffer((B, NC, D), torch.float32, dev)
     dh0 = new_buffer((h0.shape[0] if varlen else B, D), torch.float32, dev) if has_h0 else None
     M = 2 * H * n * n + 3 * D
@@ -570,7 +568,7 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
                                     DX_ORDER=out_order(x.dtype))
     launch_staged(_rglru_bwd_dx_kernel, (grid_dx[0], H, B), x, dy, w3, b_a, b_x, a_param, states, estates, dx,
                   words_arg, dh, h0_arg, L, NC, G_dx, float(c), 1, VARLEN=varlen, HAS_DH=dh_last is not None,
-                  HAS_H0=has_h0, **meta_dx)
+                  HAS_H0=has_h0, **leaner("dx", meta_dx, x.dtype))
     dw_a = new_buffer((H, n, n), torch.float32, dev)
     dw_x = new_buffer((H, n, n), torch.float32, dev)
     db_a = new_buffer((D,), torch.float32, dev)

@@ -816,18 +816,28 @@ def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, 
             words if varlen else states, fin[0], fin[1], L, NC, G, NG, float(c), 1)
     meta.update(NGP=group_width(NG), HAS_H0=h0 is not None, Y_ORDER=out_order(x.dtype), VARLEN=varlen,
                 HAS_FINAL=want_final)
-    launch_staged(_rglru_chunk_kernel, grid, *args, SUMMARY=True, **meta)
-    launch_staged(_rglru_chunk_kernel, grid, *args, SUMMARY=False, **output_pass(meta, x.dtype))
+    launch_staged(_rglru_chunk_kernel, grid, *args, SUMMARY=True, **leaner("summary", meta, x.dtype))
+    launch_staged(_rglru_chunk_kernel, grid, *args, SUMMARY=False, **leaner("output", meta, x.dtype))
     return y, h_last, states
 
 
-def output_pass(meta: dict, dtype: torch.dtype) -> dict:
-    """The output pass's launch options. With 16-bit inputs at head dims up to 128 it runs unpipelined at 128
-    registers (a few words spilled; 51 KB of shared memory at head dim 128): four programs a multiprocessor rather
-    than three, so the launch's programs (target_programs, sized for the two a multiprocessor of the summary pass and
-    the backward's weight-gradient kernel) run in one wave, not 1.3 (docs/performance.md, "Session 20"). Registers and
-    stages change timing only, never results. Elsewhere the cap would spill far more (fp32 inputs, 50-318 words) or
-    not lift the count (head dim 160: 63 KB, three a multiprocessor)."""
-    if dtype == torch.float32 or meta["n"] > 128:
+# Launch options that fit more programs on a multiprocessor, by pass and head dim, for 16-bit inputs: "stage" runs
+# the pass unpipelined (its software pipeline's shared buffers gone), "cap" also holds it to 128 registers (a few words
+# spilled). Each entry lifts the pass from 1 to 2 or from 3 to 4 programs a multiprocessor (sm_90 compiles of
+# scripts/offline_regs.py), so that the ~target_programs programs of a launch run in whole waves rather than 1.2-1.3 of
+# them, or two at a time rather than one; docs/performance.md, "Session 20", has the counts and the timings. Registers
+# and stages change timing only, never results. fp32 inputs are left as compiled: the cap spills 50-318 words there.
+LEANER = {
+    "summary": {64: "cap", 96: "cap"},
+    "output": {64: "cap", 96: "cap", 128: "cap"},
+    "bwd_summary": {128: "stage", 160: "cap"},
+    "dx": {160: "stage"},
+}
+
+
+def leaner(kernel_pass: str, meta: dict, dtype: torch.dtype) -> dict:
+    """``meta`` with the LEANER options of ``kernel_pass`` at its head dim meta["n"] (16-bit inputs only)."""
+    how = None if dtype == torch.float32 else LEANER[kernel_pass].get(meta["n"])
+    if how is None:
         return meta
-    return dict(meta, num_stages=1, maxnreg=128)
+    return dict(meta, num_stages=1, **({"maxnreg": 128} if how == "cap" else {}))
