@@ -335,3 +335,17 @@ def test_fp32_wide_heads_take_the_two_warp_dx_kernel_and_say_so():
     v = samu.dispatch.variants("rglru")["triton_chunked"]
     assert gate_class(v, 1, 32768, 2560, 16, torch.float32).endswith(",WCdx=2")
     assert "WCdx" not in gate_class(v, 1, 32768, 2560, 16, torch.bfloat16)
+
+
+def test_leaner_launch_options_reach_only_listed_passes_with_16_bit_inputs():
+    """LEANER's launch options (unpipelined, 128 registers) reach a pass only at a head dim it lists and only with
+    16-bit inputs; every other launch keeps the options it was given."""
+    from samu.ops.rglru.triton_fwd import LEANER, leaner
+
+    meta = dict(n=128, num_warps=4, num_stages=2)
+    assert leaner("output", meta, torch.bfloat16) == dict(meta, num_stages=1, maxnreg=128)
+    assert leaner("bwd_summary", meta, torch.float16) == dict(meta, num_stages=1)
+    assert leaner("output", meta, torch.float32) is meta
+    assert leaner("output", dict(meta, n=104), torch.bfloat16) == dict(meta, n=104)
+    assert leaner("dx", meta, torch.bfloat16) is meta
+    assert all(set(dims.values()) <= {"stage", "cap"} for dims in LEANER.values())

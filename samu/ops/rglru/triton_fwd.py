@@ -823,10 +823,13 @@ def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, 
 
 # Launch options that fit more programs on a multiprocessor, by pass and head dim, for 16-bit inputs: "stage" runs
 # the pass unpipelined (its software pipeline's shared buffers gone), "cap" also holds it to 128 registers (a few words
-# spilled). Each entry lifts the pass from 1 to 2 or from 3 to 4 programs a multiprocessor (sm_90 compiles of
-# scripts/offline_regs.py), so that the ~target_programs programs of a launch run in whole waves rather than 1.2-1.3 of
-# them, or two at a time rather than one; docs/performance.md, "Session 20", has the counts and the timings. Registers
-# and stages change timing only, never results. fp32 inputs are left as compiled: the cap spills 50-318 words there.
+# spilled). Each entry lifts its pass to four programs a multiprocessor, from three (two for the backward summary at
+# head dim 160; sm_90 compiles of scripts/offline_regs.py), so the ~target_programs programs of a launch run in one
+# wave, not 1.3 of them; docs/performance.md, "Session 20", has the counts and the timings. Registers and stages
+# change timing only, never results (each entry compared to the bit on the H200). fp32 inputs are left as compiled:
+# the cap spills 50-318 words there. Not an entry: dx unpipelined at head dim 160 (one program a multiprocessor to
+# two) reads shared memory out of range in a tensor-core product (compute-sanitizer, Triton 3.6:
+# results/dev/session20/call7).
 LEANER = {
     "summary": {64: "cap", 96: "cap"},
     "output": {64: "cap", 96: "cap", 128: "cap"},
