@@ -39,7 +39,9 @@ CASES = {
         (1, 2100, 2560, "bfloat16", 5, False, False), (1, 8192, 1024, "bfloat16", 16, False, True),
         (2, 4099, 2048, "bfloat16", 0, True, True), (1, 5000, 256, "float32", 7, True, False),
         (2, 4099, 2048, "float32", 0, True, True), (1, 4099, 1536, "float16", 0, False, False),
-        (1, 2100, 2560, "bfloat16", 0, True, True),
+        (1, 2100, 2560, "bfloat16", 0, True, True), (1, 4099, 1536, "bfloat16", 0, False, False),
+        (1, 4099, 1024, "float16", 0, False, False), (2, 4099, 2048, "float16", 0, True, True),
+        (1, 2100, 2560, "float16", 0, False, False),
     ],
 }
 HEADS = 16

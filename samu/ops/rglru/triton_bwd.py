@@ -42,7 +42,6 @@ from samu.ops.rglru.triton_fwd import (
     _scan_affine,
     _split3,
     _tile_ptrs,
-    leaner,
     _sqrt,
     _steps,
     _to_scan_layout,
@@ -52,6 +51,7 @@ from samu.ops.rglru.triton_fwd import (
     chunk_launch,
     group_width,
     launch_staged,
+    leaner,
     math_mode,
     new_buffer,
     out_order,
@@ -568,7 +568,7 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
                                     DX_ORDER=out_order(x.dtype))
     launch_staged(_rglru_bwd_dx_kernel, (grid_dx[0], H, B), x, dy, w3, b_a, b_x, a_param, states, estates, dx,
                   words_arg, dh, h0_arg, L, NC, G_dx, float(c), 1, VARLEN=varlen, HAS_DH=dh_last is not None,
-                  HAS_H0=has_h0, **leaner("dx", meta_dx, x.dtype))
+                  HAS_H0=has_h0, **meta_dx)
     dw_a = new_buffer((H, n, n), torch.float32, dev)
     dw_x = new_buffer((H, n, n), torch.float32, dev)
     db_a = new_buffer((D,), torch.float32, dev)

@@ -821,26 +821,19 @@ def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, 
     return y, h_last, states
 
 
-# Launch options that fit more programs on a multiprocessor, by pass and head dim, for 16-bit inputs: "stage" runs
-# the pass unpipelined (its software pipeline's shared buffers gone), "cap" also holds it to 128 registers (a few words
-# spilled). Each entry lifts its pass to four programs a multiprocessor, from three (two for the backward summary at
-# head dim 160; sm_90 compiles of scripts/offline_regs.py), so the ~target_programs programs of a launch run in one
-# wave, not 1.3 of them; docs/performance.md, "Session 20", has the counts and the timings. Registers and stages
-# change timing only, never results (each entry compared to the bit on the H200). fp32 inputs are left as compiled:
-# the cap spills 50-318 words there. Not an entry: dx unpipelined at head dim 160 (one program a multiprocessor to
-# two) reads shared memory out of range in a tensor-core product (compute-sanitizer, Triton 3.6:
-# results/dev/session20/call7).
+# bf16 launch options by pass and head dim that fit four programs a multiprocessor, not 2-3 (README.md, "Programs
+# and layouts").
 LEANER = {
-    "summary": {64: "cap", 96: "cap"},
-    "output": {64: "cap", 96: "cap", 128: "cap"},
+    "summary": {64: "cap"},
+    "output": {64: "cap", 128: "cap"},
     "bwd_summary": {128: "stage", 160: "cap"},
-    "dx": {},
 }
 
 
 def leaner(kernel_pass: str, meta: dict, dtype: torch.dtype) -> dict:
-    """``meta`` with the LEANER options of ``kernel_pass`` at its head dim meta["n"] (16-bit inputs only)."""
-    how = None if dtype == torch.float32 else LEANER[kernel_pass].get(meta["n"])
+    """``meta`` with the LEANER options of ``kernel_pass`` at its head dim meta["n"] (bf16 inputs only): "stage" is
+    num_stages=1, "cap" that and maxnreg=128."""
+    how = LEANER[kernel_pass].get(meta["n"]) if dtype == torch.bfloat16 else None
     if how is None:
         return meta
     return dict(meta, num_stages=1, **({"maxnreg": 128} if how == "cap" else {}))
