@@ -56,8 +56,8 @@ def main():
                     rows.append(dict(row, op=op, variant=variant, documents=n))
                     flags = ",".join(f"{k}={v}" for k, v in row["flags"].items())
                     print(f"{op:5s} {variant:22s} docs={n:<4d} {row['kernel']:30s} regs {row['regs']:3d} "
-                          f"spills {row['spills']:4d} shared {row['shared']:6d} warps {row['warps']} stages {row['stages']} "
-                          f"maxnreg {row['maxnreg']}  {flags}",
+                          f"spills {row['spills']:4d} shared {row['shared']:6d} warps {row['warps']} "
+                          f"stages {row['stages']} maxnreg {row['maxnreg']}  {flags}",
                           flush=True)
     if args.json:
         record = {"env": environment("cpu"), "target": "sm_90", "shape": shape, "dtype": args.dtype,
