@@ -6,7 +6,7 @@
 #
 # bf16 inputs (DTYPE=float16 or float32 for others), no initial state, the final state dropped: the call training
 # makes; DOCS > 0 packs the row into that many sequences (samu.gates.inputs.document_offsets). Writes
-# $OUT/memcheck/OP-SHAPE.log a shape, prints each one's verdict (the first error and the source line memcheck
+# $OUT/memcheck/OP-DTYPE-SHAPE-DOCS.log a shape, prints each one's verdict (the first error and the source line memcheck
 # names), and exits 1 when any shape has an error or did not finish within LIMIT seconds (default 300).
 set -u
 cd "$(dirname "$0")/.."
@@ -35,7 +35,7 @@ names=()
 for arg in "$@"; do
   shape=${arg%%:*}; docs=0
   [ "$arg" != "$shape" ] && docs=${arg#*:}
-  name="$OP-${shape//,/x}-$docs"
+  name="$OP-${DTYPE:-bfloat16}-${shape//,/x}-$docs"
   timeout "${LIMIT:-300}" "$CS" --tool memcheck --print-limit 10 python3 -c "$DRIVER" "$shape" "$docs" \
     > "$OUT/memcheck/$name.log" 2>&1 &
   pids+=($!)
