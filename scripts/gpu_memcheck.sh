@@ -23,10 +23,8 @@ DRIVER="import sys, torch, samu
 sys.path.insert(0, 'scripts')
 from gpu_profile import make
 samu.set_check_finite(False)
-from samu.gates.inputs import document_offsets
 shape, docs = tuple(int(v) for v in sys.argv[1].split(',')), int(sys.argv[2])
-cu = torch.tensor(document_offsets(shape[1], docs, 1), dtype=torch.int32, device='cuda') if docs else None
-_, fb, _ = make('$OP', shape, '$BACKEND', dtype=getattr(torch, '${DTYPE:-bfloat16}'), cu_seqlens=cu)
+_, fb, _ = make('$OP', shape, '$BACKEND', dtype=getattr(torch, '${DTYPE:-bfloat16}'), documents=docs)
 fb()
 torch.cuda.synchronize()
 print('finished', shape, docs)"

@@ -25,10 +25,7 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
 [ -n "$NCU" ] || { echo "gpu_ncu.sh: no ncu on this machine (PATH or /opt/nvidia/nsight-compute)"; exit 1; }
 DRIVER="import sys; sys.path.insert(0, 'scripts'); import torch, samu; from gpu_profile import make
 samu.set_check_finite(False)
-from samu.gates.inputs import document_offsets
-shape = tuple(int(v) for v in '$SHAPE'.split(','))
-cu = document_offsets(shape[1], ${DOCUMENTS:-0}, 1) if ${DOCUMENTS:-0} else None
-_, fb, leaves = make('$OP', shape, '$BACKEND', cu_seqlens=cu)
+_, fb, leaves = make('$OP', tuple(int(v) for v in '$SHAPE'.split(',')), '$BACKEND', documents=${DOCUMENTS:-0})
 for _ in range(3):
     fb()
     for t in leaves: t.grad = None

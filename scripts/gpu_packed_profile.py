@@ -18,16 +18,13 @@ sys.path.insert(0, os.path.dirname(__file__))
 from gpu_profile import graph_time, host_time, kernel_table, make, registers  # noqa: E402
 
 from samu.environment import environment  # noqa: E402
-from samu.gates.inputs import document_offsets  # noqa: E402
 
 BACKENDS = {"samu": "triton_grouped", "rglru": "triton_chunked"}
 
 
 def case(op, shape, documents):
-    """(forward + backward, leaves) of the op's variant, packed into ``documents`` sequences (0: unpacked);
-    the offsets as ints, as `samu train` passes them."""
-    offsets = document_offsets(shape[1], documents, 1) if documents else None
-    _, step, leaves = make(op, shape, BACKENDS[op], cu_seqlens=offsets)
+    """(forward + backward, leaves) of the op's variant, packed into ``documents`` sequences (0: unpacked)."""
+    _, step, leaves = make(op, shape, BACKENDS[op], documents=documents)
     return step, leaves
 
 

@@ -21,12 +21,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import samu  # noqa: E402
 from samu.environment import environment  # noqa: E402
+from samu.gates.inputs import document_offsets  # noqa: E402
 from tests.helpers import randn, rglru_params, samu_params  # noqa: E402
 
 
-def make(op, shape, backend, dtype=torch.bfloat16, cu_seqlens=None):
-    """(forward, forward + backward, leaves) of one mixer call on fresh inputs; ``cu_seqlens``: packed."""
+def make(op, shape, backend, dtype=torch.bfloat16, documents=0):
+    """(forward, forward + backward, leaves) of one mixer call on fresh inputs; ``documents`` > 0 packs the row into
+    that many sequences (samu.gates.inputs.document_offsets(L, documents, 1), the offsets as ints, as `samu train`
+    passes them)."""
     B, L, D = shape
+    cu_seqlens = document_offsets(L, documents, 1) if documents else None
     x = randn(shape, 0, device="cuda", dtype=dtype)
     params = samu_params(D, 1, device="cuda") if op == "samu" else rglru_params(D, 16, 1, device="cuda")
     dy = torch.randn(shape, device="cuda", dtype=dtype)

@@ -263,7 +263,6 @@ def test_graphed_decoding_equals_eager_decoding_bit_for_bit(config, dtype, rows)
                                                  generate(model, prompts, 20, graph=False, **kw)))
 
 
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("mixer", ["samu", "rglru"])
