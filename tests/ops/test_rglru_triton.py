@@ -337,9 +337,9 @@ def test_fp32_wide_heads_take_the_two_warp_dx_kernel_and_say_so():
     assert "WCdx" not in gate_class(v, 1, 32768, 2560, 16, torch.bfloat16)
 
 
-def test_leaner_options_reach_the_launches_of_their_passes_in_bf16_only(monkeypatch):
+def test_leaner_options_reach_the_launches_of_their_passes_in_16_bit_only(monkeypatch):
     """LEANER's options (unpipelined, 128 registers) arrive at the launches of the pass and head dim they name, in
-    bf16 only; every other launch keeps its options. Each pass gets a different entry here, so swapped names show."""
+    bf16 and fp16 only; every other launch keeps its options. Each pass gets a different entry here, so swapped names show."""
     from samu.ops.rglru import triton_fwd
 
     seen = []
@@ -353,14 +353,14 @@ def test_leaner_options_reach_the_launches_of_their_passes_in_bf16_only(monkeypa
     monkeypatch.setattr(triton_fwd, "LEANER", {"summary": {8: "cap"}, "output": {8: "stage"},
                                                "bwd_summary": {16: "cap"}})
     mixer = _with_config(_config(target=2))
-    for dtype, n in ((torch.bfloat16, 8), (torch.bfloat16, 16), (torch.float16, 8)):
+    for dtype, n in ((torch.bfloat16, 8), (torch.bfloat16, 16), (torch.float16, 8), (torch.float32, 8)):
         seen.clear()
         x = randn((1, 9, 4 * n), 3, dtype=dtype, device=DEVICE).requires_grad_()
         y, _ = mixer(x, *rglru_params(4 * n, 4, 1, device=DEVICE))
         y.float().sum().backward()
         got = {(name, summary): (stages, maxnreg) for name, summary, stages, maxnreg in seen}
-        bf16 = dtype == torch.bfloat16
-        assert got[("_rglru_chunk_kernel", True)] == ((1, 128) if bf16 and n == 8 else (2, None))
-        assert got[("_rglru_chunk_kernel", False)] == ((1, None) if bf16 and n == 8 else (2, None))
-        assert got[("_rglru_bwd_summary_kernel", None)] == ((1, 128) if bf16 and n == 16 else (2, None))
+        half = dtype != torch.float32
+        assert got[("_rglru_chunk_kernel", True)] == ((1, 128) if half and n == 8 else (2, None))
+        assert got[("_rglru_chunk_kernel", False)] == ((1, None) if half and n == 8 else (2, None))
+        assert got[("_rglru_bwd_summary_kernel", None)] == ((1, 128) if half and n == 16 else (2, None))
         assert got[("_rglru_bwd_dw_kernel", None)] == got[("_rglru_bwd_dx_kernel", None)] == (2, None)
