@@ -351,7 +351,7 @@ def test_leaner_options_reach_the_launches_of_their_passes_in_16_bit_only(monkey
 
     monkeypatch.setattr(triton_fwd, "triton_launch", record)
     monkeypatch.setattr(triton_fwd, "LEANER", {"summary": {8: "cap"}, "output": {8: "stage"},
-                                               "bwd_summary": {16: "cap"}})
+                                               "bwd_summary": {16: "cap"}, "dw": {16: "stage"}})
     mixer = _with_config(_config(target=2))
     for dtype, n in ((torch.bfloat16, 8), (torch.bfloat16, 16), (torch.float16, 8), (torch.float32, 8)):
         seen.clear()
@@ -363,4 +363,5 @@ def test_leaner_options_reach_the_launches_of_their_passes_in_16_bit_only(monkey
         assert got[("_rglru_chunk_kernel", True)] == ((1, 128) if half and n == 8 else (2, None))
         assert got[("_rglru_chunk_kernel", False)] == ((1, None) if half and n == 8 else (2, None))
         assert got[("_rglru_bwd_summary_kernel", None)] == ((1, 128) if half and n == 16 else (2, None))
-        assert got[("_rglru_bwd_dw_kernel", None)] == got[("_rglru_bwd_dx_kernel", None)] == (2, None)
+        assert got[("_rglru_bwd_dw_kernel", None)] == ((1, None) if half and n == 16 else (2, None))
+        assert got[("_rglru_bwd_dx_kernel", None)] == (2, None)

@@ -562,7 +562,8 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
     part = new_buffer((B * NG, M), torch.float32, dev)
     launch_staged(_rglru_bwd_dw_kernel, grid, x, dy, w3, b_a, b_x, a_param, states, dh, cums, gsums, estates,
                   dh0 if has_h0 else part, part, words_arg, h0_arg, L, NC, G, NG, float(c), 1,
-                  M=M, NGP=group_width(NG), HAS_DH=dh_last is not None, HAS_H0=has_h0, VARLEN=varlen, **meta)
+                  M=M, NGP=group_width(NG), HAS_DH=dh_last is not None, HAS_H0=has_h0, VARLEN=varlen,
+                  **leaner("dw", meta, x.dtype))
     dx = new_buffer((B, L, D), x.dtype, dev)
     grid_dx, meta_dx = chunk_launch(x, H, K, WC_dx or WC, G_dx, grouped=False, MATH=MATH,
                                     DX_ORDER=out_order(x.dtype))
