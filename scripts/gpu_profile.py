@@ -1,6 +1,6 @@
 """Where the time goes: per-kernel CUDA time, CUDA-graph replay time, host launch time, registers.
 
-Usage: python scripts/gpu_profile.py [--op samu|rglru] [--backend NAME] [--shapes "B,L,D;..."] [--out DIR]
+Usage: python scripts/gpu_profile.py [--op samu|rglru] [--backend NAME] [--shapes "B,L,D;..."] [--dtype NAME] [--out DIR]
 
 Writes DIR/profile_<op>_<backend>.json (the environment, the command, per shape the times and the kernel
 table, and the registers of every kernel compiled).
@@ -133,14 +133,16 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--shapes", default="1,8192,1024;1,32768,2048")
     ap.add_argument("--backend", default="triton_grouped")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
     samu.set_check_finite(False)
     shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes.split(";")]
     record = []
     for shape in shapes:
-        print(samu.dispatch.explain(shape, args.op, backend=args.backend), flush=True)
-        fwd, fb, leaves = make(args.op, shape, args.backend)
-        entry = {"shape": shape}
+        print(samu.dispatch.explain(shape, args.op, dtype=dtype, backend=args.backend), flush=True)
+        fwd, fb, leaves = make(args.op, shape, args.backend, dtype=dtype)
+        entry = {"shape": shape, "dtype": args.dtype}
         entry["fwd_graph_ms"] = graph_time(fwd, leaves)
         entry["fb_graph_ms"] = graph_time(fb, leaves)
         entry["fb_host_ms"] = host_time(fb, leaves)
