@@ -193,13 +193,15 @@ def _packed_config(config):
     return mixer
 
 
-# packed sequences: lengths 1, a chunk exactly, a chunk and one, ragged; boundaries at chunk and step edges
-# and a one-token sequence at a chunk's last token (23 for chunks of 8 and 4 tokens)
-PACKED = [0, 1, 9, 17, 18, 23, 24, 40, 41, 44, 70]
+# packed sequences: lengths 1, a chunk exactly, a chunk and one, ragged; boundaries at chunk and step edges,
+# a one-token sequence at a chunk's last token (23 for chunks of 8 and 4 tokens), and steps of 16 or 32 tokens
+# in which no sequence opens, before and after one that opens (112) and at the end
+PACKED = [0, 1, 9, 17, 18, 23, 24, 40, 41, 44, 112, 130]
 
 
-# (config, initial states, a final-state cotangent): the second is what training runs (neither); the third, a
-# final-state cotangent without initial states, is compiled apart from both
+# (config, initial states, a final-state cotangent): the second is the backward training runs (neither; its
+# forward still keeps the final state: gate_check asks for it); the third, a final-state cotangent without
+# initial states, is compiled apart from both
 @pytest.mark.parametrize("cfg,with_state,final_grad", [(dict(K=8, WC=2), True, True),
                                                        (dict(target=8, K=8, WC=2, WC_dx=4), False, False),
                                                        (dict(K=8, WC=2), False, True)])
@@ -230,22 +232,25 @@ def test_packed_kernels_without_a_final_state_cotangent():
 
 
 @pytest.mark.parametrize("packed", [False, True])
-def test_a_call_that_drops_the_final_state_equals_one_that_keeps_it(packed):
-    """final=False (a caller that drops the final state: training) skips it in the kernels (packed, a scatter
-    and a gather per token); y and every gradient are the same: bit for bit in the interpreter, to fp32
-    rounding on the GPU, where the form is compiled apart (each is gated: samu gate's |no_final results)."""
+@pytest.mark.parametrize("with_state", [True, False])
+def test_a_call_that_drops_the_final_state_equals_one_that_keeps_it(packed, with_state):
+    """final=False (a caller that drops the final state: training, which has no initial state either) skips it in
+    the kernels (packed, a scatter and a gather per token); y and every gradient are the same: bit for bit in the
+    interpreter, to fp32 rounding on the GPU, where the form is compiled apart (each is gated: samu gate's
+    |no_final results)."""
     from samu.ops.rglru.function import run
 
     x = randn((1, PACKED[-1], 16), 3, device=DEVICE)
     params = rglru_params(16, 2, 4, device=DEVICE)
     cu = torch.tensor(PACKED, dtype=torch.int32, device=DEVICE) if packed else None
-    h0 = randn((len(PACKED) - 1 if packed else 1, 16), 5, device=DEVICE)
+    h0 = randn((len(PACKED) - 1 if packed else 1, 16), 5, device=DEVICE) if with_state else None
+    leaves = [x, *params] + ([h0] if with_state else [])
     dy = randn(x.shape, 6, device=DEVICE, requires_grad=False)
     results = []
     for final in (True, False):
         y, h = run(x, *params, h0, 8.0, _config(K=8, WC=2), cu, final=final)
         assert (h is None) == (not final)
-        results.append((y.detach(), *torch.autograd.grad(y, [x, h0, *params], dy)))
+        results.append((y.detach(), *torch.autograd.grad(y, leaves, dy)))
     assert_same_results_of_two_forms(*results)
 
 
