@@ -1,6 +1,7 @@
 """Where the time goes: per-kernel CUDA time, CUDA-graph replay time, host launch time, registers.
 
-Usage: python scripts/gpu_profile.py [--op samu|rglru] [--backend NAME] [--shapes "B,L,D;..."] [--dtype NAME] [--out DIR]
+Usage: python scripts/gpu_profile.py [--op samu|rglru] [--backend NAME] [--shapes "B,L,D;..."] [--dtype NAME]
+                                     [--out DIR]
 
 Writes DIR/profile_<op>_<backend>.json (the environment, the command, per shape the times and the kernel
 table, and the registers of every kernel compiled).

@@ -821,8 +821,7 @@ def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, 
     return y, h_last, states
 
 
-# bf16 launch options by pass and head dim that fit four programs a multiprocessor, not 2-3; none for the weight
-# gradients yet (README.md, "Programs and layouts").
+# bf16 launch options by pass and head dim that fit four programs a multiprocessor (README.md, "Programs and layouts")
 LEANER = {
     "summary": {64: "cap", 96: "cap"},
     "output": {64: "cap", 96: "cap", 128: "cap"},
