@@ -3,8 +3,9 @@
 # unpacked code (patches/packed_skip.diff), judged in one call. HEAD: the patch applied and committed; tprev: the
 # commit before, unpacked untracked (`git archive PREV samu tests scripts | tar -x -C tprev`).
 #   HEAD_COMMIT=<hex> PREV_COMMIT=<hex> bash results/dev/session21/scripts/packed_call.sh
-# 1. the bits against tprev (scripts/gpu_bits.sh): the unpacked cases must be the same (their code is); the packed
-#    ones may differ where the compiler contracts the two forms' products unlike (each form alone is exact);
+# 1. the bits against tprev (scripts/gpu_bits.sh): the unpacked cases should be the same (their SASS differs only in
+#    register and spill-slot assignment, offline/packed_skip_sass.txt); the packed ones may differ where the compiler
+#    contracts the two forms' products unlike (each form alone is exact);
 # 2. RG-LRU's packed gates in bf16 and fp32 (16 sequences, both variants, as session 18's call 5) beside the packed
 #    tests on the GPU: the gate records the packed classes need if the bits moved;
 # 3. packed / unpacked kernel sums at (1, 32768, 2048), 16 and 256 sequences: HEAD, then tprev.
