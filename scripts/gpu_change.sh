@@ -21,7 +21,8 @@
 #
 # EXTRA_TESTS="FILE..." runs more test files beside the tests (their own process and log, tests-extra.log).
 # SHAPES="B,L,D;..." replaces the profiled shapes (the width sweep: "1,32768,1024;1,32768,1536;1,32768,2048;
-# 1,32768,2560"), PROFILE_LIMIT=SECONDS each profile's 50 s. With STAGES=profile and scripts/gpu_bits.sh before
+# 1,32768,2560"), PROFILE_LIMIT=SECONDS each profile's 50 s, PROFILE_ARGS more options of gpu_profile.py (e.g.
+# "--dtype float16"; OLD's gpu_profile.py must take them too). With STAGES=profile and scripts/gpu_bits.sh before
 # it in the same command, a kernel change's bits and its timing beside OLD take one call.
 # LIMIT=SECONDS replaces the tests' and gates' limit. The gates judge three calls of a mixer now (session 19), and
 # RG-LRU's fp32 gate set no longer fits one device call in one process: even split in two processes by shapes
@@ -77,7 +78,7 @@ profile() {  # profile TAG DIR COMMIT
   mkdir -p "$W/profile-$1"
   for backend in "${PROFILED[@]}"; do
     (cd "$2" && PYTHONPATH="$PWD" SAMU_GIT_COMMIT="$3" stage profile "${PROFILE_LIMIT:-50}" $PY scripts/gpu_profile.py \
-      --op "$OP" --backend $backend --out "$W/profile-$1" --shapes "$SHAPES")
+      --op "$OP" --backend $backend --out "$W/profile-$1" --shapes "$SHAPES" ${PROFILE_ARGS:-})
   done
 }
 NEW_COMMIT=${SAMU_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}

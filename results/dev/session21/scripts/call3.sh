@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Session 21, call 3 (never ran: no machine was lent; written for the next session): RG-LRU's GPU tests on HEAD in
-# three processes beside the trees' compiles, then HEAD and tprev timed alternately (head, tprev, head2) in bf16 at
-# L = 32,768 and head dims 96, 128, 160, in fp16 at 64, 96, 128 and 160 (head, tprev), and t96 (4b424ed: no LEANER
-# entry at head dim 96) in bf16 at (1, 32768, 1536), the time the shipped entries there were never set against.
+# three processes beside the trees' compiles, then HEAD and tprev timed alternately (head, tprev, head: the profile
+# stage of scripts/gpu_change.sh) in bf16 at L = 32,768 and head dims 96, 128, 160 and in fp16 at 64, 96, 128 and
+# 160, and t96 (4b424ed: no LEANER entry at head dim 96) in bf16 at (1, 32768, 1536), the time the shipped entries
+# there were never set against. Limits: tests 250 s beside the compiles, then 6 profiles of at most 60 s and one.
 #   HEAD: the shipped code with patches/leaner_fp16_dw.diff applied and committed; tprev: the shipped code, t96:
 #   4b424ed (`git archive C samu tests scripts | tar -x -C tprev`, untracked; t96's gpu_profile.py has no --dtype).
 #   HEAD_COMMIT=<hex> PREV_COMMIT=<hex> bash results/dev/session21/scripts/call3.sh
@@ -15,7 +16,7 @@ python3 -m pytest -q --collect-only -m gpu tests/ops/test_rglru_triton.py 2>/dev
 pids=()
 for k in 0 1 2; do
   awk -v k=$k 'NR % 3 == k' $W/gpu_tests.txt > $W/gpu_tests-$k.txt
-  (timeout -s INT -k 10 270 python3 -m pytest -q -p no:cacheprovider -m gpu --tb=short $(cat $W/gpu_tests-$k.txt) \
+  (timeout -s INT -k 10 250 python3 -m pytest -q -p no:cacheprovider -m gpu --tb=short $(cat $W/gpu_tests-$k.txt) \
     > $W/gpu_tests-$k.log 2>&1; echo "tests $k exit $?") &
   pids+=($!)
 done
@@ -31,20 +32,16 @@ for t in head tprev t96; do d=$t; [ $t = head ] && d=.; (cd $d && PYTHONPATH=$PW
 for p in "${pids[@]}"; do wait $p; done
 tail -qn 1 $W/gpu_tests-*.log
 tar -czf $OUT/results.tar.gz -C $W .
-SW="1,32768,1536;1,32768,2048;1,32768,2560"
-prof() {  # TAG DIR COMMIT SHAPES [--dtype NAME]
-  mkdir -p $W/prof-$1
-  (cd "$2" && PYTHONPATH="$PWD" SAMU_GIT_COMMIT="$3" timeout 60 python3 scripts/gpu_profile.py --op rglru \
-    --backend triton_chunked --out "$W/prof-$1" --shapes "$4" ${5:-} ${6:-} > "$W/prof-$1.log" 2>&1; echo "$1 exit $?")
-}
-prof head . $HEAD_COMMIT "$SW"; prof tprev tprev $PREV_COMMIT "$SW"; prof head2 . $HEAD_COMMIT "$SW"
-prof t96 t96 4b424edd78782ccdbabdc4fa8388404123046a35 "1,32768,1536"
-F16="1,32768,1024;1,32768,1536;1,32768,2048;1,32768,2560"
-prof head16 . $HEAD_COMMIT "$F16" --dtype float16; prof tprev16 tprev $PREV_COMMIT "$F16" --dtype float16
-tar -czf $OUT/results.tar.gz -C $W .
-python3 - $W <<'PY'
-import glob, json, sys
-for p in sorted(glob.glob(sys.argv[1] + "/prof-*/*.json")):
-    r = json.load(open(p))
-    print(p.split("/")[-2], " ".join(f"{tuple(s['shape'])}:{s['fb_graph_ms']:.3f}" for s in r["rows"]))
-PY
+# the timing: scripts/gpu_change.sh's profile stage (HEAD, tprev, HEAD), bf16 then fp16, each in a folder of its own
+PROF=(env STAGES=profile PROFILE_LIMIT=60 SAMU_GIT_COMMIT=$HEAD_COMMIT OLD_COMMIT=$PREV_COMMIT)
+OUT=$OUT/bf16 "${PROF[@]}" SHAPES="1,32768,1536;1,32768,2048;1,32768,2560" bash scripts/gpu_change.sh rglru tprev \
+  | grep "fb graph"
+OUT=$OUT/fp16 "${PROF[@]}" SHAPES="1,32768,1024;1,32768,1536;1,32768,2048;1,32768,2560" \
+  PROFILE_ARGS="--dtype float16" bash scripts/gpu_change.sh rglru tprev | grep "fb graph"
+# t96: the shipped head-dim-96 entries against neither (its gpu_profile.py has no --dtype: bf16)
+mkdir -p $W/prof-t96
+(cd t96 && PYTHONPATH=$PWD SAMU_GIT_COMMIT=4b424edd78782ccdbabdc4fa8388404123046a35 timeout 60 python3 \
+  scripts/gpu_profile.py --op rglru --backend triton_chunked --out $W/prof-t96 --shapes "1,32768,1536" \
+  > $W/prof-t96.log 2>&1; echo "t96 exit $?"; grep "fb graph" $W/prof-t96.log)
+tar -czf $OUT/results.tar.gz -C $OUT w bf16/w fp16/w
+rm -rf $OUT/w $OUT/bf16/w $OUT/fp16/w $OUT/bf16/results.tar.gz $OUT/fp16/results.tar.gz
