@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from samu.ops.checks import check_rglru_inputs, check_samu_inputs
+from samu.ops.checks import check_rglru_inputs, check_samu_inputs, check_state
+from samu.ops.packing import per_sequence, sequence_offsets
 
 __all__ = ["samu_mixer", "rglru_mixer", "samu_serial", "rglru_serial", "linear_scan", "samu_controls",
            "samu_transitions", "rglru_gate", "rglru_gates", "sqrt_bound_derivative"]
@@ -78,17 +79,36 @@ def samu_transitions(m, phi, nu, theta_log):
     return lam, gamma
 
 
+def _serial_call(run, x, initial_state, output_final_state, backend, cu_seqlens):
+    """(y, final state or None) from run(x, h0) -> y, one call per packed sequence with ``cu_seqlens``
+    (samu.ops.packing; states [N, D]); ``backend`` is the public functions' keyword, here only "reference"."""
+    if backend != "reference":
+        raise ValueError(f"backend: samu.reference runs the serial reference only, got {backend!r} (call "
+                         f"samu.samu_mixer / samu.rglru_mixer for the other backends)")
+    if cu_seqlens is None:
+        ys = [run(x, initial_state)]
+    else:
+        offsets = sequence_offsets(cu_seqlens, x)
+        check_state(initial_state, len(offsets) - 1, x.shape[-1], x.device, "initial_state")
+        ys = per_sequence(run, x, offsets, initial_state)
+    y = torch.cat(ys, dim=1)
+    return y, (torch.cat([y_n[:, -1] for y_n in ys]) if output_final_state else None)
+
+
 def samu_mixer(x, nu, theta_log, directions, amplitudes, *, initial_state=None,
-               output_final_state=False, radial_bound=2.0, dtype=torch.float64):
-    """Serial SAMU mixer (spec §3).
+               output_final_state=False, radial_bound=2.0, backend="reference", cu_seqlens=None,
+               dtype=torch.float64):
+    """Serial SAMU mixer (spec §3), with samu.samu_mixer's signature.
 
     x: [B, L, D] (D even); nu, theta_log: [N]; directions: [2, D]; amplitudes: [2, 2];
-    initial_state: [B, D] in fused coordinates (real parts, then imaginary parts) or None.
-    Returns (y [B, L, D], final_state [B, D] or None), both in ``dtype``.
+    initial_state: [B, D] in fused coordinates (real parts, then imaginary parts) or None ([N, D] with
+    ``cu_seqlens``, the N + 1 offsets of sequences packed along L of a batch-1 x).
+    Returns (y [B, L, D], final_state [B, D] ([N, D] packed) or None), both in ``dtype``.
     """
-    check_samu_inputs(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound)
-    y = samu_serial(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, dtype)
-    return y, (y[:, -1] if output_final_state else None)
+    check_samu_inputs(x, nu, theta_log, directions, amplitudes, None if cu_seqlens is not None else initial_state,
+                      radial_bound)
+    return _serial_call(lambda x, h0: samu_serial(x, nu, theta_log, directions, amplitudes, h0, radial_bound, dtype),
+                        x, initial_state, output_final_state, backend, cu_seqlens)
 
 
 def samu_serial(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, dtype):
@@ -147,15 +167,16 @@ def rglru_gates(x, w_a, b_a, w_x, b_x, a_param, c):
 
 
 def rglru_mixer(x, w_a, b_a, w_x, b_x, a_param, *, initial_state=None, output_final_state=False,
-                c=8.0, dtype=torch.float64):
-    """Serial RG-LRU mixer (spec §4).
+                c=8.0, backend="reference", cu_seqlens=None, dtype=torch.float64):
+    """Serial RG-LRU mixer (spec §4), with samu.rglru_mixer's signature.
 
-    x: [B, L, D]; w_a, w_x: [H, D/H, D/H]; b_a, b_x, a_param: [D]; initial_state: [B, D] or None.
-    Returns (y [B, L, D], final_state [B, D] or None), both in ``dtype``.
+    x: [B, L, D]; w_a, w_x: [H, D/H, D/H]; b_a, b_x, a_param: [D]; initial_state: [B, D] or None ([N, D]
+    with ``cu_seqlens``, as samu_mixer's).
+    Returns (y [B, L, D], final_state [B, D] ([N, D] packed) or None), both in ``dtype``.
     """
-    check_rglru_inputs(x, w_a, b_a, w_x, b_x, a_param, initial_state, c)
-    y = rglru_serial(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, dtype)
-    return y, (y[:, -1] if output_final_state else None)
+    check_rglru_inputs(x, w_a, b_a, w_x, b_x, a_param, None if cu_seqlens is not None else initial_state, c)
+    return _serial_call(lambda x, h0: rglru_serial(x, w_a, b_a, w_x, b_x, a_param, h0, c, dtype),
+                        x, initial_state, output_final_state, backend, cu_seqlens)
 
 
 def rglru_serial(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, dtype):

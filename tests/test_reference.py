@@ -100,3 +100,28 @@ def test_bounded_sqrt_derivative():
     (g,) = torch.autograd.grad(reference.sqrt_bound_derivative(u).sum(), u)
     assert torch.allclose(g, torch.tensor([1000.0, 1000.0, 1.0, 0.5], dtype=torch.float64))
     assert math.isfinite(float(g.sum()))
+
+
+@pytest.mark.parametrize("op", ["samu", "rglru"])
+def test_references_take_the_public_signature(op):
+    """samu.reference's mixers take the public functions' arguments (spec §5): backend (only "reference"),
+    and cu_seqlens, which packs as one serial call per sequence from its own row of initial_state."""
+    import samu
+
+    D = 8
+    x = randn((1, 9, D), 1, dtype=torch.float64)
+    params = [p.detach().double() for p in (samu_params(D, 2) if op == "samu" else rglru_params(D, 2))]
+    h0 = randn((3, D), 3, dtype=torch.float64)
+    ref, public = getattr(reference, f"{op}_mixer"), getattr(samu, f"{op}_mixer")
+    offsets = [0, 2, 3, 9]
+    y, h = ref(x, *params, initial_state=h0, output_final_state=True, backend="reference", cu_seqlens=offsets)
+    y_pub, h_pub = public(x, *params, initial_state=h0, output_final_state=True, backend="reference",
+                          cu_seqlens=torch.tensor(offsets, dtype=torch.int32))
+    assert torch.equal(y, y_pub) and torch.equal(h, h_pub)
+    for n, (a, b) in enumerate(zip(offsets, offsets[1:])):
+        y_n, h_n = ref(x[:, a:b], *params, initial_state=h0[n:n + 1], output_final_state=True)
+        assert torch.equal(y[:, a:b], y_n) and torch.equal(h[n:n + 1], h_n)
+    with pytest.raises(ValueError, match="backend"):
+        ref(x, *params, backend="auto")
+    with pytest.raises(ValueError, match="initial_state"):
+        ref(x, *params, initial_state=h0[:2], cu_seqlens=offsets)

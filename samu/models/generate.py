@@ -243,6 +243,10 @@ def generate(model: LanguageModel, prompt, max_new_tokens: int, *, temperature: 
     finite_number("temperature", temperature)
     if top_k is not None:
         positive_int("top_k", top_k)
+    if seed is not None and (nonneg_int("seed", seed) >= 2 ** 64):
+        raise ValueError(f"seed must be below 2**64, got {seed}")
+    if stats is not None and not isinstance(stats, dict):
+        raise TypeError(f"stats must be a dict (to fill) or None, got {type(stats).__name__}")
     autocast = autocast_dtype(device.type) is not None
     if graph is None:
         graph = device.type == "cuda" and not autocast

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from samu.modules.layers import (Conv1D, GatedMLP, Linear, RMSNorm, check_sequence, check_tensor, check_token,
-                                 lecun_normal_, linear_onto, product_dtype)
+                                 check_weights_dtype, lecun_normal_, linear_onto, product_dtype)
 from samu.modules.mixers import RGLRUMixer, SAMUMixer
 from samu.ops.glue import conv_gelu, fused_backend, fused_kernels
 from samu.ops.linear import autocast_dtype
@@ -55,6 +55,7 @@ class RecurrentBlock(nn.Module):
             raise ValueError(f"lru_width must be even for mixer='samu' (complex modes), got {self.lru_width}")
         if mixer == "rglru" and self.lru_width % positive_int("num_heads", num_heads):
             raise ValueError(f"num_heads must divide lru_width={self.lru_width}, got {num_heads}")
+        positive_int("conv_width", conv_width)
         self.mixer_name = mixer
         kw = dict(device=device, dtype=dtype)
         self.glue_backend = fused_backend(backend)
@@ -91,6 +92,7 @@ class RecurrentBlock(nn.Module):
         """With ``cu_seqlens`` (samu.ops.packing), u [1, L, width] packs N sequences: the Conv1D and the mixer
         restart at each boundary (from row n of a state of N rows), and the state returned has N rows."""
         check_sequence("u", u, self.width)
+        check_weights_dtype("u", u, self.linear_in.weight)
         if self.sequence_parallel is not None:
             return self._sequence_parallel(u, state, return_state, cu_seqlens)
         z = self.linear_in(u)
@@ -133,6 +135,7 @@ class RecurrentBlock(nn.Module):
 
     def step(self, u_t, state=None):
         check_token("u_t", u_t, self.width)
+        check_weights_dtype("u_t", u_t, self.linear_in.weight)
         state = self.fresh_state(state, u_t.shape[0])
         return self.decode(u_t, state), state
 

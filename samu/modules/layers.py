@@ -35,10 +35,20 @@ def check_sequence(name: str, x, width: int) -> None:
 
 
 def check_token(name: str, x_t, width: int) -> None:
-    """A [B, width] activation: one token per batch row, for step()."""
-    if not isinstance(x_t, torch.Tensor) or x_t.dim() != 2 or x_t.shape[1] != width:
+    """A [B, width] floating-point activation: one token per batch row, for step()."""
+    if not isinstance(x_t, torch.Tensor) or x_t.dim() != 2 or x_t.shape[1] != width or x_t.shape[0] < 1:
         shape = list(x_t.shape) if isinstance(x_t, torch.Tensor) else type(x_t).__name__
-        raise ValueError(f"{name} must have shape [B, {width}], got {shape}")
+        raise ValueError(f"{name} must have shape [B, {width}] with B >= 1, got {shape}")
+    if not x_t.is_floating_point():
+        raise TypeError(f"{name} has dtype {str(x_t.dtype).replace('torch.', '')}; expected a floating-point dtype")
+
+
+def check_weights_dtype(name: str, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """With autocast off, an activation in its products' weights' dtype: else a TypeError naming ``name`` (where
+    the product's own error would name neither)."""
+    if x.dtype != weight.dtype and autocast_dtype(x.device.type) is None:
+        raise TypeError(f"{name} has dtype {x.dtype} but the layer's weights are {weight.dtype}: cast the module "
+                        f"(e.g. .to({x.dtype})) or run under torch.autocast")
 
 
 def check_glue_backend(backend: str) -> str:
@@ -111,6 +121,9 @@ class Conv1D(nn.Module):
         check_sequence("x", x, self.width)
         if state is not None:
             check_tensor("state", state, (x.shape[0], self.kernel_size - 1, self.width))
+            if not state.is_floating_point() or state.device != x.device:
+                raise TypeError(f"state must be a floating-point tensor on x's device ({x.device}), got "
+                                f"{state.dtype} on {state.device}")
         return causal_conv(x, self.weight, self.bias, state, return_state)
 
     def step(self, x_t, state=None):
@@ -143,6 +156,8 @@ class RMSNorm(nn.Module):
         if not isinstance(x, torch.Tensor) or x.shape[-1:] != (self.width,):
             shape = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"{name} must have shape [..., {self.width}], got {shape}")
+        if not x.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
 
     def forward(self, x, dtype=None):
         self._check("x", x)
@@ -194,6 +209,10 @@ class GatedMLP(nn.Module):
         lecun_normal_(self.down)
 
     def forward(self, x):
+        if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != self.width:
+            shape = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"x must have shape [..., {self.width}], got {shape}")
+        check_weights_dtype("x", x, self.gate_up.weight)
         up = self.gate_up
         return self.down(linear_geglu(x, up.weight, up.bias, up.low_weight, self.backend))
 

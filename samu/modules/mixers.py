@@ -14,6 +14,7 @@ from samu.ops.functional import rglru_mixer, samu_mixer
 from samu.ops.glue import fused_backend
 from samu.ops.sequence_parallel import rglru_mixer_sequence_parallel, samu_mixer_sequence_parallel
 from samu.ops.step import rglru_block_step, rglru_step, samu_block_step, samu_step
+from samu.validate import finite_number
 
 
 def _no_packing(cu_seqlens):
@@ -33,6 +34,9 @@ class _FP32Parameters(nn.Module):
     @backend.setter
     def backend(self, value: str):
         self._step_backend = fused_backend(value)
+        if value not in dispatch.BASE_BACKENDS and value not in dispatch.variants(self.OP):
+            raise ValueError(f"backend {value!r} is a variant of the other mixer; {self.OP}'s are "
+                             f"{', '.join(map(repr, sorted(dispatch.variants(self.OP))))}")
         self._backend = value
 
     def choose(self, batch: int, length: int, dtype: torch.dtype, device=None, packed: bool = False) -> dispatch.Choice:
@@ -75,7 +79,8 @@ class SAMUMixer(_FP32Parameters):
         if not 0 < max_phase <= math.pi:
             raise ValueError(f"max_phase must lie in (0, pi], got {max_phase}")
         self.width, self.r_min, self.r_max, self.max_phase = width, r_min, r_max, max_phase
-        self.radial_bound, self.backend = float(radial_bound), backend
+        self.radial_bound = float(finite_number("radial_bound", radial_bound, positive=True))
+        self.backend = backend
         n = width // 2
         kw = dict(device=device, dtype=torch.float32)
         self.nu = nn.Parameter(torch.empty(n, **kw))
@@ -112,7 +117,7 @@ class SAMUMixer(_FP32Parameters):
     def step(self, x_t, state=None):
         check_token("x_t", x_t, self.width)
         check_samu_inputs(x_t.unsqueeze(1), *self._params(), state, self.radial_bound,
-                          state_name="state", x_name="x_t", finite=False)
+                          state_name="state", x_name="x_t")
         return samu_step(x_t, *self._params(), state, self.radial_bound, self._step_backend)
 
     def block_step(self, z, conv_weight, conv_bias, conv_state, state):
@@ -143,7 +148,7 @@ class RGLRUMixer(_FP32Parameters):
             raise ValueError(f"num_heads must be a positive divisor of width={width}, got {num_heads!r}")
         if not 0 < r_min < r_max < 1:
             raise ValueError(f"need 0 < r_min < r_max < 1, got r_min={r_min}, r_max={r_max}")
-        self.width, self.num_heads, self.c = width, num_heads, float(c)
+        self.width, self.num_heads, self.c = width, num_heads, float(finite_number("c", c, positive=True))
         self.r_min, self.r_max, self.backend = r_min, r_max, backend
         hd = width // num_heads
         kw = dict(device=device, dtype=torch.float32)
@@ -183,7 +188,7 @@ class RGLRUMixer(_FP32Parameters):
     def step(self, x_t, state=None):
         check_token("x_t", x_t, self.width)
         check_rglru_inputs(x_t.unsqueeze(1), *self._params(), state, self.c, state_name="state",
-                           x_name="x_t", finite=False)
+                           x_name="x_t")
         return rglru_step(x_t, *self._params(), state, self.c, self._step_backend)
 
     def block_step(self, z, conv_weight, conv_bias, conv_state, state):

@@ -118,9 +118,9 @@ def check_state(initial_state, B, D, device, name):
 
 def check_samu_inputs(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound,
                       state_name="initial_state", x_name="x", finite=True):
-    """Raise a ValueError/TypeError naming the argument for any bad input (spec §5); the step API
-    passes its own argument names (x_t, state) and skips the parameter finiteness check (a host
-    synchronisation per layer per token; decoding checks it once, in the prompt's forward)."""
+    """Raise a ValueError/TypeError naming the argument for any bad input (spec §5); a mixer's step passes
+    its own argument names (x_t, state). The decoding paths (block and model decode) skip these checks:
+    ``generate`` checks the parameters once a call."""
     B, L, D = _check_input(x, x_name)
     if D % 2:
         raise ValueError(f"{x_name} has odd width D={D}; SAMU needs an even D (N = D/2 complex modes)")

@@ -150,6 +150,13 @@ def test_generate_bad_inputs():
         generate(model, torch.tensor([1]), 2, top_k=0)
     with pytest.raises(TypeError, match="model must be a LanguageModel"):
         generate(torch.nn.Linear(2, 2), torch.tensor([1]), 2)
+    for seed in (1.5, "abc", -1):
+        with pytest.raises(ValueError, match="seed must be a non-negative integer"):
+            generate(model, torch.tensor([1]), 2, seed=seed)
+    with pytest.raises(ValueError, match="seed must be below 2"):
+        generate(model, torch.tensor([1]), 2, seed=2 ** 70)
+    with pytest.raises(TypeError, match="stats must be a dict"):
+        generate(model, torch.tensor([1]), 2, stats=[])
 
 
 def test_model_bad_inputs():
@@ -162,6 +169,11 @@ def test_model_bad_inputs():
         model(torch.zeros(2, 3, dtype=torch.long), state=[None])
     with pytest.raises(ValueError, match=r"token must have shape \[B\]"):
         model.step(torch.zeros(2, 3, dtype=torch.long))
+    vocab = model.config.vocab_size
+    with pytest.raises(ValueError, match=rf"tokens must hold integer tokens in \[0, {vocab}\), got values in \[0, {vocab}\]"):
+        model(torch.tensor([[0, vocab]]))
+    with pytest.raises(ValueError, match=r"token must hold integer tokens in \[0, "):
+        model.step(torch.tensor([-1]))
     with pytest.raises(TypeError, match="config must be an LMConfig"):
         LanguageModel({"width": 8})
 

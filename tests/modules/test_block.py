@@ -170,6 +170,12 @@ def test_block_bad_inputs():
         RecurrentBlock(8, "rglru", num_heads=0)
     with pytest.raises(ValueError, match="width must be a positive integer"):
         RecurrentBlock(0)
+    with pytest.raises(ValueError, match="conv_width must be a positive integer"):
+        RecurrentBlock(8, conv_width=0)
+    with pytest.raises(TypeError, match="u has dtype torch.bfloat16 but the layer's weights are torch.float32"):
+        RecurrentBlock(8)(torch.randn(1, 3, 8, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="u_t has dtype int64"):
+        RecurrentBlock(8).step(torch.zeros(1, 8, dtype=torch.long))
     block = RecurrentBlock(8, "rglru", num_heads=4)
     with pytest.raises(ValueError, match=r"u must have shape \[B, L, 8\]"):
         block(torch.randn(2, 3, 6))

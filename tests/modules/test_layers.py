@@ -91,6 +91,22 @@ def test_conv1d_bad_inputs():
         conv(torch.randn(2, 3, 5), torch.zeros(2, 2, 5))
     with pytest.raises(ValueError, match="x_t must have shape"):
         conv.step(torch.randn(2, 4))
+    with pytest.raises(TypeError, match="x_t has dtype int64"):
+        conv.step(torch.ones(2, 5, dtype=torch.int64))
+    with pytest.raises(TypeError, match="state must be a floating-point tensor"):
+        conv(torch.randn(2, 3, 5), torch.ones(2, 3, 5, dtype=torch.int64))
+
+
+def test_rmsnorm_and_mlp_bad_inputs():
+    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
+        RMSNorm(4)(torch.tensor([[1, 2, 3, 4]]))
+    mlp = GatedMLP(8)
+    with pytest.raises(ValueError, match=r"x must have shape \[..., 8\]"):
+        mlp(torch.randn(1, 2, 6))
+    with pytest.raises(TypeError, match="x has dtype torch.bfloat16 but the layer's weights are torch.float32"):
+        mlp(torch.randn(1, 2, 8, dtype=torch.bfloat16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert mlp(torch.randn(1, 2, 8)).shape == (1, 2, 8)
 
 
 def test_rmsnorm_matches_definition_and_keeps_dtype():

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import samu
+from samu.ops.checks import NonFiniteParameters
 from tests.helpers import rel_err
 
 
@@ -95,6 +96,29 @@ def test_step_rejects_bad_dtypes_and_devices():
         m.step(torch.ones(1, 8), torch.zeros(1, 8, dtype=torch.int64))
     with pytest.raises(ValueError, match="state is on meta"):
         m.step(torch.ones(1, 8), torch.zeros(1, 8, device="meta"))
+
+
+def test_step_checks_parameters_and_construction_checks_arguments():
+    m = samu.SAMUMixer(8)
+    with torch.no_grad():
+        m.nu[0] = float("nan")
+    with pytest.raises(NonFiniteParameters, match="nu"):
+        m.step(torch.randn(1, 8))
+    r = samu.RGLRUMixer(8, num_heads=2)
+    with torch.no_grad():
+        r.a_param[0] = float("inf")
+    with pytest.raises(ValueError, match="a_param"):
+        r.step(torch.randn(1, 8))
+    with pytest.raises(ValueError, match="radial_bound must be a finite number > 0"):
+        samu.SAMUMixer(8, radial_bound=float("nan"))
+    with pytest.raises(ValueError, match="c must be a finite number > 0"):
+        samu.RGLRUMixer(8, num_heads=2, c=-1.0)
+    with pytest.raises(ValueError, match=r"x_t must have shape \[B, 8\] with B >= 1, got \[0, 8\]"):
+        samu.SAMUMixer(8).step(torch.zeros(0, 8))
+    with pytest.raises(ValueError, match="'triton_chunked' is a variant of the other mixer; samu's are"):
+        samu.SAMUMixer(8, backend="triton_chunked")
+    with pytest.raises(ValueError, match="'triton_grouped' is a variant of the other mixer; rglru's are"):
+        samu.RGLRUMixer(8, num_heads=2, backend="triton_grouped")
 
 
 def test_step_in_float64_keeps_float64_state():
