@@ -7,6 +7,7 @@ line that names the flag and exits non-zero; nothing is written.
 from __future__ import annotations
 
 import argparse
+import codecs
 import dataclasses
 import json
 import math
@@ -222,6 +223,8 @@ def cmd_generate(args):
 
     if args.prompt_ids and args.prompt:
         raise ValueError("give --prompt or --prompt-ids, not both")
+    if not args.checkpoint.strip():
+        raise ValueError("checkpoint must name a run folder or a checkpoint file, got ''")
     device = resolve_device(args.device or "auto")
     path = Path(args.checkpoint)
     if path.is_dir() and not is_sharded(path):
@@ -232,16 +235,64 @@ def cmd_generate(args):
     vocab = model.config.vocab_size
     prompts = _prompts(args, vocab)
     stats: dict = {}
-    out = generate(model, prompts, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None,
-                   seed=args.seed, stats=stats)
-    for i, tokens in enumerate(out):
-        if i:
-            print("\n---")
-        print(_decode(tokens.tolist(), vocab))
+    # one prompt streams its text as each chunk of tokens is done; several are printed at the end; an interrupt
+    # prints what each has so far
+    stream = _Stream(vocab, prompts[0].tolist()) if len(prompts) == 1 else None
+    grown: list = []
+    try:
+        generate(model, prompts, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None,
+                 seed=args.seed, stats=stats, on_tokens=stream.write_rows if stream else grown.append)
+    except KeyboardInterrupt:
+        _show(stream, prompts, grown, vocab)
+        raise
+    _show(stream, prompts, grown, vocab)
     if stats:
         print(f"prefill: {stats['prefill_tokens']} tokens, {_rate(stats['prefill_tokens'], stats['prefill_s'])}; "
               f"decode: {stats['decode_tokens']} tokens, {_rate(stats['decode_tokens'], stats['decode_s'])} "
               f"(batch {len(prompts)}, {device})", file=sys.stderr)
+
+
+class _Stream:
+    """One prompt's text printed as its tokens come: bytes through an incremental UTF-8 decoder (a character
+    split between two chunks waits for its other part), ids space-separated."""
+
+    def __init__(self, vocab_size: int, prompt: list):
+        self.text = vocab_size == 256
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.prompt = prompt
+
+    def write_rows(self, rows) -> None:
+        self._write(rows[0].tolist())
+
+    def _write(self, tokens: list) -> None:
+        if self.prompt is not None:
+            tokens, self.prompt = self.prompt + tokens, None
+            start = ""
+        else:
+            start = "" if self.text else " "
+        piece = self.decoder.decode(bytes(tokens)) if self.text else start + " ".join(map(str, tokens))
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    def close(self) -> None:
+        if self.prompt is not None:   # no token came
+            self._write([])
+        print(self.decoder.decode(b"", final=True) if self.text else "", flush=True)
+
+
+def _show(stream, prompts, grown, vocab: int) -> None:
+    """The streamed prompt's last line, or each prompt and the tokens it has grown (chunks [B, n] from generate's
+    on_tokens)."""
+    import torch
+
+    if stream is not None:
+        stream.close()
+        return
+    rows = torch.cat(grown, dim=1).tolist() if grown else [[] for _ in prompts]
+    for i, (prompt, tokens) in enumerate(zip(prompts, rows)):
+        if i:
+            print("\n---")
+        print(_decode(prompt.tolist() + tokens, vocab))
 
 
 def _rate(tokens: int, seconds: float) -> str:
@@ -488,11 +539,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    text = str(message)
+    print(text if text.startswith("samu") else f"samu: warning: {text}", file=sys.stderr if file is None else file)
+
+
 def main(argv=None) -> int:
-    from samu.errors import TrainingDiverged, TrainingInterrupted
+    import warnings
 
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning   # warnings as one line each (restored on return)
+        return _run(args)
+
+
+def _run(args) -> int:
+    from samu.errors import TrainingDiverged, TrainingInterrupted
+
     try:
         return args.func(args) or 0
     except TrainingInterrupted as stop:
@@ -512,6 +576,14 @@ def main(argv=None) -> int:
     except (ValueError, TypeError, OSError) as e:
         message = with_flags(str(e)) if args.command in ("demo", "train", "generate", "compare") else str(e)
         print(f"samu {args.command}: error: {message}", file=sys.stderr)
+        return 1
+    except (MemoryError, RuntimeError) as e:
+        # torch.OutOfMemoryError is a RuntimeError, as is the CPU allocator's refusal
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if not isinstance(e, MemoryError) and "out of memory" not in text and "allocate memory" not in text:
+            raise
+        print(f"samu {args.command}: error: out of memory ({text[:200]}); try a smaller batch, sequence or model",
+              file=sys.stderr)
         return 1
 
 

@@ -61,10 +61,12 @@ LOG = "log.json"
 DATA_PARALLEL = ("ddp", "fsdp")
 AUTOCAST = ("auto", "bf16", "none")
 COMPILE = ("auto", "on", "off")
-# Fields that define the optimisation: a resumed run must agree on all of them (and on processes x
-# grad_accum, the micro-batches of a step).
+# Fields that define the optimisation or its arithmetic: a resumed run must agree on all of them (and on processes x
+# grad_accum, the micro-batches of a step). The others (cadences, threads, compile, ...) may change at a resume;
+# the log records each change (its "config_changes") and holds the settings in use.
 RUN_FIELDS = ("model", "data", "data_format", "steps", "batch_size", "seq_len", "lr",
-              "min_lr", "warmup_steps", "weight_decay", "betas", "grad_clip", "seed", "pack")
+              "min_lr", "warmup_steps", "weight_decay", "betas", "grad_clip", "seed", "pack", "autocast",
+              "backend", "deterministic")
 # cuBLAS's workspace setting, which PyTorch's strict deterministic mode demands (_deterministic sets it only then)
 _CUBLAS_WORKSPACE = "CUBLAS_WORKSPACE_CONFIG"
 
@@ -596,6 +598,8 @@ def check_out_dir(out_dir) -> Path:
 
     It must not be an existing file, and its nearest existing ancestor must be a folder that takes files.
     """
+    if not str(out_dir).strip():
+        raise ValueError(f"out_dir must name a folder, got {str(out_dir)!r}")
     out = Path(out_dir)
     if out.is_symlink() and not out.exists():
         raise ValueError(f"out_dir {str(out)!r} is a link to nothing")
@@ -764,10 +768,12 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
                                   f"{known.get('val_tokens')} validation tokens, the data given now have "
                                   f"{counts['train_tokens']} and {counts['val_tokens']}; resume with the same data")
     if overwrite and payload is None and folder.owned and folder.rank == 0:
-        # a run being replaced (samu demo) takes its kept checkpoints with it
+        # a run being replaced (samu demo) takes its checkpoints with it (its current one would be kept as a
+        # numbered checkpoint of the new run at the new run's first save)
         for old_kept in _kept_steps(out).values():
             _remove(old_kept)
         _remove(out / SHARDED)
+        _remove(out / CHECKPOINT)
 
     # train() sets the thread count for its run only.
     threads = torch.get_num_threads()
@@ -878,6 +884,11 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         scheduler.load_state_dict(payload["train"]["scheduler"])
         start = payload["train"]["step"]
         log = json.loads(payload["train"]["log"])
+        now = config.to_dict()
+        changed = {k: [log["config"].get(k), v] for k, v in now.items() if log["config"].get(k) != v}
+        if changed:
+            log["config_changes"] = log.get("config_changes", []) + [{"step": start, "changed": changed}]
+            log["config"] = now
         log["resumed_at"] = log.get("resumed_at", []) + [start]
         log["resumed_env"] = log.get("resumed_env", []) + [environment(device)]  # the commit may differ
         log.update(world_size=ctx.world, device=str(device), cpu_threads=torch.get_num_threads())

@@ -60,10 +60,84 @@ def test_train_resume_generate(tmp_path, corpus, capsys):
     assert "prefill: 7 tokens" in captured.err and "decode: 6 tokens" in captured.err and "batch 2" in captured.err
 
 
+def test_generate_streams_one_prompt_and_an_interrupt_keeps_what_came(tmp_path, corpus, capsys, monkeypatch):
+    import importlib
+
+    from samu.models import load_model
+
+    gen_module = importlib.import_module("samu.models.generate")
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(corpus), "--out", str(out), "--steps", "1", *TINY]) == 0
+    capsys.readouterr()
+    want = gen_module.generate(load_model(out / "checkpoint.pt"), torch.tensor(list(b"ab")), 9, temperature=0)
+    monkeypatch.setattr(gen_module, "CHUNK", 4)   # 9 new tokens come in chunks of 4, 4 and 1
+    command = ["generate", str(out), "--prompt", "ab", "--max-new-tokens", "9", "--temperature", "0"]
+    assert main(command) == 0
+    assert capsys.readouterr().out == bytes(want.tolist()).decode("utf-8", errors="replace") + "\n"
+    # an interrupt as the second chunk is written: the prompt and 8 tokens are out, the exit is 130
+    written = []
+    real = samu.cli._Stream.write_rows
+
+    def write_then_interrupt(self, rows):
+        real(self, rows)
+        written.append(rows.shape)
+        if len(written) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(samu.cli._Stream, "write_rows", write_then_interrupt)
+    assert main(command) == 130
+    captured = capsys.readouterr()
+    assert written == [(1, 4), (1, 4)] and "interrupted" in captured.err
+    assert captured.out == bytes(want[:2 + 8].tolist()).decode("utf-8", errors="replace") + "\n"
+    # several prompts: printed at the end; interrupted after the first chunk, each with its first 4 tokens
+    batch = ["generate", str(out), "--prompt", "ab", "--prompt", "ab", "--max-new-tokens", "9", "--temperature", "0"]
+    assert main(batch) == 0
+    first, second = capsys.readouterr().out[:-1].split("\n\n---\n")
+    assert first == second == bytes(want.tolist()).decode("utf-8", errors="replace")
+    real_run = gen_module.Decoder.run
+
+    def run_then_interrupt(self, model, logits, n, generator, on_tokens=None):
+        def first_chunk_only(rows):
+            on_tokens(rows)
+            raise KeyboardInterrupt
+        return real_run(self, model, logits, n, generator, first_chunk_only)
+
+    monkeypatch.setattr(gen_module.Decoder, "run", run_then_interrupt)
+    assert main(batch) == 130
+    first, second = capsys.readouterr().out[:-1].split("\n\n---\n")
+    assert first == second == bytes(want[:2 + 4].tolist()).decode("utf-8", errors="replace")
+
+
 def test_no_deterministic_reaches_the_run(tmp_path, corpus):
     out = tmp_path / "run"
     assert main(["train", "--data", str(corpus), "--out", str(out), "--steps", "1", "--no-deterministic", *TINY]) == 0
     assert json.loads((out / "log.json").read_text())["config"]["deterministic"] is False
+
+
+def test_token_ids_read_as_text_are_warned_about_in_one_line(tmp_path, capsys):
+    tokens = tmp_path / "tokens.bin"
+    (np.arange(3000) % 97 + 1000).astype(np.uint16).tofile(tokens)
+    assert main(["train", "--data", str(tokens), "--out", str(tmp_path / "run"), "--steps", "1", *TINY]) == 0
+    err = capsys.readouterr().err
+    assert f"samu: warning: data file {tokens} does not look like text" in err and "--data-format" in err
+    assert "warnings.warn" not in err
+
+
+def test_running_out_of_memory_is_one_line(tmp_path, corpus, capsys, monkeypatch):
+    def exhausted(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 512000000000 bytes.")
+
+    monkeypatch.setattr("samu.train.train", exhausted)
+    assert main(["train", "--data", str(corpus), "--out", str(tmp_path / "run"), "--steps", "1", *TINY]) == 1
+    assert "error: out of memory ([enforce fail" in _one_line_error(capsys, "train")
+
+
+def test_empty_paths_are_refused(tmp_path, corpus, capsys):
+    assert main(["train", "--data", str(corpus), "--out", "", "--steps", "1", *TINY]) == 1
+    assert "--out must name a folder, got ''" in _one_line_error(capsys, "train")
+    assert main(["generate", ""]) == 1
+    assert "checkpoint must name a run folder" in _one_line_error(capsys, "generate")
 
 
 def test_train_on_a_token_file(tmp_path, capsys):

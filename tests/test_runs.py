@@ -377,3 +377,13 @@ def test_a_checkpoint_from_before_data_identities_resumes_and_checks_token_count
     with pytest.raises(CheckpointError, match="the data given now have"):
         train(_config(out), data=other, resume=True)
     _same_weights(whole.model, train(_config(out), data=data, resume=True).model)
+
+
+def test_a_replaced_demo_run_leaves_none_of_its_checkpoints(tmp_path):
+    data = text_corpus(_text(tmp_path))
+    out = tmp_path / "demo"
+    train(_config(out, steps=3, demo=True), data=data, overwrite=True)
+    train(_config(out, steps=2, demo=True), data=data, overwrite=True)
+    # the first run's checkpoint.pt (step 3) would otherwise be kept as checkpoint-3.pt of the second
+    assert sorted(p.name for p in out.glob("checkpoint*")) == ["checkpoint.pt"]
+    assert load_checkpoint(out / "checkpoint.pt")["train"]["step"] == 2

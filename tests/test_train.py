@@ -98,7 +98,7 @@ def test_resume_continues_exactly(tmp_path, grad_accum):
         assert torch.equal(a, b), name
     assert _untimed(resumed.log["train"]) == _untimed(whole.log["train"])
     assert [v["val_loss"] for v in resumed.log["val"]] == [v["val_loss"] for v in whole.log["val"]]
-    assert resumed.log["resumed_at"] == [3]
+    assert resumed.log["resumed_at"] == [3] and "config_changes" not in resumed.log
     # the log names the code that ran it, and again the code of each resumption
     assert resumed.log["env"]["git_commit"] and len(resumed.log["resumed_env"]) == 1
     assert resumed.log["resumed_env"][0]["git_commit"] == resumed.log["env"]["git_commit"]
@@ -249,9 +249,23 @@ def test_refuses_to_overwrite_or_resume_a_different_run(tmp_path):
         train(dataclasses.replace(config, lr=2e-2), data=data, resume=True)
     with pytest.raises(CheckpointError, match="holds a model"):
         train(dataclasses.replace(config, model=dataclasses.replace(MODEL, width=20)), data=data, resume=True)
+    for changed in (dict(autocast="bf16"), dict(backend="reference"), dict(deterministic=False)):
+        # settings that change the arithmetic would not continue the run exactly
+        name = next(iter(changed))
+        with pytest.raises(CheckpointError, match=f"cannot resume .*{name} "):
+            train(dataclasses.replace(config, steps=6, **changed), data=data, resume=True)
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
         train(_config(tmp_path, "fresh"), data=data, resume=True)
     assert ckpt.read_bytes() == before
+
+
+def test_a_resume_that_changes_a_cadence_logs_the_change(tmp_path):
+    data = text_corpus(_text(tmp_path))
+    with pytest.raises(_Interrupted):
+        train(_config(tmp_path), data=_StopAfter(data, 4))
+    resumed = train(_config(tmp_path, eval_every=2, keep=3), data=data, resume=True)
+    assert resumed.log["config_changes"] == [{"step": 3, "changed": {"eval_every": [3, 2], "keep": [2, 3]}}]
+    assert resumed.log["config"]["eval_every"] == 2 and resumed.log["config"]["keep"] == 3
 
 
 def test_a_finished_run_is_not_touched_on_resume(tmp_path):

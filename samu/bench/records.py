@@ -63,13 +63,27 @@ def write_record(record: dict, out) -> Path:
         raise ValueError("record does not match its schema: " + "; ".join(problems))
     out = Path(out)
     if out.suffix != ".json":
+        if out.is_file():
+            raise FileExistsError(f"--out {out} is a file, not a folder or a .json record path")
         stamp = record["created"].replace("-", "").replace(":", "")
         out = out / f"{record['kind']}-{stamp}.json"
+    if out.exists() and not _same_run(out, record):
+        raise FileExistsError(f"--out {out} exists and is not this run's record; samu never overwrites another "
+                              f"run's record or a file it did not write: choose another path")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".json.tmp")
     tmp.write_text(dumps(record))
     tmp.replace(out)
     return out
+
+
+def _same_run(path: Path, record: dict) -> bool:
+    """Whether ``path`` holds an earlier write of ``record`` (a run rewrites its record as it goes)."""
+    try:
+        there = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(there, dict) and all(there.get(k) == record[k] for k in ("kind", "created", "command"))
 
 
 def validate(record) -> list[str]:

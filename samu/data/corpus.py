@@ -10,6 +10,7 @@ import shutil
 import sys
 import sysconfig
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -233,6 +234,10 @@ def text_corpus(path, val_fraction: float = 0.01) -> TokenData:
     text. The name is the absolute path. Each file of a folder is a document (a single file is none)."""
     path = _existing(path)
     if path.is_file():
+        if path.stat().st_size and not _looks_like_text(path):
+            warnings.warn(f"data file {path} does not look like text (its start is not printable UTF-8); it is read "
+                          f"as bytes: if it holds token ids, give its data format (uint16 or uint32, --data-format)",
+                          stacklevel=2)
         tokens = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
         train, val = _tail_split(tokens, val_fraction)
         return TokenData(str(path), train, val, vocab_size=256, bytes_per_token=1.0)

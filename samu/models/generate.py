@@ -110,8 +110,9 @@ class Decoder:
             buf.mixer.index_copy_(0, rows, s.mixer.to(buf.mixer.dtype))
 
     @torch.no_grad()
-    def run(self, model, logits: torch.Tensor, n: int, generator) -> torch.Tensor:
-        """[batch, n] tokens: the first sampled from ``logits``, then n - 1 decoding steps."""
+    def run(self, model, logits: torch.Tensor, n: int, generator, on_tokens=None) -> torch.Tensor:
+        """[batch, n] tokens: the first sampled from ``logits``, then n - 1 decoding steps; ``on_tokens`` (if
+        given) is called with each chunk's [batch, size] tokens as it is done."""
         chunks = []
         self.bad.zero_()
         for start in range(0, n, self.chunk):
@@ -135,6 +136,8 @@ class Decoder:
             if bool(self.bad):
                 raise ValueError("the model's logits hold nan or inf while decoding (weights or activations "
                                  "overflowed?); nothing was sampled from them")
+            if on_tokens is not None:
+                on_tokens(chunks[-1].T)
         return torch.cat(chunks).T
 
 
@@ -208,7 +211,7 @@ def _synchronize(device):
 @torch.no_grad()
 def generate(model: LanguageModel, prompt, max_new_tokens: int, *, temperature: float = 1.0,
              top_k: int | None = None, seed: int | None = None, graph: bool | None = None,
-             stats: dict | None = None, cu_seqlens=None):
+             stats: dict | None = None, cu_seqlens=None, on_tokens=None):
     """Continue ``prompt`` by ``max_new_tokens`` sampled tokens.
 
     Args:
@@ -225,6 +228,8 @@ def generate(model: LanguageModel, prompt, max_new_tokens: int, *, temperature: 
             prefill), each with its seconds (timing synchronises the device).
         cu_seqlens: the prompt [T] or [1, T] packs N prompts at these offsets (samu.ops.packing): the same
             as the list of them.
+        on_tokens: called with the new tokens [B, n] of every chunk of up to CHUNK decoding steps as soon as
+            it is done, in order (streaming, progress); their concatenation is what the call appends.
 
     Returns:
         [B, T + max_new_tokens] (or [T + max_new_tokens] for a 1-D prompt) int64 tokens; for a list (or a
@@ -247,6 +252,8 @@ def generate(model: LanguageModel, prompt, max_new_tokens: int, *, temperature: 
         raise ValueError(f"seed must be below 2**64, got {seed}")
     if stats is not None and not isinstance(stats, dict):
         raise TypeError(f"stats must be a dict (to fill) or None, got {type(stats).__name__}")
+    if on_tokens is not None and not callable(on_tokens):
+        raise TypeError(f"on_tokens must be callable or None, got {type(on_tokens).__name__}")
     autocast = autocast_dtype(device.type) is not None
     if graph is None:
         graph = device.type == "cuda" and not autocast
@@ -279,7 +286,7 @@ def generate(model: LanguageModel, prompt, max_new_tokens: int, *, temperature: 
                 logits = out[0, [b - 1 for b in offsets[1:]]]
             dec.load(torch.arange(len(rows), device=device), state)
             prefilled = _synchronize(device) if stats is not None else None
-            new = dec.run(model, logits, max_new_tokens, generator)
+            new = dec.run(model, logits, max_new_tokens, generator, on_tokens)
             if stats is not None:
                 stats.update(prefill_tokens=sum(map(len, rows)), prefill_s=prefilled - start,
                              decode_tokens=len(rows) * (max_new_tokens - 1), decode_s=_synchronize(device) - prefilled)

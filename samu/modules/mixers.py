@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn as nn
 
-from samu.modules.layers import check_token
+from samu.modules.layers import check_sequence, check_token
 from samu.ops import dispatch
 from samu.ops.checks import check_rglru_inputs, check_samu_inputs
 from samu.ops.functional import rglru_mixer, samu_mixer
@@ -105,6 +105,7 @@ class SAMUMixer(_FP32Parameters):
     def forward(self, x, initial_state=None, output_final_state=False, cu_seqlens=None, group=None):
         """``group``: x is this rank's shard of a sequence split along L across that process group
         (samu.ops.sequence_parallel; not with cu_seqlens)."""
+        check_sequence("x", x, self.width)
         if group is not None:
             _no_packing(cu_seqlens)
             return samu_mixer_sequence_parallel(x, *self._params(), group=group, initial_state=initial_state,
@@ -176,6 +177,7 @@ class RGLRUMixer(_FP32Parameters):
 
     def forward(self, x, initial_state=None, output_final_state=False, cu_seqlens=None, group=None):
         """``group``: as SAMUMixer.forward's."""
+        check_sequence("x", x, self.width)
         if group is not None:
             _no_packing(cu_seqlens)
             return rglru_mixer_sequence_parallel(x, *self._params(), group=group, initial_state=initial_state,

@@ -73,6 +73,25 @@ def test_write_then_load_skips_quarantine_dev_and_foreign_json(tmp_path, cpu_rec
     assert loaded[0][1] == cpu_record
 
 
+def test_a_record_rewrites_itself_but_never_another_file(tmp_path, cpu_record):
+    path = tmp_path / "r.json"
+    write_record(cpu_record, path)
+    cpu_record["rows"] = cpu_record["rows"][:1]   # the same run writing again as it goes
+    assert json.loads(write_record(cpu_record, path).read_text())["rows"] == cpu_record["rows"]
+    other = dict(cpu_record, created="2000-01-01T00:00:00Z")
+    mine = tmp_path / "mine.json"
+    mine.write_text('{"a": 1}')
+    for target in (path, mine):
+        before = target.read_text()
+        with pytest.raises(FileExistsError, match="not this run's record"):
+            write_record(other, target)
+        assert target.read_text() == before
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    with pytest.raises(FileExistsError, match="is a file, not a folder or a .json record path"):
+        write_record(cpu_record, notes)
+
+
 def test_load_refuses_a_malformed_samu_record(tmp_path):
     record = new_record("gate", environment("cpu"), "samu gate")
     record["rows"].append({"op": "samu"})

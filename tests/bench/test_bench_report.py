@@ -213,7 +213,19 @@ def test_a_flagged_peer_is_shown_without_a_ratio(reports):
 def test_figures_no_record_supports_are_removed(tmp_path):
     write_fixtures(tmp_path)
     (tmp_path / "figures").mkdir()
-    (tmp_path / "figures" / "time_vs_width.png").write_bytes(b"stale")
+    # the report being replaced showed time_vs_width.png; mine.png is no figure of it
+    (tmp_path / "REPORT.md").write_text("# samu measurement report\n\n![time_vs_width](figures/time_vs_width.png)\n")
+    for name in ("time_vs_width.png", "mine.png"):
+        (tmp_path / "figures" / name).write_bytes(b"stale")
     build_report(tmp_path)
     assert not (tmp_path / "figures" / "time_vs_width.png").exists()
-    assert (tmp_path / "figures" / "time_vs_length.png").exists()
+    assert (tmp_path / "figures" / "time_vs_length.png").exists() and (tmp_path / "figures" / "mine.png").exists()
+
+
+def test_a_file_samu_did_not_write_is_never_overwritten(tmp_path):
+    write_fixtures(tmp_path)
+    notes = tmp_path / "notes.md"
+    notes.write_text("mine")
+    with pytest.raises(FileExistsError, match="not a report samu wrote"):
+        build_report(tmp_path, notes)
+    assert notes.read_text() == "mine"

@@ -115,6 +115,10 @@ def test_step_checks_parameters_and_construction_checks_arguments():
         samu.RGLRUMixer(8, num_heads=2, c=-1.0)
     with pytest.raises(ValueError, match=r"x_t must have shape \[B, 8\] with B >= 1, got \[0, 8\]"):
         samu.SAMUMixer(8).step(torch.zeros(0, 8))
+    with pytest.raises(ValueError, match=r"x must have shape \[B, L, 8\]"):
+        samu.SAMUMixer(8)(torch.randn(1, 3, 6))
+    with pytest.raises(ValueError, match=r"x must have shape \[B, L, 8\]"):
+        samu.RGLRUMixer(8, num_heads=2)(torch.randn(1, 3, 4))
     with pytest.raises(ValueError, match="'triton_chunked' is a variant of the other mixer; samu's are"):
         samu.SAMUMixer(8, backend="triton_chunked")
     with pytest.raises(ValueError, match="'triton_grouped' is a variant of the other mixer; rglru's are"):
