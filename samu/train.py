@@ -885,7 +885,8 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         start = payload["train"]["step"]
         log = json.loads(payload["train"]["log"])
         now = config.to_dict()
-        changed = {k: [log["config"].get(k), v] for k, v in now.items() if log["config"].get(k) != v and k != "progress"}
+        changed = {k: [log["config"].get(k), v] for k, v in now.items()
+                   if log["config"].get(k) != v and k != "progress"}
         if changed:
             log["config_changes"] = log.get("config_changes", []) + [{"step": start, "changed": changed}]
             log["config"] = now
