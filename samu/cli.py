@@ -235,15 +235,15 @@ def cmd_generate(args):
     vocab = model.config.vocab_size
     prompts = _prompts(args, vocab)
     stats: dict = {}
-    # one prompt streams its text as each chunk of tokens is done; several are printed at the end; an interrupt
-    # prints what each has so far
+    # one prompt streams as chunks come, several print at the end; an interrupt or error keeps what came
     stream = _Stream(vocab, prompts[0].tolist()) if len(prompts) == 1 else None
     grown: list = []
     try:
         generate(model, prompts, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None,
                  seed=args.seed, stats=stats, on_tokens=stream.write_rows if stream else grown.append)
-    except KeyboardInterrupt:
-        _show(stream, prompts, grown, vocab)
+    except BaseException:
+        if grown or (stream is not None and stream.prompt is None):   # something came
+            _show(stream, prompts, grown, vocab)
         raise
     _show(stream, prompts, grown, vocab)
     if stats:
@@ -540,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    text = str(message)
+    text = " ".join(str(message).split("\n"))
     print(text if text.startswith("samu") else f"samu: warning: {text}", file=sys.stderr if file is None else file)
 
 

@@ -61,9 +61,7 @@ LOG = "log.json"
 DATA_PARALLEL = ("ddp", "fsdp")
 AUTOCAST = ("auto", "bf16", "none")
 COMPILE = ("auto", "on", "off")
-# Fields that define the optimisation or its arithmetic: a resumed run must agree on all of them (and on processes x
-# grad_accum, the micro-batches of a step). The others (cadences, threads, compile, ...) may change at a resume;
-# the log records each change (its "config_changes") and holds the settings in use.
+# Fields that define the optimisation or its arithmetic: a resume must agree on them (others are logged if changed)
 RUN_FIELDS = ("model", "data", "data_format", "steps", "batch_size", "seq_len", "lr",
               "min_lr", "warmup_steps", "weight_decay", "betas", "grad_clip", "seed", "pack", "autocast",
               "backend", "deterministic")
@@ -768,8 +766,7 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
                                   f"{known.get('val_tokens')} validation tokens, the data given now have "
                                   f"{counts['train_tokens']} and {counts['val_tokens']}; resume with the same data")
     if overwrite and payload is None and folder.owned and folder.rank == 0:
-        # a run being replaced (samu demo) takes its checkpoints with it (its current one would be kept as a
-        # numbered checkpoint of the new run at the new run's first save)
+        # a run being replaced (samu demo) takes its checkpoints with it, its current one too
         for old_kept in _kept_steps(out).values():
             _remove(old_kept)
         _remove(out / SHARDED)
@@ -884,9 +881,8 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         scheduler.load_state_dict(payload["train"]["scheduler"])
         start = payload["train"]["step"]
         log = json.loads(payload["train"]["log"])
-        now = config.to_dict()
-        changed = {k: [log["config"].get(k), v] for k, v in now.items()
-                   if log["config"].get(k) != v and k != "progress"}
+        now, before = config.to_dict(), TrainConfig.from_dict(log["config"]).to_dict()
+        changed = {k: [before[k], v] for k, v in now.items() if before[k] != v and k != "progress"}
         if changed:
             log["config_changes"] = log.get("config_changes", []) + [{"step": start, "changed": changed}]
             log["config"] = now

@@ -66,7 +66,11 @@ def write_record(record: dict, out) -> Path:
         if out.is_file():
             raise FileExistsError(f"--out {out} is a file, not a folder or a .json record path")
         stamp = record["created"].replace("-", "").replace(":", "")
-        out = out / f"{record['kind']}-{stamp}.json"
+        base, n = out / f"{record['kind']}-{stamp}", 1
+        out = base.with_suffix(".json")
+        while out.exists() and not _same_run(out, record):   # another run's of the same second
+            n += 1
+            out = base.with_name(f"{base.name}-{n}.json")
     if out.exists() and not _same_run(out, record):
         raise FileExistsError(f"--out {out} exists and is not this run's record; samu never overwrites another "
                               f"run's record or a file it did not write: choose another path")

@@ -687,13 +687,16 @@ def build_report(results, out=None, figures: bool = True) -> tuple[Path, str]:
     units, gate_rows, used = collect(load_records(results))
     made = figures_for(units, out.parent / "figures") if figures else []
     comparison, compare_figures = compare_section(results, out.parent / "figures" if figures else None)
+    # the figures this report lists are samu's: the next one removes those no record supports (and nothing else)
+    listed = {name for names in re.findall(r"<!-- samu figures: ([^>]*) -->", previous) for name in names.split()}
+    listed |= set(re.findall(r"\]\(figures/([^)/]+\.png)\)", previous))
     if figures:
-        # a figure of the report it replaces that no record supports any more must not linger beside it (only
-        # those: nothing else in the folder is samu's to remove)
         kept = {name for name, _, _ in made} | set(compare_figures)
-        for name in sorted(set(re.findall(r"\]\(figures/([^)/]+\.png)\)", previous)) - kept):
+        for name in sorted(listed - kept):
             (out.parent / "figures" / name).unlink(missing_ok=True)
-    out.write_text(render(units, gate_rows, used, made, comparison))
+        listed = kept
+    manifest = f"\n<!-- samu figures: {' '.join(sorted(listed))} -->\n"
+    out.write_text(render(units, gate_rows, used, made, comparison) + manifest)
     return out, brief(units, gate_rows)
 
 

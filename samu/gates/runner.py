@@ -38,7 +38,6 @@ from samu.gates.inputs import PARAMS, RGLRU_C, derive_seed, document_offsets, ma
 from samu.gates.rules import LOW_PRECISION, NO_FINAL, NO_STATE, base_quantity, load_rules, rel_error
 from samu.ops import dispatch
 from samu.ops.functional import rglru_mixer, samu_mixer
-from samu.ops.packing import per_sequence
 
 RADIAL_BOUND = 2.0
 
@@ -77,13 +76,11 @@ def evaluate(op: str, inputs: dict, *, backend: "str | None" = None, ref_dtype: 
     if ref_dtype is not None:
         fn = reference.samu_mixer if op == "samu" else reference.rglru_mixer
         kw = {"dtype": ref_dtype}
-        if cu_seqlens is not None:
-            fn = _one_by_one(fn, cu_seqlens.tolist())
     elif run is not None:
         fn, kw = run, {}
     else:
         fn, kw = (samu_mixer if op == "samu" else rglru_mixer), {"backend": backend}
-    if cu_seqlens is not None and ref_dtype is None:
+    if cu_seqlens is not None:
         kw["cu_seqlens"] = cu_seqlens
     if run is None:
         kw.update({"radial_bound": RADIAL_BOUND} if op == "samu" else {"c": RGLRU_C})
@@ -107,15 +104,6 @@ def evaluate(op: str, inputs: dict, *, backend: "str | None" = None, ref_dtype: 
         out.update(zip([q + NO_STATE for q in names[2:] if q != "d_initial_state"],
                        torch.autograd.grad([y], [x] + params, cots[:1])))
     return out
-
-
-def _one_by_one(fn, offsets: list[int]):
-    """A reference mixer ``fn`` over packed sequences: each on its own, from its row of the initial state."""
-    def run(x, *params, initial_state, output_final_state, **kw):
-        outs = per_sequence(lambda xs, h0: fn(xs, *params, initial_state=h0, output_final_state=True, **kw),
-                            x, offsets, initial_state)
-        return torch.cat([y for y, _ in outs], dim=1), torch.cat([h for _, h in outs])
-    return run
 
 
 def baselines(ref: dict, serial: dict, dtype: torch.dtype, rules) -> tuple[dict, dict]:

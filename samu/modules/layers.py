@@ -121,9 +121,10 @@ class Conv1D(nn.Module):
         check_sequence("x", x, self.width)
         if state is not None:
             check_tensor("state", state, (x.shape[0], self.kernel_size - 1, self.width))
-            if not state.is_floating_point() or state.device != x.device:
-                raise TypeError(f"state must be a floating-point tensor on x's device ({x.device}), got "
-                                f"{state.dtype} on {state.device}")
+            if not state.is_floating_point():
+                raise TypeError(f"state must be a floating-point tensor, got {state.dtype}")
+            if state.device != x.device:
+                raise ValueError(f"state is on {state.device} but x is on {x.device}; move them to one device")
         return causal_conv(x, self.weight, self.bias, state, return_state)
 
     def step(self, x_t, state=None):

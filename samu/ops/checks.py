@@ -72,15 +72,15 @@ class NonFiniteParameters(ValueError):
     """A mixer parameter holds nan or inf (a diverged training run, typically)."""
 
 
-def _check_params(params, device, finite=True, nonzero_rows=None):
-    """Types, shapes and devices; with ``finite`` (and the check on), every value finite and, for the
+def _check_params(params, device, nonzero_rows=None):
+    """Types, shapes and devices; with the check on, every value finite and, for the
     parameter named ``nonzero_rows``, every row of positive finite squared norm (one synchronisation)."""
     for name, t, shape in params:
         _tensor(name, t)
         _float(name, t, (torch.float32, torch.float64))
         _shape(name, t, shape)
         _device(name, t, device)
-    if finite and _check_finite and not _tracing_or_capturing(device):
+    if _check_finite and not _tracing_or_capturing(device):
         # one reduction and one host synchronisation for all parameters; names only on failure
         with torch.no_grad():
             ok = torch.isfinite(torch.cat([t.reshape(-1) for _, t, _ in params])).all()
@@ -117,7 +117,7 @@ def check_state(initial_state, B, D, device, name):
 
 
 def check_samu_inputs(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound,
-                      state_name="initial_state", x_name="x", finite=True):
+                      state_name="initial_state", x_name="x"):
     """Raise a ValueError/TypeError naming the argument for any bad input (spec §5); a mixer's step passes
     its own argument names (x_t, state). The decoding paths (block and model decode) skip these checks:
     ``generate`` checks the parameters once a call."""
@@ -126,20 +126,19 @@ def check_samu_inputs(x, nu, theta_log, directions, amplitudes, initial_state, r
         raise ValueError(f"{x_name} has odd width D={D}; SAMU needs an even D (N = D/2 complex modes)")
     n = D // 2
     _check_params([("nu", nu, (n,)), ("theta_log", theta_log, (n,)),
-                   ("directions", directions, (2, D)), ("amplitudes", amplitudes, (2, 2))], x.device, finite,
+                   ("directions", directions, (2, D)), ("amplitudes", amplitudes, (2, 2))], x.device,
                   nonzero_rows="directions")
     check_state(initial_state, B, D, x.device, state_name)
     finite_number("radial_bound", radial_bound, positive=True)
 
 
-def check_rglru_inputs(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, state_name="initial_state", x_name="x",
-                       finite=True):
+def check_rglru_inputs(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, state_name="initial_state", x_name="x"):
     B, L, D = _check_input(x, x_name)
     _tensor("w_a", w_a)
     if w_a.dim() != 3 or w_a.shape[1] != w_a.shape[2] or w_a.shape[0] * w_a.shape[1] != D:
         raise ValueError(f"w_a must have shape [H, D/H, D/H] with H * (D/H) = D = {D}, got {list(w_a.shape)}")
     H = w_a.shape[0]
     _check_params([("w_a", w_a, (H, D // H, D // H)), ("w_x", w_x, (H, D // H, D // H)),
-                   ("b_a", b_a, (D,)), ("b_x", b_x, (D,)), ("a_param", a_param, (D,))], x.device, finite)
+                   ("b_a", b_a, (D,)), ("b_x", b_x, (D,)), ("a_param", a_param, (D,))], x.device)
     check_state(initial_state, B, D, x.device, state_name)
     finite_number("c", c, positive=True)

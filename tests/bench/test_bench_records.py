@@ -86,6 +86,12 @@ def test_a_record_rewrites_itself_but_never_another_file(tmp_path, cpu_record):
         with pytest.raises(FileExistsError, match="not this run's record"):
             write_record(other, target)
         assert target.read_text() == before
+    # into a folder: another run of the same second takes a name of its own
+    folder = tmp_path / "bench"
+    first = write_record(cpu_record, folder)
+    second = write_record(dict(cpu_record, command="another"), folder)
+    assert second == first.with_name(first.stem + "-2.json") and json.loads(first.read_text()) == cpu_record
+    assert write_record(dict(cpu_record, command="another"), folder) == second
     notes = tmp_path / "notes.txt"
     notes.write_text("mine")
     with pytest.raises(FileExistsError, match="is a file, not a folder or a .json record path"):

@@ -220,6 +220,14 @@ def test_figures_no_record_supports_are_removed(tmp_path):
     build_report(tmp_path)
     assert not (tmp_path / "figures" / "time_vs_width.png").exists()
     assert (tmp_path / "figures" / "time_vs_length.png").exists() and (tmp_path / "figures" / "mine.png").exists()
+    # a report without figures keeps the list: the next one with figures still removes what is stale
+    (tmp_path / "figures" / "floor_ratio.png").rename(tmp_path / "figures" / "old_figure.png")
+    text = (tmp_path / "REPORT.md").read_text().replace("floor_ratio.png", "old_figure.png")
+    (tmp_path / "REPORT.md").write_text(text)
+    build_report(tmp_path, figures=False)
+    assert "old_figure.png" in (tmp_path / "REPORT.md").read_text()
+    build_report(tmp_path)
+    assert not (tmp_path / "figures" / "old_figure.png").exists() and (tmp_path / "figures" / "mine.png").exists()
 
 
 def test_a_file_samu_did_not_write_is_never_overwritten(tmp_path):

@@ -170,7 +170,8 @@ def test_model_bad_inputs():
     with pytest.raises(ValueError, match=r"token must have shape \[B\]"):
         model.step(torch.zeros(2, 3, dtype=torch.long))
     vocab = model.config.vocab_size
-    with pytest.raises(ValueError, match=rf"tokens must hold integer tokens in \[0, {vocab}\), got values in \[0, {vocab}\]"):
+    with pytest.raises(ValueError, match=rf"tokens must hold integer tokens in \[0, {vocab}\), got values in "
+                                         rf"\[0, {vocab}\]"):
         model(torch.tensor([[0, vocab]]))
     with pytest.raises(ValueError, match=r"token must hold integer tokens in \[0, "):
         model.step(torch.tensor([-1]))
