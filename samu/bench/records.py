@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import uuid
 from pathlib import Path
 
 import torch
@@ -39,8 +40,8 @@ def now() -> str:
 def new_record(kind: str, env: dict, command: str, **fields) -> dict:
     if kind not in SCHEMAS:
         raise ValueError(f"kind must be one of {sorted(SCHEMAS)}, got {kind!r}")
-    return {"schema": SCHEMAS[kind], "kind": kind, "created": now(), "command": command, "env": env,
-            "rows": [], **fields}
+    return {"schema": SCHEMAS[kind], "kind": kind, "created": now(), "run_id": uuid.uuid4().hex, "command": command,
+            "env": env, "rows": [], **fields}
 
 
 def dumps(record: dict) -> str:
@@ -87,7 +88,7 @@ def _same_run(path: Path, record: dict) -> bool:
         there = json.loads(path.read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(there, dict) and all(there.get(k) == record[k] for k in ("kind", "created", "command"))
+    return isinstance(there, dict) and all(there.get(k) == record.get(k) for k in ("kind", "created", "run_id"))
 
 
 def validate(record) -> list[str]:

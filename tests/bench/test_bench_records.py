@@ -78,7 +78,7 @@ def test_a_record_rewrites_itself_but_never_another_file(tmp_path, cpu_record):
     write_record(cpu_record, path)
     cpu_record["rows"] = cpu_record["rows"][:1]   # the same run writing again as it goes
     assert json.loads(write_record(cpu_record, path).read_text())["rows"] == cpu_record["rows"]
-    other = dict(cpu_record, created="2000-01-01T00:00:00Z")
+    other = dict(cpu_record, run_id="another run")
     mine = tmp_path / "mine.json"
     mine.write_text('{"a": 1}')
     for target in (path, mine):
@@ -89,9 +89,9 @@ def test_a_record_rewrites_itself_but_never_another_file(tmp_path, cpu_record):
     # into a folder: another run of the same second takes a name of its own
     folder = tmp_path / "bench"
     first = write_record(cpu_record, folder)
-    second = write_record(dict(cpu_record, command="another"), folder)
+    second = write_record(other, folder)
     assert second == first.with_name(first.stem + "-2.json") and json.loads(first.read_text()) == cpu_record
-    assert write_record(dict(cpu_record, command="another"), folder) == second
+    assert write_record(other, folder) == second
     notes = tmp_path / "notes.txt"
     notes.write_text("mine")
     with pytest.raises(FileExistsError, match="is a file, not a folder or a .json record path"):

@@ -57,6 +57,11 @@ def test_the_record_is_on_disk_before_the_first_unit_and_after_every_unit(tmp_pa
         raise KeyboardInterrupt
 
     monkeypatch.setattr(runner, "_candidates", stop)
+    # another run never overwrites this one's record
+    with pytest.raises(FileExistsError, match="not this run's record"):
+        run_bench(["gen"], [(1, 2, 128)], torch.float32, "cpu", preset="tiny", progress=False, out=out)
+    assert json.loads(out.read_text())["run_id"] == record["run_id"]
+    out = tmp_path / "stopped.json"
     with pytest.raises(KeyboardInterrupt):
         run_bench(["gen"], [(1, 2, 128)], torch.float32, "cpu", preset="tiny", progress=False, out=out)
     stopped = json.loads(out.read_text())
