@@ -78,22 +78,27 @@ def agreement_threshold(dtype: torch.dtype) -> float:
 
 
 def _agreement(candidates, dtype) -> dict:
-    """Each candidate's y against its op's dispatched candidate's, on the timed inputs after the timing
-    (mixer scopes); ``flagged`` when the difference passes ``agreement_threshold``."""
+    """Each candidate's y (and dx, with a backward) against its op's dispatched candidate's, on the timed inputs
+    after the timing (mixer scopes); ``flagged`` when either difference passes ``agreement_threshold`` (dx is
+    stored in the I/O dtype under the same rule as y); ``rel_error`` is the larger."""
     limit = agreement_threshold(dtype)
     out = {}
     for op in OPS:
         base = next((c for c in candidates if c.op == op and c.impl == "auto" and c.output), None)
         if base is None:
             continue
-        y = base.output()
+        want = base.output()
         for c in candidates:
             if c.op == op and c is not base and c.output is not None:
-                err = rel_error(c.output(), y)
-                finite = math.isfinite(err)
+                got = c.output()
+                errs = {q: rel_error(got[q], want[q]) for q in want}
+                finite = all(math.isfinite(e) for e in errs.values())
+                err = max(errs.values())
                 out[c.name] = {"against": base.name, "rel_error": err if finite else None, "threshold": limit,
-                               "flagged": not (finite and err <= limit)}
-        del y
+                               "flagged": not (finite and err <= limit),
+                               "rel_errors": {q: (e if math.isfinite(e) else None) for q, e in errs.items()}}
+                del got
+        del want
     return out
 
 

@@ -59,7 +59,7 @@ class Candidate:
     choice: "str | None" = None
     choice_reason: "str | None" = None
     scratch: tuple = (None, None)
-    output: "Callable[[], torch.Tensor] | None" = None   # y without grad, to check agreement
+    output: "Callable[[], dict] | None" = None   # {"y"} (and "dx" where the scope has a backward), for agreement
     extra: "dict | None" = None
 
 
@@ -134,15 +134,20 @@ def mixer_candidates(scope: str, op: str, impls: list[str], shape, dtype, device
         # the offsets as ints, as a model hands them to its layers (a device tensor would be read every call)
         f = _mixer(op, impl, offsets)
 
-        def output(f=f):
-            with torch.no_grad():
-                return f(x, *params)
-
         if grad:
             def run(f=f):
                 return torch.autograd.grad(f(x, *params), [x, *params], dy)
+
+            def output(f=f):
+                y = f(x, *params)
+                return {"y": y.detach(), "dx": torch.autograd.grad(y, [x], dy)[0]}
         else:
-            run = output
+            def run(f=f):
+                with torch.no_grad():
+                    return f(x, *params)
+
+            def output(run=run):
+                return {"y": run()}
         found.append(Candidate(name, op, impl, impl in PEER_IMPLS, run, n_params,
                                choice.name if choice else None, choice.reason if choice else None, scratch, output))
     return found, skipped

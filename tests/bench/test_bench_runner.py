@@ -20,8 +20,9 @@ def test_agreement_threshold_is_twice_the_low_precision_rule_at_the_unit_roundof
     assert agreement_threshold(torch.float32) == agreement_threshold(torch.bfloat16)
 
 
-def _candidate(impl, y):
-    return Candidate(f"rglru/{impl}", "rglru", impl, impl != "auto", lambda: None, 0, output=lambda: y)
+def _candidate(impl, y, dx=None):
+    return Candidate(f"rglru/{impl}", "rglru", impl, impl != "auto", lambda: None, 0,
+                     output=lambda: {"y": y} if dx is None else {"y": y, "dx": dx})
 
 
 def test_a_candidate_off_samus_output_is_flagged():
@@ -33,9 +34,13 @@ def test_a_candidate_off_samus_output_is_flagged():
     limit = agreement_threshold(torch.bfloat16)
     assert found["rglru/near"]["flagged"] is False and found["rglru/near"]["rel_error"] < limit
     assert found["rglru/off"] == {"against": "rglru/auto", "rel_error": pytest.approx(0.05, rel=0.05),
-                                  "threshold": limit, "flagged": True}
+                                  "threshold": limit, "flagged": True,
+                                  "rel_errors": {"y": pytest.approx(0.05, rel=0.05)}}
     assert found["rglru/nan"]["flagged"] is True and found["rglru/nan"]["rel_error"] is None
     assert "rglru/auto" not in found
+    # with a backward, a peer whose y agrees but whose dx does not is flagged too
+    found = _agreement([_candidate("auto", y, y), _candidate("bad_dx", y, 1.05 * y)], torch.bfloat16)
+    assert found["rglru/bad_dx"]["flagged"] is True and found["rglru/bad_dx"]["rel_errors"]["y"] == 0
 
 
 def test_the_record_is_on_disk_before_the_first_unit_and_after_every_unit(tmp_path, monkeypatch):
