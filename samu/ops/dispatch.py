@@ -267,13 +267,20 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
         return {v.name: gate_status.verdict(op, v.name, classes[v.name], device) for v in applicable}
 
     status = verdicts()
-    ungated = [n for n, s in status.items() if s is None]
-    if ungated and "passed" not in status.values():
+    best = min(((v.preference(B, L, D, heads), v.name) for v in applicable if status[v.name] == "passed"),
+               default=None)
+    # an ungated variant matters where none has passed, or where it would rank before the best that has
+    ungated = [n for n, s in status.items() if s is None
+               and (best is None or (named[n].preference(B, L, D, heads), n) < best)]
+    tracing = _in_trace_or_capture()
+    passed_over = ungated if best is not None and (tracing or not gate) else []
+    if passed_over:
+        ungated = []   # a trace takes the best gated variant; explain() names the one a first call would gate
+    if ungated:
         command = " ".join(gate_command(op, B, L, D, dtype, heads, ungated, packed))
         where = "; ".join(f"{n} in {classes[n]}" for n in ungated)
         why_not = auto_gate_enabled()
         can_gate = why_not is None and _can_gate(device)
-        tracing = _in_trace_or_capture()
         if tracing and (can_gate or (op, classes[ungated[0]]) not in _warned):
             # an eager call would gate here, or warn that it takes the PyTorch path; a trace can do neither
             # (after that warning it takes the path the eager call took)
@@ -289,9 +296,11 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
             status = verdicts()
         elif backend == "auto" and not tracing and (op, classes[ungated[0]]) not in _warned:
             _warned.add((op, classes[ungated[0]]))
+            fallback = (f"the gated {best[1]}, which ranks after it" if best is not None
+                        else "the chunked PyTorch path there, ~100x slower")
             warnings.warn(f"samu: no gate record covers {op} at (B={B}, L={L}, D={D}) {_dname(dtype)} ({where}) and "
-                          f"{why_not or 'CUDA is not available'}, so {op} uses the chunked PyTorch path there, "
-                          f"~100x slower; `{command}` gates it", stacklevel=3)
+                          f"{why_not or 'CUDA is not available'}, so {op} uses {fallback}; `{command}` gates it",
+                          stacklevel=3)
     # sorted by a key of constants: torch.compile cannot sort the tuples with their Variant
     ranked = sorted(((v.preference(B, L, D, heads), v.name, v) for v in applicable if status[v.name] == "passed"),
                     key=lambda r: (r[0], r[1]))
@@ -315,8 +324,10 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
                                      + ("; it failed its own gate in this class" if torch_failed else ""))
     score, name, v = ranked[0]
     others = ", ".join(n for _, n, _ in ranked[1:]) or "none"
+    before = "".join(f"; {n} would rank before it but no record covers {classes[n]} (an eager call gates it)"
+                     for n in passed_over)
     return Choice("triton", v, f"{backend}: {name} ranks first for (B={B}, L={L}, D={D}) "
-                               f"in {classes[name]}; gated alternatives: {others}")
+                               f"in {classes[name]}; gated alternatives: {others}{before}")
 
 
 def explain(shape, op: str = "samu", dtype: torch.dtype = torch.bfloat16, device="cuda",

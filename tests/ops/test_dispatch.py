@@ -120,6 +120,33 @@ def test_ungated_class_is_gated_once_in_a_child_and_then_dispatched(empty_status
 
 
 @needs_triton
+def test_an_ungated_variant_that_would_rank_first_is_gated_before_a_gated_one_is_taken(empty_status, monkeypatch):
+    import json
+
+    variants = dispatch.variants("samu")
+    cls = {n: dispatch.gate_class(variants[n], 1, 64, 8, 16, torch.bfloat16) for n in variants}
+    # at 2 chunks the serial variant ranks first; only the grouped one has passed here
+    empty_status.user_file().parent.mkdir(parents=True, exist_ok=True)
+    empty_status.user_file().write_text(json.dumps({"passed": [["samu", "triton_grouped", cls["triton_grouped"]]],
+                                                    "blocked": []}))
+    empty_status.reload()
+    said = dispatch.explain((1, 64, 8), "samu", torch.bfloat16, "cuda")
+    assert "triton_grouped ranks first" in said and "triton_serial would rank before it" in said
+    calls = []
+
+    def fake_gate(cmd, **kw):
+        calls.append(cmd)
+        status = {"passed": [["samu", n, cls[n]] for n in variants], "blocked": []}
+        empty_status.user_file().write_text(json.dumps(status))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(dispatch.subprocess, "run", fake_gate)
+    choice = dispatch.choose("samu", 1, 64, 8, torch.bfloat16, "cuda")
+    (cmd,) = calls
+    assert cmd[cmd.index("--backends") + 1] == "triton_serial" and choice.variant.name == "triton_serial"
+
+
+@needs_triton
 def test_failed_first_use_gate_falls_back_once_and_says_so(empty_status, monkeypatch, capsys):
     calls = []
 
