@@ -534,11 +534,18 @@ def _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, o
     return record
 
 
+def _gated_since(op: str, variant: str) -> str:
+    """The variant's Variant.gated_since ("" for the torch path and for a name no longer registered)."""
+    registered = dispatch.variants(op).get(variant) if dispatch.triton_available() else None
+    return registered.gated_since if registered is not None else ""
+
+
 def status_from_records(records: list, version: "int | None" = None) -> dict:
     """Dispatch status from gate records: (op, variant, shape class) is blocked when the newest row
     of any shape it was tested at failed. A pass at one shape never clears a failure at another;
     only a newer run of the same shape (or moving the failing record to quarantine) does. With
-    ``version``, records written under another gates.toml version are left out."""
+    ``version``, records written under another gates.toml version are left out, and always a variant's rows
+    in records older than its ``gated_since``."""
     latest: dict = {}
     platforms = set()
     for path, record in records:
@@ -549,6 +556,8 @@ def status_from_records(records: list, version: "int | None" = None) -> dict:
             platforms.add(gate_status.platform(env["gpu"], env.get("triton")))
         stamp = (record["created"], path)
         for row in record["rows"]:
+            if record["created"] < _gated_since(row["op"], row["variant"]):
+                continue
             unit = (row["op"], row["variant"], row["shape_class"], tuple(row.get("shape", ())))
             if unit not in latest or stamp > latest[unit][0]:
                 latest[unit] = (stamp, [row])

@@ -57,6 +57,9 @@ class Variant:
     packs: bool = False
     # run(..., final=False) skips the final state (returns None for it) for a caller that drops it
     drops_final: bool = False
+    # gate records created before this UTC time ("2026-12-04T17:25:57Z") gated numerics its class names do not tell
+    # apart from the current ones: the dispatch status leaves their rows of this variant out
+    gated_since: str = ""
 
 
 @dataclass(frozen=True)
@@ -175,11 +178,12 @@ _auto_tried: dict = {}  # (op, classes tried) -> outcome of this process's attem
 
 
 def _gate_now(op: str, B: int, L: int, D: int, H: int, dtype: torch.dtype, device: torch.device, names,
-              packed: bool = False) -> None:
+              packed: bool = False, fallback: "str | None" = None) -> None:
     """Gate ``names`` at this shape in a child process (a kernel fault there cannot poison this
     one), record the result in the user's status file and reload the status. One process gates a
     class at a time (a lock in the cache folder): ranks of one job wait for the first. Says so in
-    one line on stderr, and once more only when the gate did not pass."""
+    one line on stderr, and once more only when the gate did not pass (naming ``fallback``, the gated variant
+    that then runs, if any)."""
     classes = {n: gate_class(_VARIANTS[op][n], B, L, D, H, dtype, packed) for n in names}
     key = (op, tuple(sorted(classes.values())))
     if key in _auto_tried:
@@ -210,8 +214,9 @@ def _gate_now(op: str, B: int, L: int, D: int, H: int, dtype: torch.dtype, devic
     if failed or "passed" not in verdicts.values():
         said = failed or "; ".join(f"{n} {v or 'not gated'}" for n, v in verdicts.items())
         hint = "" if failed or all(verdicts.values()) else f" ({' | '.join(output[-3:])})"
-        print(f"samu: gating {op} at ({B}, {L}, {D}) {_dname(dtype)}: {said}{hint}; it uses the chunked PyTorch "
-              f"path (~100x slower) for that class in this process", file=sys.stderr, flush=True)
+        uses = f"the gated {fallback}" if fallback else "the chunked PyTorch path (~100x slower)"
+        print(f"samu: gating {op} at ({B}, {L}, {D}) {_dname(dtype)}: {said}{hint}; it uses {uses} for that class "
+              f"in this process", file=sys.stderr, flush=True)
 
 
 _warned: set = set()
@@ -266,14 +271,18 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
     def verdicts():
         return {v.name: gate_status.verdict(op, v.name, classes[v.name], device) for v in applicable}
 
+    def ranking():
+        # sorted by a key of constants: torch.compile cannot sort the tuples with their Variant (nor take min's default)
+        return sorted(((v.preference(B, L, D, heads), v.name, v) for v in applicable if status[v.name] == "passed"),
+                      key=lambda r: (r[0], r[1]))
+
     status = verdicts()
-    best = min(((v.preference(B, L, D, heads), v.name) for v in applicable if status[v.name] == "passed"),
-               default=None)
+    ranked = ranking()
     # an ungated variant matters where none has passed, or where it would rank before the best that has
     ungated = [n for n, s in status.items() if s is None
-               and (best is None or (named[n].preference(B, L, D, heads), n) < best)]
+               and (not ranked or (named[n].preference(B, L, D, heads), n) < ranked[0][:2])]
     tracing = _in_trace_or_capture()
-    passed_over = ungated if best is not None and (tracing or not gate) else []
+    passed_over = ungated if ranked and (tracing or not gate) else []
     if passed_over:
         ungated = []   # a trace takes the best gated variant; explain() names the one a first call would gate
     if ungated:
@@ -292,18 +301,16 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
                                          f"gates it (`{command}`)" + ("" if why_not is None else
                                                                       f", unless {why_not}"))
         if can_gate:
-            _gate_now(op, B, L, D, heads, dtype, device, ungated, packed)
+            _gate_now(op, B, L, D, heads, dtype, device, ungated, packed, ranked[0][1] if ranked else None)
             status = verdicts()
+            ranked = ranking()
         elif backend == "auto" and not tracing and (op, classes[ungated[0]]) not in _warned:
             _warned.add((op, classes[ungated[0]]))
-            fallback = (f"the gated {best[1]}, which ranks after it" if best is not None
+            fallback = (f"the gated {ranked[0][1]}, which ranks after it" if ranked
                         else "the chunked PyTorch path there, ~100x slower")
             warnings.warn(f"samu: no gate record covers {op} at (B={B}, L={L}, D={D}) {_dname(dtype)} ({where}) and "
                           f"{why_not or 'CUDA is not available'}, so {op} uses {fallback}; `{command}` gates it",
                           stacklevel=3)
-    # sorted by a key of constants: torch.compile cannot sort the tuples with their Variant
-    ranked = sorted(((v.preference(B, L, D, heads), v.name, v) for v in applicable if status[v.name] == "passed"),
-                    key=lambda r: (r[0], r[1]))
     if not ranked:
         wanted = "; ".join(f"{n} in {classes[n]}: {status[n] or 'not gated'}" for n in status) or "no variant applies"
         command = " ".join(gate_command(op, B, L, D, dtype, heads, packed=packed))
@@ -324,8 +331,9 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
                                      + ("; it failed its own gate in this class" if torch_failed else ""))
     score, name, v = ranked[0]
     others = ", ".join(n for _, n, _ in ranked[1:]) or "none"
-    before = "".join(f"; {n} would rank before it but no record covers {classes[n]} (an eager call gates it)"
-                     for n in passed_over)
+    why_not = auto_gate_enabled() if passed_over else None
+    before = "".join(f"; {n} would rank before it but no record covers {classes[n]} (an eager call gates it"
+                     + (f", unless {why_not})" if why_not else ")") for n in passed_over)
     return Choice("triton", v, f"{backend}: {name} ranks first for (B={B}, L={L}, D={D}) "
                                f"in {classes[name]}; gated alternatives: {others}{before}")
 

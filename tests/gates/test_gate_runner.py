@@ -234,6 +234,20 @@ def test_status_follows_the_newest_row_per_variant_class_and_shape():
     assert status_from_records([old, new, mixed])["blocked"] == [["samu", "v", "c"], ["samu", "v", "d"]]
 
 
+def test_rows_older_than_a_variants_gated_since_are_left_out(monkeypatch):
+    from samu.ops import dispatch
+
+    variants = {"v": dispatch.Variant(op="samu", name="v", run=None, preference=None, scratch=None,
+                                      gated_since="2026-01-02T00:00:00Z")}
+    monkeypatch.setattr(dispatch, "variants", lambda op: variants if op == "samu" else {})
+    monkeypatch.setattr(dispatch, "triton_available", lambda: True)
+    old = _gate_record("2026-01-01T00:00:00Z", [_row("v", True), _row("v", False, cls="d"), _row("w", True)])
+    new = _gate_record("2026-01-02T00:00:00Z", [_row("v", True, cls="e")])
+    status = status_from_records([old, new])
+    # v's passes and failures before its date say nothing about it; w (no date) keeps its row
+    assert status["passed"] == [["samu", "v", "e"], ["samu", "w", "c"]] and status["blocked"] == []
+
+
 def test_a_pass_at_another_shape_does_not_clear_a_failure():
     failed = _gate_record("2026-01-01T00:00:00Z", [_row("v", False, shape=(1, 8, 4))])
     other = _gate_record("2026-01-02T00:00:00Z", [_row("v", True, shape=(1, 9, 4))])

@@ -81,6 +81,8 @@ def test_packaged_status_lets_auto_take_triton_at_every_benchmark_and_training_s
     monkeypatch.delenv("SAMU_GATE_STATUS", raising=False)
     monkeypatch.delenv("SAMU_AUTO_GATE", raising=False)
     monkeypatch.setattr(dispatch.subprocess, "run", lambda *a, **k: pytest.fail(f"gated {a}"))
+    # as on a GPU: a class no record covers (or a better variant's) would be gated at once, failing this test
+    monkeypatch.setattr(dispatch, "_can_gate", lambda device: device.type == "cuda")
     gate_status.reload()
     try:
         shapes = GATE
@@ -89,6 +91,13 @@ def test_packaged_status_lets_auto_take_triton_at_every_benchmark_and_training_s
                    if dispatch.choose(op, *shape, dtype, "cuda").backend != "triton"]
         assert not missing
         assert "triton_" in dispatch.explain((1, 65536, 2048), "rglru", torch.bfloat16, "cuda")
+
+        # the choice traces into one graph (torch.compile runs it in every compiled mixer call)
+        def pick(x):
+            return x + (1 if dispatch.choose("rglru", 1, 8192, 2048, torch.bfloat16, "cuda").backend == "triton"
+                        else 2)
+
+        assert torch.compile(pick, fullgraph=True, backend="eager")(torch.zeros(1)).item() == 1
     finally:
         monkeypatch.undo()
         gate_status.reload()
