@@ -88,7 +88,9 @@ def _same_run(path: Path, record: dict) -> bool:
         there = json.loads(path.read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(there, dict) and all(there.get(k) == record.get(k) for k in ("kind", "created", "run_id"))
+    # records from before run ids: the same kind, time and command
+    keys = ("kind", "created", "run_id") if record.get("run_id") else ("kind", "created", "command")
+    return isinstance(there, dict) and all(there.get(k) == record.get(k) for k in keys)
 
 
 def validate(record) -> list[str]:

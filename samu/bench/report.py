@@ -277,7 +277,7 @@ def peer_table(units) -> list[str]:
     if not rows:
         return ["No peer rows in the records.", ""]
     return _table(["shape", "dtype", "scope", "mixer", "peer", "peer ms", "samu ms (dispatch)", "peer / samu",
-                   "peak alloc MiB (peer / samu)", "y rel. error vs samu / limit", "record"], rows)
+                   "peak alloc MiB (peer / samu)", "rel. error vs samu (y, fb: y or dx) / limit", "record"], rows)
 
 
 def scratch_lines(units) -> list[str]:
@@ -688,7 +688,8 @@ def build_report(results, out=None, figures: bool = True) -> tuple[Path, str]:
     made = figures_for(units, out.parent / "figures") if figures else []
     comparison, compare_figures = compare_section(results, out.parent / "figures" if figures else None)
     # the figures this report lists are samu's: the next one removes those no record supports (and nothing else)
-    listed = {name for names in re.findall(r"<!-- samu figures: ([^>]*) -->", previous) for name in names.split()}
+    listed = {name for names in re.findall(r"<!-- samu figures: ([^>]*) -->", previous) for name in names.split()
+              if re.fullmatch(r"[^/\\]+\.png", name)}
     listed |= set(re.findall(r"\]\(figures/([^)/]+\.png)\)", previous))
     if figures:
         kept = {name for name, _, _ in made} | set(compare_figures)

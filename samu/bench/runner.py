@@ -164,7 +164,9 @@ def _run_bench(scopes, shapes, dtype, device, impls, with_peers, warmup, samples
         agreement = _agreement(ready, dtype) if scope in ("fwd", "fb") else {}
         for name, a in agreement.items():
             if a["flagged"]:
-                tqdm.write(f"flagged {name} {scope} {shape_str(shape)}: y differs from {a['against']}'s by "
+                errors = a["rel_errors"]
+                worst = max(errors, key=lambda q: math.inf if errors[q] is None else errors[q])
+                tqdm.write(f"flagged {name} {scope} {shape_str(shape)}: {worst} differs from {a['against']}'s by "
                            f"{a['rel_error'] or math.inf:.2e} > {a['threshold']:.2e}; it is not ranked")
         floor_formula, floor_bytes = memory_floor(scope, shape, dtype)
         floor_ms = floor_bytes / bandwidth * 1e3 if floor_bytes else None
