@@ -57,8 +57,7 @@ class Variant:
     packs: bool = False
     # run(..., final=False) skips the final state (returns None for it) for a caller that drops it
     drops_final: bool = False
-    # gate records created before this UTC time ("2026-12-04T17:25:57Z") gated numerics its class names do not tell
-    # apart from the current ones: the dispatch status leaves their rows of this variant out
+    # a UTC time: older gate records gated other numerics under the same class names (the status leaves them out)
     gated_since: str = ""
 
 
@@ -272,7 +271,7 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
         return {v.name: gate_status.verdict(op, v.name, classes[v.name], device) for v in applicable}
 
     def ranking():
-        # sorted by a key of constants: torch.compile cannot sort the tuples with their Variant (nor take min's default)
+        # sorted by a key of constants: torch.compile can neither sort the Variants nor take min's default
         return sorted(((v.preference(B, L, D, heads), v.name, v) for v in applicable if status[v.name] == "passed"),
                       key=lambda r: (r[0], r[1]))
 

@@ -239,8 +239,7 @@ def scratch(config: Config):
     return formula
 
 
-# The class names carry no numerics version: gate records older than the one run that gated every class of the
-# current kernels (the p records, 44417dd; every kernel change since gave the same bits) do not speak for them
+# the run that gated every class of the current numerics (the p records, 44417dd; the same bits since)
 GATED_SINCE = "2026-12-04T17:25:57Z"
 
 
