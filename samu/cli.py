@@ -149,12 +149,14 @@ def _model_config(args, base=None):
 def cmd_train(args):
     from samu.data import load_data
     from samu.models import load_checkpoint
-    from samu.train import TrainConfig, check_data_out, check_out_dir, current_checkpoint, is_finished, train
+    from samu.train import (TrainConfig, check_data_out, check_free, check_out_dir, current_checkpoint, is_finished,
+                            train)
 
     out = check_out_dir(args.out)
     check_data_out(args.data or "stdlib", out)
     main_rank = int(os.environ.get("RANK", "0")) == 0
     if args.resume:
+        check_free(out)
         path = current_checkpoint(out)
         payload = load_checkpoint(path, weights=False)
         if "train" not in payload:

@@ -653,8 +653,7 @@ class _RunFolder:
         try:
             self.lock = FileLock(marker, wait=False).__enter__()
         except BlockingIOError:
-            raise RunFolderBusy(f"out_dir {str(self.out)!r} is in use by another samu run (it holds {marker} "
-                                f"locked); wait for it to finish or choose another output folder") from None
+            raise _busy(self.out) from None
         except OSError as e:
             if e.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP):
                 raise OSError(f"out_dir {str(self.out)!r}: cannot lock {marker}: {os.strerror(e.errno or 0)}") from None
@@ -677,6 +676,24 @@ class _RunFolder:
         if kind is not None and not self.wrote and not self.owned and self.created:
             with contextlib.suppress(OSError):
                 self.out.rmdir()
+
+
+def _busy(out: Path) -> RunFolderBusy:
+    return RunFolderBusy(f"out_dir {str(out)!r} is in use by another samu run (it holds {out / RUN_MARKER} "
+                         f"locked); wait for it to finish or choose another output folder")
+
+
+def check_free(out: Path) -> None:
+    """A RunFolderBusy if a samu run holds ``out`` now (a resume asks before it reads the checkpoint)."""
+    marker = out / RUN_MARKER
+    if marker.exists():
+        try:
+            with FileLock(marker, wait=False):
+                pass
+        except BlockingIOError:
+            raise _busy(out) from None
+        except OSError:
+            pass   # a file system without locks: the run itself says so
 
 
 class _Signals:

@@ -135,6 +135,16 @@ def test_running_out_of_memory_is_one_line(tmp_path, corpus, capsys, monkeypatch
     assert "error: out of memory ([enforce fail" in _one_line_error(capsys, "train")
 
 
+def test_resuming_a_run_still_in_progress_says_so(tmp_path, capsys):
+    from samu.paths import RUN_MARKER, FileLock
+
+    out = tmp_path / "run"
+    out.mkdir()
+    with FileLock(out / RUN_MARKER):   # a run that has not saved its first checkpoint yet
+        assert main(["train", "--out", str(out), "--resume"]) == 1
+    assert "is in use by another samu run" in _one_line_error(capsys, "train")
+
+
 def test_empty_paths_are_refused(tmp_path, corpus, capsys):
     assert main(["train", "--data", str(corpus), "--out", "", "--steps", "1", *TINY]) == 1
     assert "--out must name a folder, got ''" in _one_line_error(capsys, "train")
