@@ -381,7 +381,7 @@ def cmd_compare(args):
     from samu.bench.records import now
     from samu.environment import environment
     from samu.bench.report import compare_markdown, compare_plots
-    from samu.compare import Study, run_study, write_record
+    from samu.compare import Study, recorded_in, run_study, write_record
     from samu.train import resolve_device
 
     fields = _given(args, COMPARE_KEYS)
@@ -396,9 +396,13 @@ def cmd_compare(args):
     # the creation time in the name: a rerun (of one arm, say) never replaces an earlier record
     stamp = record["created"].replace("-", "").replace(":", "")
     stem = f"{stamp}-{_machine(env)}-{study.preset}-L{study.seq_len}"
+    print("\n".join(compare_markdown(record)))
+    known = recorded_in(record, args.results)
+    if known is not None:
+        print(f"record: {known} holds these runs already; nothing written")
+        return
     path = write_record(record, Path(args.results) / f"{stem}.json")
     figures = compare_plots(record, args.results, stem)
-    print("\n".join(compare_markdown(record)))
     print(f"record: {path}; figures: {', '.join(str(f) for f in figures)}")
 
 

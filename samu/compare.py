@@ -274,12 +274,26 @@ def summarize(study: Study, runs: list[dict], unit: str = "bits/byte") -> dict:
     return {"schema": SCHEMA, "study": study.to_dict(), "unit": unit, "table": table, "runs": runs}
 
 
+def _run_keys(record: dict) -> set:
+    """Its runs: the run ids of their logs, or, for runs logged without one, their validation curves."""
+    return {r.get("run_id") or json.dumps([v["bits"] for v in r["val"]]) for r in record["runs"]}
+
+
 def _same_runs(a: dict, b: dict) -> bool:
-    """Whether two records share a run (the same training, summarised twice): by the run ids of their logs,
-    or, for runs logged without one, by an identical validation curve."""
-    def keys(record):
-        return {r.get("run_id") or json.dumps([v["bits"] for v in r["val"]]) for r in record["runs"]}
-    return bool(keys(a) & keys(b))
+    """Whether two records share a run (the same training, summarised twice)."""
+    return bool(_run_keys(a) & _run_keys(b))
+
+
+def recorded_in(record: dict, folder) -> "Path | None":
+    """A record in ``folder`` that summarises exactly ``record``'s runs (a finished study run again), or None."""
+    for path in sorted(Path(folder).glob("*.json")):
+        try:
+            other = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(other, dict) and "runs" in other and "study" in other and _run_keys(other) == _run_keys(record):
+            return path
+    return None
 
 
 def is_rerun_of(record: dict, study: dict) -> bool:

@@ -85,7 +85,11 @@ def test_a_tiny_study_trains_every_arm_alike_and_resumes(tmp_path, capsys, monke
     lines, figures = compare_section(root, root / "figures")
     assert len(figures) == 3 and any("| transformer | 32 | 2 |" in line for line in lines)
 
-    # the same study again: every run is kept, the curves are the same, a second record is written beside
+    # the same study again into the same results: every run is kept, and the record holding them is not repeated
+    assert main([*ARGS, "--out", str(tmp_path / "a"), "--results", str(results)]) == 0
+    assert f"record: {record_path} holds these runs already; nothing written" in capsys.readouterr().out
+    assert list(results.glob("*.json")) == [record_path]
+    # ... and into empty results: a record of them is written there
     for old in results.glob("*"):
         old.unlink()
     again, _ = _study(tmp_path, "a")
