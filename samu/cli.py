@@ -156,7 +156,8 @@ def cmd_train(args):
     check_data_out(args.data or "stdlib", out)
     main_rank = int(os.environ.get("RANK", "0")) == 0
     if args.resume:
-        check_free(out)
+        if main_rank:   # rank 0 alone holds the folder's lock while it runs: other ranks may find it held
+            check_free(out)
         path = current_checkpoint(out)
         payload = load_checkpoint(path, weights=False)
         if "train" not in payload:
