@@ -289,10 +289,10 @@ def recorded_in(record: dict, folder) -> "Path | None":
     for path in sorted(Path(folder).glob("*.json")):
         try:
             other = json.loads(path.read_text())
-        except (OSError, ValueError):
+            if isinstance(other, dict) and "study" in other and _run_keys(other) == _run_keys(record):
+                return path
+        except (OSError, ValueError, KeyError, TypeError):
             continue
-        if isinstance(other, dict) and "runs" in other and "study" in other and _run_keys(other) == _run_keys(record):
-            return path
     return None
 
 

@@ -88,8 +88,8 @@ def _same_run(path: Path, record: dict) -> bool:
         there = json.loads(path.read_text())
     except (OSError, ValueError):
         return False
-    # records from before run ids: the same kind, time and command
-    keys = ("kind", "created", "run_id") if record.get("run_id") else ("kind", "created", "command")
+    # records from before run ids (on both sides): the same kind, time and command
+    keys = ("kind", "created", "run_id") if record.get("run_id") else ("kind", "created", "command", "run_id")
     return isinstance(there, dict) and all(there.get(k) == record.get(k) for k in keys)
 
 

@@ -575,6 +575,8 @@ def update_status(results, extra: "list | None" = None, path: "Path | None" = No
     """Rebuild the status file from every non-quarantined gate record (plus ``extra``) and reload it.
     ``merge``: keep the file's verdicts on the triples those records do not speak for (dispatch's
     first-use gating adds a class this way without dropping what ``samu gate`` wrote there)."""
+    if not dispatch.triton_available():
+        raise ValueError("a dispatch status needs the Triton variants' registry (their gated_since): install triton")
     records = load_records(results, kind="gate")
     records += [(p, r) for p, r in extra or [] if all(r != known for _, known in records)]
     status = status_from_records(records, load_rules().version)
@@ -582,8 +584,10 @@ def update_status(results, extra: "list | None" = None, path: "Path | None" = No
     if merge and path.exists():
         old = json.loads(path.read_text())
         new = {tuple(k) for kind in ("passed", "blocked") for k in status[kind]}
+        # an old verdict of a variant with a gated_since cannot show its record's age: only records say it again
         for kind in ("passed", "blocked"):
-            status[kind] = sorted(status[kind] + [k for k in old.get(kind, []) if tuple(k) not in new])
+            status[kind] = sorted(status[kind] + [k for k in old.get(kind, [])
+                                                  if tuple(k) not in new and not _gated_since(k[0], k[1])])
         for key in ("platforms", "sources"):
             status[key] = sorted(set(status[key]) | set(old.get(key, [])))
     path.parent.mkdir(parents=True, exist_ok=True)

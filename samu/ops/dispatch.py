@@ -330,9 +330,11 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
                                      + ("; it failed its own gate in this class" if torch_failed else ""))
     score, name, v = ranked[0]
     others = ", ".join(n for _, n, _ in ranked[1:]) or "none"
-    why_not = auto_gate_enabled() if passed_over else None
-    before = "".join(f"; {n} would rank before it but no record covers {classes[n]} (an eager call gates it"
-                     + (f", unless {why_not})" if why_not else ")") for n in passed_over)
+    before = ""
+    if passed_over and not gate:   # explain() only: a trace builds no such text
+        why_not = auto_gate_enabled()
+        before = "".join(f"; {n} would rank before it but no record covers {classes[n]} (an eager call gates it"
+                         + (f", unless {why_not})" if why_not else ")") for n in passed_over)
     return Choice("triton", v, f"{backend}: {name} ranks first for (B={B}, L={L}, D={D}) "
                                f"in {classes[name]}; gated alternatives: {others}{before}")
 

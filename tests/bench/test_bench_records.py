@@ -92,6 +92,10 @@ def test_a_record_rewrites_itself_but_never_another_file(tmp_path, cpu_record):
     second = write_record(other, folder)
     assert second == first.with_name(first.stem + "-2.json") and json.loads(first.read_text()) == cpu_record
     assert write_record(other, folder) == second
+    # a record without a run id (written before them) never takes over one that has one
+    legacy = {k: v for k, v in cpu_record.items() if k != "run_id"}
+    with pytest.raises(FileExistsError, match="not this run's record"):
+        write_record(legacy, path)
     notes = tmp_path / "notes.txt"
     notes.write_text("mine")
     with pytest.raises(FileExistsError, match="is a file, not a folder or a .json record path"):

@@ -248,6 +248,21 @@ def test_rows_older_than_a_variants_gated_since_are_left_out(monkeypatch):
     assert status["passed"] == [["samu", "v", "e"], ["samu", "w", "c"]] and status["blocked"] == []
 
 
+def test_a_merged_status_drops_old_verdicts_of_a_variant_with_gated_since(tmp_path):
+    if not dispatch.triton_available():
+        pytest.skip("triton is not installed")
+    path = tmp_path / "status.json"
+    old = [["rglru", "triton_chunked", "c"], ["samu", "triton_grouped", "c"]]
+    path.write_text(json.dumps({"passed": old, "blocked": []}))
+    (tmp_path / "records").mkdir()
+    try:
+        _, status = update_status(tmp_path / "records", path=path, merge=True)
+    finally:
+        reload()
+    # RG-LRU's variants carry a gated_since: a verdict no record behind it says again is not kept
+    assert status["passed"] == [["samu", "triton_grouped", "c"]]
+
+
 def test_a_pass_at_another_shape_does_not_clear_a_failure():
     failed = _gate_record("2026-01-01T00:00:00Z", [_row("v", False, shape=(1, 8, 4))])
     other = _gate_record("2026-01-02T00:00:00Z", [_row("v", True, shape=(1, 9, 4))])

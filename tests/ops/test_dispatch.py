@@ -140,6 +140,17 @@ def test_an_ungated_variant_that_would_rank_first_is_gated_before_a_gated_one_is
         empty_status.user_file().write_text(json.dumps(status))
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
+    # a trace gates nothing: it takes the gated variant, in one graph (also with SAMU_GATE_STATUS set, whose
+    # reason text explain() alone builds)
+    monkeypatch.setenv("SAMU_GATE_STATUS", str(empty_status.user_file()))
+    empty_status.reload()
+
+    def pick(x):
+        return x + (1 if dispatch.choose("samu", 1, 64, 8, torch.bfloat16, "cuda").name == "triton_grouped" else 2)
+
+    assert torch.compile(pick, fullgraph=True, backend="eager")(torch.zeros(1)).item() == 1
+    monkeypatch.delenv("SAMU_GATE_STATUS")
+    empty_status.reload()
     monkeypatch.setattr(dispatch.subprocess, "run", fake_gate)
     choice = dispatch.choose("samu", 1, 64, 8, torch.bfloat16, "cuda")
     (cmd,) = calls
