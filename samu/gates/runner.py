@@ -621,7 +621,9 @@ def gate_command(args) -> int:
     print(f"record: {out}")
     failed = [r for r in record["rows"] if not r["pass"]]
     print(f"{len(record['rows']) - len(failed)} passed, {len(failed)} failed")
-    if not args.no_status:
+    if not args.no_status and not dispatch.triton_available():
+        print("status: not rebuilt (without triton no Triton variant is dispatched, and its registry is missing)")
+    elif not args.no_status:
         path, status = update_status(args.results, extra=[(out.as_posix(), record)], path=status_file,
                                      merge=merge)
         print(f"status: {path} ({len(status['blocked'])} blocked)")
