@@ -497,9 +497,10 @@ def render(units, gate_rows, records, figures, comparison=()) -> str:
             ""] + packed_table(units)
     out += ["## Peers side by side", "",
             "Each peer (and any other candidate) is timed in the same run as the dispatched samu op on the same "
-            "inputs; the ratio is its time over samu's. Its y (and in the fb scope its dx) is checked against samu's on "
-            "those inputs after the timing: a candidate further off than two results within the bf16/fp16 gate of y can be (`limit`) is "
-            "marked `flagged: output disagrees`, gets no ratio and is left out of the figures.", ""] + peer_table(units)
+            "inputs; the ratio is its time over samu's. Its y (and in the fb scope its dx) is checked against "
+            "samu's on those inputs after the timing: a candidate further off than two results within the bf16/fp16 "
+            "gate of y can be (`limit`) is marked `flagged: output disagrees`, gets no ratio and is left out of the "
+            "figures.", ""] + peer_table(units)
     named = tuple(dict.fromkeys(PRIMARY + LENGTH + WIDTH + BLOCK + STEP + GEN + PREFILL))
     gpus = {p: r.get("env", {}).get("gpu") for p, r in records}
     for scope in ("block", "step", "model", "gen", "prefill"):
