@@ -85,14 +85,17 @@ def _serial_call(run, x, initial_state, output_final_state, backend, cu_seqlens)
     if backend != "reference":
         raise ValueError(f"backend: samu.reference runs the serial reference only, got {backend!r} (call "
                          f"samu.samu_mixer / samu.rglru_mixer for the other backends)")
+
+    def with_final(x_n, h0):
+        y_n = run(x_n, h0)
+        return y_n, y_n[:, -1]
+
     if cu_seqlens is None:
-        ys = [run(x, initial_state)]
-    else:
-        offsets = sequence_offsets(cu_seqlens, x)
-        check_state(initial_state, len(offsets) - 1, x.shape[-1], x.device, "initial_state")
-        ys = per_sequence(run, x, offsets, initial_state)
-    y = torch.cat(ys, dim=1)
-    return y, (torch.cat([y_n[:, -1] for y_n in ys]) if output_final_state else None)
+        y, h = with_final(x, initial_state)
+        return y, (h if output_final_state else None)
+    offsets = sequence_offsets(cu_seqlens, x)
+    check_state(initial_state, len(offsets) - 1, x.shape[-1], x.device, "initial_state")
+    return per_sequence(with_final, x, offsets, initial_state, output_final_state)
 
 
 def samu_mixer(x, nu, theta_log, directions, amplitudes, *, initial_state=None,

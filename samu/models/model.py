@@ -101,11 +101,11 @@ class LanguageModel(CausalLM):
         if tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
             raise TypeError(f"{name} must be an integer tensor, got {tokens.dtype}")
         # the range on the host only where that costs no synchronisation (CUDA's embedding asserts on the device)
-        vocab = self.config.vocab_size
-        if tokens.device.type == "cpu" and not torch.compiler.is_compiling() and (
-                int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
-            raise ValueError(f"{name} must hold integer tokens in [0, {vocab}), got values in "
-                             f"[{int(tokens.min())}, {int(tokens.max())}]")
+        if tokens.device.type == "cpu" and not torch.compiler.is_compiling():
+            low, high = (int(v) for v in torch.aminmax(tokens))
+            vocab = self.config.vocab_size
+            if low < 0 or high >= vocab:
+                raise ValueError(f"{name} must hold integer tokens in [0, {vocab}), got values in [{low}, {high}]")
 
     def _head(self, x):
         return linear(self.final_norm(x, product_dtype(x)), self.embed.weight)

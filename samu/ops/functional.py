@@ -35,9 +35,7 @@ def _packed(op, backend, heads, native, run, x, initial_state, output_final_stat
     if choice.backend == "triton":
         y, h = native(choice.variant, x.contiguous(), initial_state, device_offsets(offsets, x.device))
         return _finish(y, h, x, output_final_state)
-    outs = per_sequence(run, x, offsets, initial_state)
-    y = torch.cat([o[0] for o in outs], dim=1)
-    return y, (torch.cat([o[1] for o in outs]) if output_final_state else None)
+    return per_sequence(run, x, offsets, initial_state, output_final_state)
 
 
 def samu_mixer(x, nu, theta_log, directions, amplitudes, *, initial_state=None, output_final_state=False,

@@ -67,14 +67,16 @@ def sequence_offsets(cu_seqlens, x: torch.Tensor, name: str = "cu_seqlens"):
     return offsets
 
 
-def per_sequence(run, x: torch.Tensor, offsets: list[int], state=None) -> list:
-    """run(x[:, a:b], row n of ``state`` or None) for each packed sequence n, in order."""
+def per_sequence(run, x: torch.Tensor, offsets: list[int], state=None, final: bool = True):
+    """(y, final states [N, ...] or None without ``final``) of the packed call made of run(x[:, a:b], row n of
+    ``state`` or None) -> (y_n, h_n) for each sequence n, in order."""
     if isinstance(offsets, torch.Tensor):
         raise ValueError("cu_seqlens: inside torch.compile a packed call needs a kernel that packs (a gated "
                          "packing Triton variant on CUDA); this one would run one call per sequence, which a "
                          "trace cannot: run it eagerly")
-    return [run(x[:, a:b], None if state is None else state[n:n + 1])
+    outs = [run(x[:, a:b], None if state is None else state[n:n + 1])
             for n, (a, b) in enumerate(zip(offsets, offsets[1:]))]
+    return torch.cat([y for y, _ in outs], dim=1), (torch.cat([h for _, h in outs]) if final else None)
 
 
 def sequence_index(cu_seqlens: torch.Tensor, L: int) -> torch.Tensor:
