@@ -116,9 +116,10 @@ def compile_mixers(op: str):
         for with_state in (False, True):
             run_case(op, variant, (1, 300, 256), torch.bfloat16, documents, with_state=with_state)
     if op == "rglru":
-        # head dims 64, 96, 128 and 160: the passes LEANER runs unpipelined or at 128 registers
-        for D in (1024, 1536, 2048, 2560):
-            run_case(op, variant, (1, 300, D), torch.bfloat16, 0)
+        # head dims 64, 96, 128 and 160 in bf16 and fp16: the passes LEANER runs unpipelined or at 128 registers
+        for dtype in (torch.bfloat16, torch.float16):
+            for D in (1024, 1536, 2048, 2560):
+                run_case(op, variant, (1, 300, D), dtype, 0)
     print(op, len(compiler.rows), "kernels")
     print("compiled")
 

@@ -342,9 +342,10 @@ def test_fp32_wide_heads_take_the_two_warp_dx_kernel_and_say_so():
     assert "WCdx" not in gate_class(v, 1, 32768, 2560, 16, torch.bfloat16)
 
 
-def test_leaner_options_reach_the_launches_of_their_passes_in_bf16_only(monkeypatch):
+def test_leaner_options_reach_the_launches_of_their_passes_in_16_bit_only(monkeypatch):
     """LEANER's options (unpipelined, 128 registers) arrive at the launches of the pass and head dim they name, in
-    bf16 only; every other launch keeps its options. Each pass gets a different entry here, so swapped names show."""
+    bf16 and fp16 only; every other launch keeps its options. Each pass gets a different entry here, so swapped
+    names show."""
     from samu.ops.rglru import triton_fwd
 
     seen = []
@@ -364,7 +365,7 @@ def test_leaner_options_reach_the_launches_of_their_passes_in_bf16_only(monkeypa
         y, _ = mixer(x, *rglru_params(4 * n, 4, 1, device=DEVICE))
         y.float().sum().backward()
         got = {(name, summary): (stages, maxnreg) for name, summary, stages, maxnreg in seen}
-        lean = dtype == torch.bfloat16
+        lean = dtype != torch.float32
         assert got[("_rglru_chunk_kernel", True)] == ((1, 128) if lean and n == 8 else (2, None))
         assert got[("_rglru_chunk_kernel", False)] == ((1, None) if lean and n == 8 else (2, None))
         assert got[("_rglru_bwd_summary_kernel", None)] == ((1, 128) if lean and n == 16 else (2, None))

@@ -821,19 +821,19 @@ def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, 
     return y, h_last, states
 
 
-# bf16 launch options by pass and head dim that fit four programs a multiprocessor (README.md, "Programs and layouts")
+# 16-bit launch options by pass and head dim: four programs a multiprocessor, or fewer spills (README.md)
 LEANER = {
     "summary": {64: "cap", 96: "cap"},
     "output": {64: "cap", 96: "cap", 128: "cap"},
     "bwd_summary": {128: "stage", 160: "cap"},
-    "dw": {},
+    "dw": {96: "stage", 128: "stage", 160: "stage"},
 }
 
 
 def leaner(kernel_pass: str, meta: dict, dtype: torch.dtype) -> dict:
-    """``meta`` with the LEANER options of ``kernel_pass`` at its head dim meta["n"] (bf16 inputs only): "stage" is
+    """``meta`` with the LEANER options of ``kernel_pass`` at its head dim meta["n"] (16-bit inputs only): "stage" is
     num_stages=1, "cap" that and maxnreg=128."""
-    how = LEANER[kernel_pass].get(meta["n"]) if dtype == torch.bfloat16 else None
+    how = LEANER[kernel_pass].get(meta["n"]) if dtype in (torch.bfloat16, torch.float16) else None
     if how is None:
         return meta
     return dict(meta, num_stages=1, **({"maxnreg": 128} if how == "cap" else {}))
