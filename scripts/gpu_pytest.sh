@@ -3,8 +3,10 @@
 # side by side on one GPU (they are launch- and compile-bound, not bandwidth-bound), each shard its own
 # process, so a fault in one cannot poison another.
 #
-#   OUT=DIR bash scripts/gpu_pytest.sh
+#   OUT=DIR [LIMIT=seconds] [SHARDS=regex] bash scripts/gpu_pytest.sh
 #
+# SHARDS (a grep -E pattern over the shard names: gates_samu_0..2, gates_rglru_0..2, rglru_bf16, rglru_rest, rest)
+# runs only the shards it matches, e.g. SHARDS="rest|rglru" when the gates ran in a call of their own.
 # Writes DIR/pytest.tar.gz (one file: the device tool returns at most 8) holding pytest/pytest_<shard>.log
 # and, through SAMU_GPU_GATE_OUT, the gates-marked tests' records pytest/gates/gates_<op>_<dtype>.json;
 # prints each shard's summary line last. Exit 1 when any shard failed.
@@ -18,6 +20,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" SAMU_GPU_
 G=tests/gates/test_gates_gpu.py::test_every_variant_passes_its_gates_at_the_gate_shapes
 shard() {  # shard NAME PYTEST-ARGS...
   local name=$1; shift
+  [ -n "${SHARDS:-}" ] && ! grep -qE "^(${SHARDS})$" <<< "$name" && return 0
   timeout --signal=INT --kill-after=15 "$LIMIT" python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs "$@" \
     > "$OUT/pytest_$name.log" 2>&1
 }
@@ -32,7 +35,7 @@ rc=0
 # a shard passes only when pytest exited 0: a cut-short run (timeout's SIGINT) still prints a summary
 for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
 for log in "$OUT"/pytest_*.log; do
-  line=$(grep -E "^(=+ )?[0-9]+ (passed|failed|error)|no tests ran" "$log" | tail -1)
+  line=$(grep -E "^(=+ )?[0-9]+ (passed|failed|error|skipped)|no tests ran" "$log" | tail -1)
   grep -q KeyboardInterrupt "$log" && line="cut short: $line"
   echo "$(basename "$log" .log): ${line:-no summary}"
 done

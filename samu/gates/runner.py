@@ -540,20 +540,26 @@ def _gated_since(op: str, variant: str) -> str:
     return registered.gated_since if registered is not None else ""
 
 
-def status_from_records(records: list, version: "int | None" = None) -> dict:
+def record_platform(record: dict) -> str:
+    """The platform a gate record speaks for (gate_status.platform): its GPU, or "cpu", and Triton's release."""
+    env = record.get("env", {})
+    return gate_status.platform(env.get("gpu") or "cpu", env.get("triton"))
+
+
+def status_from_records(records: list, version: "int | None" = None, platform: "str | None" = None) -> dict:
     """Dispatch status from gate records: (op, variant, shape class) is blocked when the newest row
     of any shape it was tested at failed. A pass at one shape never clears a failure at another;
     only a newer run of the same shape (or moving the failing record to quarantine) does. With
     ``version``, records written under another gates.toml version are left out, and always a variant's rows
-    in records older than its ``gated_since``."""
+    in records older than its ``gated_since``; with ``platform``, records made on another platform."""
     latest: dict = {}
     platforms = set()
     for path, record in records:
         if record["kind"] != "gate" or (version is not None and record.get("gates_version") != version):
             continue
-        env = record.get("env", {})
-        if env.get("gpu"):
-            platforms.add(gate_status.platform(env["gpu"], env.get("triton")))
+        if platform is not None and record_platform(record) != platform:
+            continue
+        platforms.add(record_platform(record))
         stamp = (record["created"], path)
         for row in record["rows"]:
             if record["created"] < _gated_since(row["op"], row["variant"]):
@@ -572,24 +578,27 @@ def status_from_records(records: list, version: "int | None" = None) -> dict:
 
 def update_status(results, extra: "list | None" = None, path: "Path | None" = None,
                   merge: bool = False) -> tuple[Path, dict]:
-    """Rebuild the status file from every non-quarantined gate record (plus ``extra``) and reload it.
-    ``merge``: keep the file's verdicts on the triples those records do not speak for (dispatch's
-    first-use gating adds a class this way without dropping what ``samu gate`` wrote there)."""
+    """Rebuild the status file from the non-quarantined gate records (plus ``extra``) of one platform, the
+    newest ``extra`` record's (else the newest record's): a status speaks for one GPU and Triton release
+    (samu.ops.gate_status). ``merge``: keep the file's verdicts on the triples those records do not speak for,
+    where the file speaks for the same platform (dispatch's first-use gating adds a class this way without
+    dropping what ``samu gate`` wrote there)."""
     if not dispatch.triton_available():
         raise ValueError("a dispatch status needs the Triton variants' registry (their gated_since): install triton")
     records = load_records(results, kind="gate")
     records += [(p, r) for p, r in extra or [] if all(r != known for _, known in records)]
-    status = status_from_records(records, load_rules().version)
+    newest = max(extra or records, key=lambda pr: pr[1]["created"], default=None)
+    platform = record_platform(newest[1]) if newest is not None else None
+    status = status_from_records(records, load_rules().version, platform)
     path = Path(path) if path else status_path()
-    if merge and path.exists():
-        old = json.loads(path.read_text())
+    old = json.loads(path.read_text()) if merge and path.exists() else {}
+    if old and sorted(old.get("platforms", [])) == status["platforms"]:
         new = {tuple(k) for kind in ("passed", "blocked") for k in status[kind]}
         # an old verdict of a variant with a gated_since cannot show its record's age: only records say it again
         for kind in ("passed", "blocked"):
             status[kind] = sorted(status[kind] + [k for k in old.get(kind, [])
                                                   if tuple(k) not in new and not _gated_since(k[0], k[1])])
-        for key in ("platforms", "sources"):
-            status[key] = sorted(set(status[key]) | set(old.get(key, [])))
+        status["sources"] = sorted(set(status["sources"]) | set(old.get("sources", [])))
     path.parent.mkdir(parents=True, exist_ok=True)
     # written beside and renamed: a process reading the status never sees half a file
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

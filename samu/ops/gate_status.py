@@ -1,13 +1,14 @@
 """Which Triton variants have passed their correctness gates, as dispatch reads it.
 
 A status file lists (op, variant, shape class) triples under "passed" and "blocked" (the class's
-newest gate row at some shape failed), and under "platforms" the GPUs and Triton versions its
-records were made on. The packaged ``samu/gates/status.json`` is built from the project's
-committed H200 gate records and speaks only for those platforms: on another GPU or Triton release
-its verdicts do not apply, and dispatch gates what it meets on first use. The user's own status
-(``samu gate`` on your GPU, or that first-use gating) lives in ``gate_status.json`` in the samu
-cache folder and replaces the packaged verdict of every triple it names. ``SAMU_GATE_STATUS``
-names one file that replaces both (the measurement suite uses it).
+newest gate row at some shape failed), and under "platforms" the one GPU and Triton release its
+records were made on (samu.gates.runner.update_status). A status speaks only for its platform: on
+another GPU or Triton release its verdicts do not apply, and dispatch gates what it meets on first
+use. The packaged ``samu/gates/status.json`` is built from the project's committed H200 gate records.
+The user's own status (``samu gate`` on your GPU, or that first-use gating) lives in
+``gate_status.json`` in the samu cache folder and replaces the packaged verdict of every triple it
+names on its platform (a gate on another platform rebuilds it from that platform's records).
+``SAMU_GATE_STATUS`` names one file that replaces both on every platform (the measurement suite uses it).
 
 Both files are read once, at import and on ``reload()``, never inside a call: a lookup is a
 dict access, which torch.compile traces without a graph break.
@@ -78,6 +79,8 @@ def reload() -> None:
     _STATUS.clear()
     _STATUS.update(mine={k: _triples(mine, k) for k in ("passed", "blocked")},
                    packaged={k: _triples(packaged, k) for k in ("passed", "blocked")},
+                   # the named file speaks for every platform (None), the user's for its own
+                   mine_platforms=None if one is not None else frozenset(mine.get("platforms", [])),
                    platforms=frozenset(packaged.get("platforms", [])), triton=triton,
                    source=str(one) if one is not None else f"{PACKAGED} + {user_file()}")
 
@@ -95,24 +98,36 @@ def _gpu(device) -> "str | None":
     return _gpus.get(index)
 
 
-def packaged_applies(device) -> bool:
-    """Whether the packaged verdicts speak for ``device``: a CUDA device whose GPU and installed
-    Triton release are among the packaged platforms. Where the GPU cannot be named (inside a
-    torch.compile trace before any eager call, or without CUDA) only the Triton release is checked."""
-    if torch.device(device).type != "cuda":
-        return False
-    gpu = _gpu(device)
-    mine = platform(gpu, _STATUS["triton"])
-    if gpu is None:
-        # the GPU cannot be named here: the Triton release must still match
-        return any(p.split("|")[1] == mine.split("|")[1] for p in _STATUS["platforms"])
-    return mine in _STATUS["platforms"]
+def device_platform(device) -> "str | None":
+    """The platform of ``device``: its GPU's name (None where it cannot be named: inside a torch.compile trace
+    before any eager call, or without CUDA) or its device type ("cpu": Triton's interpreter), and Triton's
+    release."""
+    device = torch.device(device)
+    name = _gpu(device) if device.type == "cuda" else device.type
+    return platform(name, _STATUS["triton"]) if name is not None else None
+
+
+def speaks_for(platforms: frozenset, device) -> bool:
+    """Whether a status made on ``platforms`` speaks for ``device``. Where a CUDA device's GPU cannot be
+    named, a GPU platform with the installed Triton release does."""
+    here = device_platform(device)
+    if here is None:
+        release = platform(None, _STATUS["triton"]).split("|")[1]
+        return any(p.split("|")[1] == release and not p.startswith("cpu|") for p in platforms)
+    return here in platforms
+
+
+def _mine_applies(device) -> bool:
+    """The user's verdicts speak for their own platform, a named file's (SAMU_GATE_STATUS) for every device."""
+    platforms = _STATUS["mine_platforms"]
+    return platforms is None or speaks_for(platforms, device)
 
 
 def verdict(op: str, variant: str, shape_class: str, device="cuda") -> "str | None":
     """"passed", "blocked" or None (never gated here) for one triple on ``device``."""
     key = (op, variant, shape_class)
-    for status in (_STATUS["mine"], _STATUS["packaged"] if packaged_applies(device) else None):
+    for status in (_STATUS["mine"] if _mine_applies(device) else None,
+                   _STATUS["packaged"] if speaks_for(_STATUS["platforms"], device) else None):
         if status is not None:
             if key in status["blocked"]:
                 return "blocked"

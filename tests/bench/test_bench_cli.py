@@ -53,12 +53,18 @@ def test_samu_gate_adds_to_the_users_status_and_never_touches_the_packaged_one(t
     packaged = gate_status.PACKAGED.read_bytes() if gate_status.PACKAGED.exists() else None
     user = gate_status.user_file()
     user.parent.mkdir(parents=True)
-    user.write_text(json.dumps({"passed": [["samu", "mine", "c"]], "blocked": []}))
+    cpu = gate_status.device_platform("cpu")
     results = tmp_path / "elsewhere"
+    argv = ["gate", "--device", "cpu", "--ops", "rglru", "--shapes", "1x12x8", "--dtypes", "fp32", "--backends",
+            "torch", "--out", str(results / "gates"), "--results", str(results), "--quiet"]
     try:
-        assert main(["gate", "--device", "cpu", "--ops", "rglru", "--shapes", "1x12x8", "--dtypes", "fp32",
-                     "--backends", "torch", "--out", str(results / "gates"), "--results", str(results),
-                     "--quiet"]) == 0
+        # verdicts made on another platform are not this one's: the rebuild leaves them out
+        user.write_text(json.dumps({"passed": [["samu", "mine", "c"]], "blocked": [], "platforms": ["GPU|triton 9.9"]}))
+        assert main(argv) == 0
+        status = json.loads(user.read_text())
+        assert status["passed"] == [["rglru", "torch", "float32|L<=8192|D<=1024"]] and status["platforms"] == [cpu]
+        user.write_text(json.dumps({"passed": [["samu", "mine", "c"]], "blocked": [], "platforms": [cpu]}))
+        assert main(argv) == 0
         status = json.loads(user.read_text())
         assert ["samu", "mine", "c"] in status["passed"]
         assert ["rglru", "torch", "float32|L<=8192|D<=1024"] in status["passed"]

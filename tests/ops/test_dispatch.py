@@ -70,6 +70,15 @@ def test_unknown_op_and_backend_type():
 needs_triton = pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
 
 
+def write_user(gate_status, status: dict) -> None:
+    """The user's status as `samu gate` leaves it on the stand-in GPU (empty_status)."""
+    import json
+
+    path = gate_status.user_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(status, platforms=[gate_status.device_platform("cuda")])))
+
+
 @pytest.fixture
 def empty_status(tmp_path, monkeypatch):
     """No packaged verdicts, the user's status under tmp_path; restored afterwards."""
@@ -81,8 +90,9 @@ def empty_status(tmp_path, monkeypatch):
     monkeypatch.delenv("SAMU_AUTO_GATE", raising=False)
     monkeypatch.setattr(dispatch, "_auto_tried", {})
     monkeypatch.setattr(dispatch, "_warned", set())
-    # CUDA tensors as far as dispatch's choice goes (the gate itself is a stand-in below)
+    # CUDA tensors on an H200 as far as dispatch's choice goes (the gate itself is a stand-in below)
     monkeypatch.setattr(dispatch, "_can_gate", lambda device: device.type == "cuda")
+    monkeypatch.setattr(gate_status, "_gpu", lambda device: "NVIDIA H200" if torch.device(device).type == "cuda" else None)
     gate_status.reload()
     yield gate_status
     monkeypatch.undo()
@@ -91,8 +101,6 @@ def empty_status(tmp_path, monkeypatch):
 
 @needs_triton
 def test_ungated_class_is_gated_once_in_a_child_and_then_dispatched(empty_status, monkeypatch, capsys):
-    import json
-
     calls = []
 
     def fake_gate(cmd, **kw):
@@ -102,7 +110,7 @@ def test_ungated_class_is_gated_once_in_a_child_and_then_dispatched(empty_status
         variants = dispatch.variants("samu")
         status = {"passed": [["samu", n, dispatch.gate_class(variants[n], 1, 64, 8, 16, torch.bfloat16)] for n in names],
                   "blocked": []}
-        empty_status.user_file().write_text(json.dumps(status))
+        write_user(empty_status, status)
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
     monkeypatch.setattr(dispatch.subprocess, "run", fake_gate)
@@ -121,14 +129,10 @@ def test_ungated_class_is_gated_once_in_a_child_and_then_dispatched(empty_status
 
 @needs_triton
 def test_an_ungated_variant_that_would_rank_first_is_gated_before_a_gated_one_is_taken(empty_status, monkeypatch):
-    import json
-
     variants = dispatch.variants("samu")
     cls = {n: dispatch.gate_class(variants[n], 1, 64, 8, 16, torch.bfloat16) for n in variants}
     # at 2 chunks the serial variant ranks first; only the grouped one has passed here
-    empty_status.user_file().parent.mkdir(parents=True, exist_ok=True)
-    empty_status.user_file().write_text(json.dumps({"passed": [["samu", "triton_grouped", cls["triton_grouped"]]],
-                                                    "blocked": []}))
+    write_user(empty_status, {"passed": [["samu", "triton_grouped", cls["triton_grouped"]]], "blocked": []})
     empty_status.reload()
     said = dispatch.explain((1, 64, 8), "samu", torch.bfloat16, "cuda")
     assert "triton_grouped ranks first" in said and "triton_serial would rank before it" in said
@@ -137,7 +141,7 @@ def test_an_ungated_variant_that_would_rank_first_is_gated_before_a_gated_one_is
     def fake_gate(cmd, **kw):
         calls.append(cmd)
         status = {"passed": [["samu", n, cls[n]] for n in variants], "blocked": []}
-        empty_status.user_file().write_text(json.dumps(status))
+        write_user(empty_status, status)
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
     # a trace gates nothing: it takes the gated variant, in one graph (also with SAMU_GATE_STATUS set, whose
@@ -211,12 +215,10 @@ def test_ungated_class_inside_a_trace_is_an_error_naming_the_command(empty_statu
 
 @needs_triton
 def test_blocked_class_is_never_dispatched_nor_regated(empty_status, monkeypatch):
-    import json
-
     classes = {n: dispatch.gate_class(v, 1, 64, 8, 16, torch.bfloat16) for n, v in dispatch.variants("samu").items()}
     empty_status.user_file().parent.mkdir(parents=True)
     blocked = [["samu", n, c] for n, c in classes.items()]
-    empty_status.user_file().write_text(json.dumps({"passed": [], "blocked": blocked}))
+    write_user(empty_status, {"passed": [], "blocked": blocked})
     empty_status.reload()
     monkeypatch.setattr(dispatch.subprocess, "run", lambda *a, **k: pytest.fail("must not gate a blocked class"))
     choice = dispatch.choose("samu", 1, 64, 8, torch.bfloat16, "cuda")
@@ -234,13 +236,11 @@ def test_explain_looks_without_gating(empty_status, monkeypatch):
 
 @needs_triton
 def test_fallback_says_when_the_torch_path_failed_its_own_gate(empty_status):
-    import json
-
     classes = {n: dispatch.gate_class(v, 1, 64, 8, 16, torch.float16) for n, v in dispatch.variants("samu").items()}
     blocked = [["samu", n, c] for n, c in classes.items()]
     blocked.append(["samu", "torch", dispatch.shape_class(64, 8, torch.float16)])
     empty_status.user_file().parent.mkdir(parents=True)
-    empty_status.user_file().write_text(json.dumps({"passed": [], "blocked": blocked}))
+    write_user(empty_status, {"passed": [], "blocked": blocked})
     empty_status.reload()
     choice = dispatch.choose("samu", 1, 64, 8, torch.float16, "cuda")
     assert choice.backend == "torch" and "failed its own gate" in choice.reason
@@ -248,14 +248,12 @@ def test_fallback_says_when_the_torch_path_failed_its_own_gate(empty_status):
 
 @needs_triton
 def test_packed_calls_choose_by_packed_classes_or_run_per_sequence(empty_status, monkeypatch):
-    import json
-
     variants = dispatch.variants("samu")
     assert all(v.packs for op in dispatch.OPS for v in dispatch.variants(op).values())
     # an unpacked pass does not speak for packed calls: the packed class is gated on first use, with --documents
     passed = [["samu", n, dispatch.gate_class(v, 1, 64, 8, 16, torch.bfloat16)] for n, v in variants.items()]
     empty_status.user_file().parent.mkdir(parents=True)
-    empty_status.user_file().write_text(json.dumps({"passed": passed, "blocked": []}))
+    write_user(empty_status, {"passed": passed, "blocked": []})
     empty_status.reload()
     calls = []
 
@@ -264,7 +262,7 @@ def test_packed_calls_choose_by_packed_classes_or_run_per_sequence(empty_status,
         names = cmd[cmd.index("--backends") + 1].split(",")
         packed = [["samu", n, dispatch.gate_class(variants[n], 1, 64, 8, 16, torch.bfloat16, packed=True)]
                   for n in names]
-        empty_status.user_file().write_text(json.dumps({"passed": passed + packed, "blocked": []}))
+        write_user(empty_status, {"passed": passed + packed, "blocked": []})
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
     monkeypatch.setattr(dispatch.subprocess, "run", fake_gate)
@@ -276,7 +274,7 @@ def test_packed_calls_choose_by_packed_classes_or_run_per_sequence(empty_status,
     # where no packing variant passed, one call per sequence
     blocked = [["samu", n, dispatch.gate_class(v, 1, 64, 8, 16, torch.float16, packed=True)]
                for n, v in variants.items()]
-    empty_status.user_file().write_text(json.dumps({"passed": [], "blocked": blocked}))
+    write_user(empty_status, {"passed": [], "blocked": blocked})
     empty_status.reload()
     with pytest.warns(UserWarning, match="packed calls run one call per sequence") as said:
         for _ in range(2):   # said once

@@ -1,9 +1,9 @@
 """The gate status dispatch reads: packaged verdicts, the user's overlay, SAMU_GATE_STATUS."""
 
 import json
-import os
 
 import pytest
+import torch
 
 from samu.ops import gate_status
 
@@ -32,7 +32,7 @@ def test_user_verdicts_replace_packaged_ones_and_env_replaces_both(status_files,
     packaged, user = status_files
     packaged.write_text(json.dumps({"passed": [["samu", "v", "c"], ["samu", "w", "c"]], "blocked": [],
                                     "platforms": [_here()]}))
-    user.write_text(json.dumps({"passed": [], "blocked": [["samu", "v", "c"]]}))
+    user.write_text(json.dumps({"passed": [], "blocked": [["samu", "v", "c"]], "platforms": [_here()]}))
     gate_status.reload()
     assert gate_status.verdict("samu", "v", "c") == "blocked" and gate_status.verdict("samu", "w", "c") == "passed"
     assert gate_status.verdict("samu", "x", "c") is None
@@ -56,6 +56,30 @@ def test_packaged_verdicts_speak_only_for_their_triton_release(status_files):
     assert gate_status.verdict("samu", "w", "c") == "passed"
     # never for the interpreter on CPU tensors: its verdicts come from its own gates
     assert gate_status.verdict("samu", "w", "c", device="cpu") is None
+
+
+def test_the_users_verdicts_speak_only_for_the_platform_they_were_made_on(status_files, monkeypatch):
+    """A Triton upgrade or another GPU (or CPU tensors, the interpreter) is not where the user's verdicts were
+    earned: they apply only on their platform, while a file named by SAMU_GATE_STATUS applies everywhere."""
+    _, user = status_files
+    cpu = gate_status.platform("cpu", _here().split("triton ")[1])
+    gpu = {"name": "NVIDIA H200"}
+    monkeypatch.setattr(gate_status, "_gpu", lambda device: gpu["name"] if torch.device(device).type == "cuda" else None)
+    cases = [([_here()], "passed", None), ([_here("NVIDIA H100")], None, None), (["NVIDIA H200|triton 0.1"], None, None),
+             ([cpu], None, "passed"), ([], None, None)]
+    for platforms, on_gpu, on_cpu in cases:
+        user.write_text(json.dumps({"passed": [["samu", "w", "c"]], "platforms": platforms}))
+        gate_status.reload()
+        assert (gate_status.verdict("samu", "w", "c"), gate_status.verdict("samu", "w", "c", "cpu")) == (on_gpu, on_cpu)
+    # where the GPU cannot be named (a trace before any eager call), a GPU platform of this Triton release speaks
+    gpu["name"] = None
+    for platforms, on_gpu in (([_here("NVIDIA H100")], "passed"), ([cpu], None), (["NVIDIA H200|triton 0.1"], None)):
+        user.write_text(json.dumps({"passed": [["samu", "w", "c"]], "platforms": platforms}))
+        gate_status.reload()
+        assert gate_status.verdict("samu", "w", "c") == on_gpu
+    monkeypatch.setenv("SAMU_GATE_STATUS", str(user))
+    gate_status.reload()
+    assert gate_status.verdict("samu", "w", "c", "cpu") == "passed"
 
 
 def test_an_unreadable_status_file_is_ignored_with_a_warning(status_files):
