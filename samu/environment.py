@@ -11,6 +11,7 @@ import os
 import platform
 import re
 import subprocess
+from importlib import metadata
 from pathlib import Path
 
 import torch
@@ -55,20 +56,25 @@ def _driver() -> "str | None":
         return None
 
 
+def triton_version() -> "str | None":
+    """The installed Triton's version, read without importing it: the "triton" package or PyTorch's own build
+    of it ("pytorch-triton")."""
+    for name in ("triton", "pytorch-triton"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return None
+
+
 def environment(device) -> dict:
     """What a reader needs to place a number: machine, software versions and the code's commit."""
     device = torch.device(device)
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
     commit, dirty = git_state()
     cuda = device.type == "cuda"
     return {
         "torch": torch.__version__,
-        "triton": triton_version,
+        "triton": triton_version(),
         "python": platform.python_version(),
         "device": device.type,
         "cuda": torch.version.cuda,

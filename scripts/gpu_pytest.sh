@@ -34,6 +34,7 @@ shard rest tests --deselect tests/ops/test_rglru_triton.py --ignore tests/gates/
 rc=0
 # a shard passes only when pytest exited 0: a cut-short run (timeout's SIGINT) still prints a summary
 for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+ls "$OUT"/pytest_*.log > /dev/null 2>&1 || { echo "no shard matches SHARDS=${SHARDS:-}"; exit 1; }
 for log in "$OUT"/pytest_*.log; do
   line=$(grep -E "^(=+ )?[0-9]+ (passed|failed|error|skipped)|no tests ran" "$log" | tail -1)
   grep -q KeyboardInterrupt "$log" && line="cut short: $line"

@@ -576,29 +576,40 @@ def status_from_records(records: list, version: "int | None" = None, platform: "
             "platforms": sorted(platforms), "sources": sorted({stamp[1] for stamp, _ in latest.values()})}
 
 
+def _kept(old: dict, new: "dict | None") -> dict:
+    """What a merge keeps of a platform's old section beside ``new``, that platform's section rebuilt from
+    records (None: no record of it was given): the verdicts on triples the records do not speak for, every
+    block, and a pass only for a variant without a gated_since (such a pass cannot show its record's age: only
+    records say it again)."""
+    new = new or {"passed": [], "blocked": [], "sources": []}
+    spoken = {tuple(k) for kind in ("passed", "blocked") for k in new[kind]}
+    merged = {kind: sorted(new[kind] + [k for k in old.get(kind, []) if tuple(k) not in spoken
+                                        and (kind == "blocked" or not _gated_since(k[0], k[1]))])
+              for kind in ("passed", "blocked")}
+    return dict(merged, sources=sorted(set(new["sources"]) | set(old.get("sources", []))))
+
+
 def update_status(results, extra: "list | None" = None, path: "Path | None" = None,
                   merge: bool = False) -> tuple[Path, dict]:
-    """Rebuild the status file from the non-quarantined gate records (plus ``extra``) of one platform, the
-    newest ``extra`` record's (else the newest record's): a status speaks for one GPU and Triton release
-    (samu.ops.gate_status). ``merge``: keep the file's verdicts on the triples those records do not speak for,
-    where the file speaks for the same platform (dispatch's first-use gating adds a class this way without
-    dropping what ``samu gate`` wrote there)."""
+    """Rebuild the status file from every non-quarantined gate record (plus ``extra``), one section per
+    platform the records were made on (samu.ops.gate_status). ``merge``: keep what ``_kept`` keeps of the
+    file's own sections, those of other platforms too (dispatch's first-use gating adds a class this way
+    without dropping what ``samu gate`` wrote there, or a block earned on another GPU)."""
     if not dispatch.triton_available():
         raise ValueError("a dispatch status needs the Triton variants' registry (their gated_since): install triton")
     records = load_records(results, kind="gate")
     records += [(p, r) for p, r in extra or [] if all(r != known for _, known in records)]
-    newest = max(extra or records, key=lambda pr: pr[1]["created"], default=None)
-    platform = record_platform(newest[1]) if newest is not None else None
-    status = status_from_records(records, load_rules().version, platform)
+    version = load_rules().version
+    by_platform = {}
+    for platform in sorted({record_platform(r) for _, r in records if r.get("kind") == "gate"}):
+        section = status_from_records(records, version, platform)
+        if section["passed"] or section["blocked"]:
+            by_platform[platform] = {k: section[k] for k in ("passed", "blocked", "sources")}
     path = Path(path) if path else status_path()
-    old = json.loads(path.read_text()) if merge and path.exists() else {}
-    if old and sorted(old.get("platforms", [])) == status["platforms"]:
-        new = {tuple(k) for kind in ("passed", "blocked") for k in status[kind]}
-        # an old verdict of a variant with a gated_since cannot show its record's age: only records say it again
-        for kind in ("passed", "blocked"):
-            status[kind] = sorted(status[kind] + [k for k in old.get(kind, [])
-                                                  if tuple(k) not in new and not _gated_since(k[0], k[1])])
-        status["sources"] = sorted(set(status["sources"]) | set(old.get("sources", [])))
+    if merge and path.exists():
+        for platform, old in gate_status.sections(json.loads(path.read_text())).items():
+            by_platform[platform] = _kept(old, by_platform.get(platform))
+    status = {"by_platform": by_platform}
     path.parent.mkdir(parents=True, exist_ok=True)
     # written beside and renamed: a process reading the status never sees half a file
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -608,6 +619,11 @@ def update_status(results, extra: "list | None" = None, path: "Path | None" = No
     return path, status
 
 
+def _counts(status: dict) -> str:
+    return "; ".join(f"{p}: {len(v['blocked'])} blocked, {len(v['passed'])} passed"
+                     for p, v in status["by_platform"].items()) or "no verdicts"
+
+
 def gate_command(args) -> int:
     """Entry of ``samu gate`` (argparse namespace from samu.bench.cli)."""
     status_file = Path(args.status) if args.status else None
@@ -615,7 +631,7 @@ def gate_command(args) -> int:
     merge = args.merge_status or (status_file is None and gate_status.override() is None)
     if args.status_only:
         path, status = update_status(args.results, path=status_file, merge=merge)
-        print(f"status: {path} ({len(status['blocked'])} blocked, {len(status['passed'])} passed)")
+        print(f"status: {path} ({_counts(status)})")
         return 0
     if args.jobs > 1:
         warmed = warm(args.ops, args.shapes, args.dtypes, args.backends, args.device, args.jobs,
@@ -635,5 +651,5 @@ def gate_command(args) -> int:
     elif not args.no_status:
         path, status = update_status(args.results, extra=[(out.as_posix(), record)], path=status_file,
                                      merge=merge)
-        print(f"status: {path} ({len(status['blocked'])} blocked)")
+        print(f"status: {path} ({_counts(status)})")
     return 1 if failed and args.strict else 0

@@ -1,14 +1,15 @@
 """Which Triton variants have passed their correctness gates, as dispatch reads it.
 
-A status file lists (op, variant, shape class) triples under "passed" and "blocked" (the class's
-newest gate row at some shape failed), and under "platforms" the one GPU and Triton release its
-records were made on (samu.gates.runner.update_status). A status speaks only for its platform: on
-another GPU or Triton release its verdicts do not apply, and dispatch gates what it meets on first
-use. The packaged ``samu/gates/status.json`` is built from the project's committed H200 gate records.
-The user's own status (``samu gate`` on your GPU, or that first-use gating) lives in
-``gate_status.json`` in the samu cache folder and replaces the packaged verdict of every triple it
-names on its platform (a gate on another platform rebuilds it from that platform's records).
-``SAMU_GATE_STATUS`` names one file that replaces both on every platform (the measurement suite uses it).
+A status file holds, per platform (a GPU's name, or "cpu" for Triton's interpreter, and a Triton
+release), (op, variant, shape class) triples under "passed" and "blocked" (the class's newest gate
+row at some shape failed): {"by_platform": {platform: {"passed": [...], "blocked": [...], "sources":
+[...]}}} (samu.gates.runner.update_status). Verdicts speak only for their platform: on another GPU or
+Triton release they do not apply, and dispatch gates what it meets on first use. The packaged
+``samu/gates/status.json`` is built from the project's committed H200 gate records. The user's own
+status (``samu gate`` on your GPU, or that first-use gating) lives in ``gate_status.json`` in the samu
+cache folder and replaces the packaged verdict of every triple it names on the same platform.
+``SAMU_GATE_STATUS`` names one file that replaces both, its verdicts on every platform (the
+measurement suite uses it).
 
 Both files are read once, at import and on ``reload()``, never inside a call: a lookup is a
 dict access, which torch.compile traces without a graph break.
@@ -19,11 +20,11 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from importlib import metadata
 from pathlib import Path
 
 import torch
 
+from samu.environment import triton_version
 from samu.paths import cache_dir
 
 PACKAGED = Path(__file__).resolve().parents[1] / "gates" / "status.json"
@@ -60,8 +61,23 @@ def _read(path: Path) -> dict:
         return {}
 
 
-def _triples(status: dict, kind: str) -> frozenset:
-    return frozenset(tuple(k) for k in status.get(kind, []))
+def sections(status: dict) -> dict:
+    """A status file's verdicts by platform. A file written before statuses were split by platform lists its
+    platforms beside one set of verdicts, which each of them gets."""
+    if "by_platform" in status:
+        return status["by_platform"]
+    return {p: status for p in status.get("platforms", [])}
+
+
+def _verdicts(section: dict) -> dict:
+    return {k: frozenset(tuple(t) for t in section.get(k, [])) for k in ("passed", "blocked")}
+
+
+def _by_platform(status: dict, path) -> dict:
+    if status and not sections(status):
+        warnings.warn(f"samu: gate status file {path} names no platform; its verdicts are ignored (rebuild it with "
+                      f"`samu gate --status-only`)", stacklevel=3)
+    return {p: _verdicts(section) for p, section in sections(status).items()}
 
 
 _STATUS: dict = {}
@@ -70,19 +86,17 @@ _STATUS: dict = {}
 def reload() -> None:
     """Read the status files again (after ``samu gate`` rewrote one, or SAMU_GATE_STATUS changed)."""
     one = override()
-    mine = _read(one) if one is not None else _read(user_file())
-    packaged = {} if one is not None else _read(PACKAGED)
-    try:
-        triton = metadata.version("triton")
-    except metadata.PackageNotFoundError:
-        triton = None
     _STATUS.clear()
-    _STATUS.update(mine={k: _triples(mine, k) for k in ("passed", "blocked")},
-                   packaged={k: _triples(packaged, k) for k in ("passed", "blocked")},
-                   # the named file speaks for every platform (None), the user's for its own
-                   mine_platforms=None if one is not None else frozenset(mine.get("platforms", [])),
-                   platforms=frozenset(packaged.get("platforms", [])), triton=triton,
-                   source=str(one) if one is not None else f"{PACKAGED} + {user_file()}")
+    _STATUS["triton"] = triton_version()
+    if one is not None:
+        # the named file speaks for every platform: its sections (or a file of no platform) as one
+        named = _read(one)
+        parts = [_verdicts(section) for section in sections(named).values()] or [_verdicts(named)]
+        _STATUS.update(mine={"*": {k: frozenset().union(*(v[k] for v in parts)) for k in ("passed", "blocked")}},
+                       packaged={}, source=str(one))
+    else:
+        _STATUS.update(mine=_by_platform(_read(user_file()), user_file()),
+                       packaged=_by_platform(_read(PACKAGED), PACKAGED), source=f"{PACKAGED} + {user_file()}")
 
 
 _gpus: dict = {}  # device index -> name (read outside a trace; plain dict for torch.compile)
@@ -117,22 +131,20 @@ def speaks_for(platforms: frozenset, device) -> bool:
     return here in platforms
 
 
-def _mine_applies(device) -> bool:
-    """The user's verdicts speak for their own platform, a named file's (SAMU_GATE_STATUS) for every device."""
-    platforms = _STATUS["mine_platforms"]
-    return platforms is None or speaks_for(platforms, device)
+def _speaking(layer: dict, device) -> list:
+    """The verdict sets of ``layer`` (a file's sections) that speak for ``device``."""
+    return [v for p, v in layer.items() if p == "*" or speaks_for(frozenset([p]), device)]
 
 
 def verdict(op: str, variant: str, shape_class: str, device="cuda") -> "str | None":
-    """"passed", "blocked" or None (never gated here) for one triple on ``device``."""
+    """"passed", "blocked" or None (never gated here) for one triple on ``device``: the user's verdicts first."""
     key = (op, variant, shape_class)
-    for status in (_STATUS["mine"] if _mine_applies(device) else None,
-                   _STATUS["packaged"] if speaks_for(_STATUS["platforms"], device) else None):
-        if status is not None:
-            if key in status["blocked"]:
-                return "blocked"
-            if key in status["passed"]:
-                return "passed"
+    for layer in (_STATUS["mine"], _STATUS["packaged"]):
+        found = _speaking(layer, device)
+        if any(key in v["blocked"] for v in found):
+            return "blocked"
+        if any(key in v["passed"] for v in found):
+            return "passed"
     return None
 
 

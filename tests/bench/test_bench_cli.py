@@ -5,6 +5,7 @@ import pytest
 from samu.bench.cli import main
 from samu.bench.records import load_records, validate
 from samu.gates import reload
+from samu.ops import gate_status
 
 
 def test_bench_gate_report_end_to_end_on_cpu(tmp_path, capsys):
@@ -18,7 +19,8 @@ def test_bench_gate_report_end_to_end_on_cpu(tmp_path, capsys):
                  "--backends", "torch", "--out", str(results / "gates"), "--results", str(results),
                  "--status", str(status), "--quiet"]) == 0
     reload()
-    assert json.loads(status.read_text())["passed"] == [["rglru", "torch", "float32|L<=8192|D<=1024"]]
+    cpu = json.loads(status.read_text())["by_platform"][gate_status.device_platform("cpu")]
+    assert cpu["passed"] == [["rglru", "torch", "float32|L<=8192|D<=1024"]]
     records = load_records(results)
     assert [r["kind"] for _, r in records] == ["bench", "gate"]
     assert all(validate(r) == [] for _, r in records)
@@ -46,8 +48,6 @@ def test_bad_arguments_are_refused_before_running(argv, capsys):
 
 
 def test_samu_gate_adds_to_the_users_status_and_never_touches_the_packaged_one(tmp_path, monkeypatch):
-    from samu.ops import gate_status
-
     monkeypatch.setenv("SAMU_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("SAMU_GATE_STATUS", raising=False)
     packaged = gate_status.PACKAGED.read_bytes() if gate_status.PACKAGED.exists() else None
@@ -58,16 +58,20 @@ def test_samu_gate_adds_to_the_users_status_and_never_touches_the_packaged_one(t
     argv = ["gate", "--device", "cpu", "--ops", "rglru", "--shapes", "1x12x8", "--dtypes", "fp32", "--backends",
             "torch", "--out", str(results / "gates"), "--results", str(results), "--quiet"]
     try:
-        # verdicts made on another platform are not this one's: the rebuild leaves them out
-        user.write_text(json.dumps({"passed": [["samu", "mine", "c"]], "blocked": [], "platforms": ["GPU|triton 9.9"]}))
+        # the verdicts of another platform stay that platform's, its blocks too (a file written before statuses
+        # were split by platform: its platforms beside one set of verdicts)
+        user.write_text(json.dumps({"passed": [["samu", "mine", "c"]], "blocked": [["samu", "bad", "c"]],
+                                    "platforms": ["GPU|triton 9.9"]}))
         assert main(argv) == 0
-        status = json.loads(user.read_text())
-        assert status["passed"] == [["rglru", "torch", "float32|L<=8192|D<=1024"]] and status["platforms"] == [cpu]
-        user.write_text(json.dumps({"passed": [["samu", "mine", "c"]], "blocked": [], "platforms": [cpu]}))
+        status = json.loads(user.read_text())["by_platform"]
+        assert status["GPU|triton 9.9"]["passed"] == [["samu", "mine", "c"]]
+        assert status["GPU|triton 9.9"]["blocked"] == [["samu", "bad", "c"]]
+        assert status[cpu]["passed"] == [["rglru", "torch", "float32|L<=8192|D<=1024"]]
+        user.write_text(json.dumps({"by_platform": {cpu: {"passed": [["samu", "mine", "c"]]}}}))
         assert main(argv) == 0
-        status = json.loads(user.read_text())
-        assert ["samu", "mine", "c"] in status["passed"]
-        assert ["rglru", "torch", "float32|L<=8192|D<=1024"] in status["passed"]
+        status = json.loads(user.read_text())["by_platform"]
+        assert list(status) == [cpu]
+        assert status[cpu]["passed"] == [["rglru", "torch", "float32|L<=8192|D<=1024"], ["samu", "mine", "c"]]
         assert (gate_status.PACKAGED.read_bytes() if gate_status.PACKAGED.exists() else None) == packaged
         assert not list(user.parent.glob(".*.tmp"))
     finally:

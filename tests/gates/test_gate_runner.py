@@ -100,6 +100,7 @@ def test_failing_variant_is_recorded_and_never_dispatched_for_its_shape_class(du
     path = write_record(record, tmp_path / "results" / "gates")
     status_path, status = update_status(tmp_path / "results")
     assert status_path == tmp_path / "status.json"
+    (status,) = status["by_platform"].values()   # one section: the platform of the CPU, where it ran
     assert ["samu", "test_gate_bad", CLASS] in status["blocked"]
     assert ["samu", "test_gate_bad_without_dh", CLASS] in status["blocked"]
     assert ["samu", "test_gate_bad_without_state", CLASS] in status["blocked"]
@@ -248,19 +249,20 @@ def test_rows_older_than_a_variants_gated_since_are_left_out(monkeypatch):
     assert status["passed"] == [["samu", "v", "e"], ["samu", "w", "c"]] and status["blocked"] == []
 
 
-def test_a_merged_status_drops_old_verdicts_of_a_variant_with_gated_since(tmp_path):
+def test_a_merged_status_drops_old_passes_of_a_variant_with_gated_since_and_keeps_every_block(tmp_path):
     if not dispatch.triton_available():
         pytest.skip("triton is not installed")
     path = tmp_path / "status.json"
     old = [["rglru", "triton_chunked", "c"], ["samu", "triton_grouped", "c"]]
-    path.write_text(json.dumps({"passed": old, "blocked": []}))
+    path.write_text(json.dumps({"by_platform": {"GPU|triton 9.9": {"passed": old, "blocked": [old[0][:2] + ["d"]]}}}))
     (tmp_path / "records").mkdir()
     try:
         _, status = update_status(tmp_path / "records", path=path, merge=True)
     finally:
         reload()
-    # RG-LRU's variants carry a gated_since: a verdict no record behind it says again is not kept
-    assert status["passed"] == [["samu", "triton_grouped", "c"]]
+    # RG-LRU's variants carry a gated_since: a pass no record behind it says again is not kept; a block is
+    assert status["by_platform"]["GPU|triton 9.9"]["passed"] == [["samu", "triton_grouped", "c"]]
+    assert status["by_platform"]["GPU|triton 9.9"]["blocked"] == [["rglru", "triton_chunked", "d"]]
 
 
 def test_a_pass_at_another_shape_does_not_clear_a_failure():
@@ -288,6 +290,7 @@ def test_quarantined_gate_records_never_reach_the_status(tmp_path):
     bad["rows"][0]["pass"] = False
     write_record(bad, tmp_path / "quarantine" / "wrong.json")
     _, status = update_status(tmp_path, path=tmp_path / "status.json")
+    (status,) = status["by_platform"].values()
     assert status["blocked"] == [] and status["sources"] == ["gates/ok.json"]
     reload()
 

@@ -92,7 +92,8 @@ def empty_status(tmp_path, monkeypatch):
     monkeypatch.setattr(dispatch, "_warned", set())
     # CUDA tensors on an H200 as far as dispatch's choice goes (the gate itself is a stand-in below)
     monkeypatch.setattr(dispatch, "_can_gate", lambda device: device.type == "cuda")
-    monkeypatch.setattr(gate_status, "_gpu", lambda device: "NVIDIA H200" if torch.device(device).type == "cuda" else None)
+    monkeypatch.setattr(gate_status, "_gpu", lambda device: "NVIDIA H200" if torch.device(device).type == "cuda"
+                        else None)
     gate_status.reload()
     yield gate_status
     monkeypatch.undo()
@@ -108,8 +109,8 @@ def test_ungated_class_is_gated_once_in_a_child_and_then_dispatched(empty_status
         calls.append(cmd)
         names = cmd[cmd.index("--backends") + 1].split(",")
         variants = dispatch.variants("samu")
-        status = {"passed": [["samu", n, dispatch.gate_class(variants[n], 1, 64, 8, 16, torch.bfloat16)] for n in names],
-                  "blocked": []}
+        status = {"passed": [["samu", n, dispatch.gate_class(variants[n], 1, 64, 8, 16, torch.bfloat16)]
+                             for n in names], "blocked": []}
         write_user(empty_status, status)
         return subprocess.CompletedProcess(cmd, 0, "", "")
 

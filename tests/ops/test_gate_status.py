@@ -1,6 +1,7 @@
 """The gate status dispatch reads: packaged verdicts, the user's overlay, SAMU_GATE_STATUS."""
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -64,12 +65,19 @@ def test_the_users_verdicts_speak_only_for_the_platform_they_were_made_on(status
     _, user = status_files
     cpu = gate_status.platform("cpu", _here().split("triton ")[1])
     gpu = {"name": "NVIDIA H200"}
-    monkeypatch.setattr(gate_status, "_gpu", lambda device: gpu["name"] if torch.device(device).type == "cuda" else None)
-    cases = [([_here()], "passed", None), ([_here("NVIDIA H100")], None, None), (["NVIDIA H200|triton 0.1"], None, None),
-             ([cpu], None, "passed"), ([], None, None)]
+    monkeypatch.setattr(gate_status, "_gpu", lambda device: gpu["name"] if torch.device(device).type == "cuda"
+                        else None)
+    cases = [([_here()], "passed", None), ([_here("NVIDIA H100")], None, None),
+             (["NVIDIA H200|triton 0.1"], None, None), ([cpu], None, "passed"), ([], None, None)]
     for platforms, on_gpu, on_cpu in cases:
         user.write_text(json.dumps({"passed": [["samu", "w", "c"]], "platforms": platforms}))
-        gate_status.reload()
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            gate_status.reload()
+        # a file that names no platform speaks for none, and says so
+        assert [str(w.message) for w in said if "names no platform" in str(w.message)] == ([] if platforms else [
+            f"samu: gate status file {user} names no platform; its verdicts are ignored (rebuild it with "
+            "`samu gate --status-only`)"])
         assert (gate_status.verdict("samu", "w", "c"), gate_status.verdict("samu", "w", "c", "cpu")) == (on_gpu, on_cpu)
     # where the GPU cannot be named (a trace before any eager call), a GPU platform of this Triton release speaks
     gpu["name"] = None
@@ -77,9 +85,17 @@ def test_the_users_verdicts_speak_only_for_the_platform_they_were_made_on(status
         user.write_text(json.dumps({"passed": [["samu", "w", "c"]], "platforms": platforms}))
         gate_status.reload()
         assert gate_status.verdict("samu", "w", "c") == on_gpu
+    # a file of several platforms: each section speaks for its own
+    gpu["name"] = "NVIDIA H200"
+    user.write_text(json.dumps({"by_platform": {_here(): {"blocked": [["samu", "w", "c"]]},
+                                                cpu: {"passed": [["samu", "w", "c"]]}}}))
+    gate_status.reload()
+    on_gpu, on_cpu = gate_status.verdict("samu", "w", "c"), gate_status.verdict("samu", "w", "c", "cpu")
+    assert (on_gpu, on_cpu) == ("blocked", "passed")
+    # a named file's sections speak together for every device, a block first
     monkeypatch.setenv("SAMU_GATE_STATUS", str(user))
     gate_status.reload()
-    assert gate_status.verdict("samu", "w", "c", "cpu") == "passed"
+    assert gate_status.verdict("samu", "w", "c", "cpu") == gate_status.verdict("samu", "w", "c") == "blocked"
 
 
 def test_an_unreadable_status_file_is_ignored_with_a_warning(status_files):
