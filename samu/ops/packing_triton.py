@@ -63,6 +63,16 @@ def chunk_word(words, i_c, NC, K: tl.constexpr):
 
 
 @triton.jit
+def step_opens(words, c0, NC, WC: tl.constexpr):
+    """Whether a sequence opens in chunks c0 .. c0 + WC - 1 (clamped into [0, NC)), a scalar: where none does, the
+    walk's restarts are identities, so RG-LRU's kernels skip them (a branch the same in every thread)."""
+    w = tl.load(words + tl.minimum(c0, NC - 1))
+    for i in tl.static_range(1, WC):
+        w |= tl.load(words + tl.minimum(c0 + i, NC - 1))
+    return w != 0
+
+
+@triton.jit
 def first_sequence(words, i_c, NC):
     """The sequence of chunk i_c's first token."""
     return tl.load(words + NC + tl.minimum(i_c, NC - 1))

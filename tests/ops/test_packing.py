@@ -17,6 +17,19 @@ from samu.ops import dispatch
 from tests.helpers import randn, rel_err, rglru_params, samu_params
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+if dispatch.triton_available():
+    import triton
+    import triton.language as tl
+
+    from samu.ops.packing_triton import step_opens
+
+    @triton.jit
+    def _step_opens_kernel(words, out, NC, WC: tl.constexpr):
+        """out[s] = step_opens of step s (WC chunks a step)."""
+        i_s = tl.program_id(0)
+        tl.store(out + i_s, step_opens(words, i_s * WC, NC, WC).to(tl.int32))
+
 # a sequence opening at a chunk's last token and one token long there (token 31: bit 31 of SAMU's 32-token
 # chunk, the last of RG-LRU's 16), lengths 1, one chunk exactly (32), a chunk and a bit, a few tokens (the gates
 # pack random lengths at the gate shapes: samu gate --documents)
@@ -213,6 +226,25 @@ def test_chunk_boundaries_give_each_chunks_openings_and_sequences(K):
         assert got[0].tolist() == want_bits, (offsets, K)
         assert got[1].tolist() == seq[::K].tolist(), (offsets, K)
         assert got[2].tolist() == [int(seq[min(c * K + K, L) - 1]) for c in range(NC)], (offsets, K)
+
+
+@pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
+def test_step_opens_says_which_steps_of_chunks_open_a_sequence():
+    """step_opens (a step of WC chunks without an opening skips its restarts): true exactly for the steps with an
+    opening token, a last step that reaches past the last chunk included; a sequence opening at bit 31 counts."""
+    from samu.ops.packing_triton import chunk_boundaries
+
+    cases = ([0, 1, 200, 257, 300], [0, 300], [0, 95, 96, 191, 300], [0, 321, 330], [0, 330], [0, 63, 64, 200, 330])
+    for K, WC in ((32, 2), (16, 4), (16, 1)):
+        for offsets in cases:
+            L = offsets[-1]
+            words = chunk_boundaries(torch.tensor(offsets, dtype=torch.int32, device=DEVICE), L, K)
+            NC = words.shape[1]
+            steps = -(-NC // WC)
+            out = torch.full((steps,), -1, dtype=torch.int32, device=DEVICE)
+            _step_opens_kernel[(steps,)](words, out, NC, WC=WC)
+            want = [int(any(s * WC * K <= t < (s + 1) * WC * K for t in offsets[:-1])) for s in range(steps)]
+            assert out.tolist() == want, (K, WC, offsets, out.tolist(), want)
 
 
 @pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")

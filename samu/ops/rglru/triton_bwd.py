@@ -57,6 +57,7 @@ from samu.ops.rglru.triton_fwd import (
     out_order,
     split_weights,
 )
+from samu.ops.packing_triton import step_opens
 from samu.ops.triton_utils import cdiv
 
 
@@ -103,27 +104,12 @@ def _scan_adjoint(b_af, b_dyf, K: tl.constexpr, MATH: tl.constexpr):
 
 
 @triton.jit
-def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e, m_t, X_PARTS: tl.constexpr,
-                      ORDER: tl.constexpr, NPB: tl.constexpr, WC: tl.constexpr, K: tl.constexpr, BJ: tl.constexpr,
-                      MATH: tl.constexpr, b_h0, words, i_s, L, NC, VARLEN: tl.constexpr, HAS_H0: tl.constexpr):
-    """What WC chunks of one channel tile contribute, as [BJ, WC, K] tiles.
-
-    xa, xb: parts of the head's input rows (two column pieces); wa, wb: the (gate a, gate x) weight
-    slabs of the pieces; b_xj, b_dy [BJ, WC, K] fp32: this tile's inputs and
-    output cotangents; b_hin [BJ, WC]: the state entering each chunk; b_e [BJ, WC]: eps = a delta
-    entering each chunk from the right; ORDER: of the gate products (2 for fp32 results, 1 for dx
-    in bf16 or fp16). Returns dza, dzx (gate pre-activation cotangents), the direct input
-    cotangent delta * multiplier * gate_x, dlog a * gate_a (for d softplus) and a * delta (d of the
-    state before each token: d initial_state where a packed sequence opens). Packed (VARLEN): b_dy
-    holds the final-state cotangents already and b_h0 the initial states where sequences open; where they
-    open comes from step i_s's chunk words, found here, after the products (fewer values live through them).
-    """
-    b_za = _to_scan_layout(_gate_dot(xa, xb, wa[0], wb[0], X_PARTS, ORDER, NPB, WC, K, BJ, MATH), MATH)
-    b_zx = _to_scan_layout(_gate_dot(xa, xb, wa[1], wb[1], X_PARTS, ORDER, NPB, WC, K, BJ, MATH), MATH)
-    b_za += b_ba[:, None, None]
-    b_zx += b_bx[:, None, None]
+def _pointwise_cotangents(b_za, b_zx, b_xj, b_dy, b_csp, b_hin, b_e, m_t, K: tl.constexpr, MATH: tl.constexpr, b_h0,
+                          words, i_s, L, NC, WC: tl.constexpr, RESTART: tl.constexpr, HAS_H0: tl.constexpr):
+    """_chunk_cotangents from the gates' pre-activations b_za, b_zx on: RESTART, the recurrence restarted where
+    step i_s's sequences open (found here, after the products: fewer values live through them)."""
     b_ga, b_gac = _sigmoid_pair(b_za, MATH)
-    if VARLEN:
+    if RESTART:
         # in the scans' layout, as the products' results are: packed, the compiler otherwise runs gate a's
         # chain a second time in the layout the restarted transitions take (README.md, "Packed sequences")
         b_ga = _to_scan_layout(b_ga, MATH)
@@ -138,8 +124,8 @@ def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
 
     # the scans run on the restarted transitions (packed); the pointwise terms keep the gates' own a
     b_as, b_bs = b_at, b_bt
-    if VARLEN:
-        _, opens, _ = _boundaries(words, i_s, m_t, L, NC, WC, K)
+    if RESTART:
+        opens = _boundaries(words, i_s, m_t, L, NC, WC, K)[1]
         b_as, b_bs = _restart(b_at, b_bt, opens, b_h0, HAS_H0)
     # delta_t = dy_t + a_{t+1} delta_{t+1} over each chunk flipped (free: its tokens lie inside a thread), before
     # g_t's scan: after it, packed, the cut transitions stayed beside a through both (dx spilled 60 words, not 16)
@@ -150,7 +136,7 @@ def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
     # g_t = a_t h_{t-1}, from the state entering the chunk
     b_P, b_W = _scan_before(b_as, b_bs, K, MATH)
     b_gt = b_W + b_P * b_hin[:, :, None]
-    if VARLEN:
+    if RESTART:
         # where a sequence opens, h_{t-1} is its initial state (or zero)
         if HAS_H0:
             b_gt = tl.where(opens[None, :, :], b_at * b_h0, b_gt)
@@ -164,6 +150,39 @@ def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e,
     # u = 1 - exp(2 log a): du/dlog a = -2 a^2
     b_dloga = b_delta * b_gt - 2.0 * b_at * b_at * b_du
     return b_dloga * b_csp[:, None, None] * b_pa, b_dm * b_xj * b_px, b_dm * b_gx, b_dloga * b_ga, b_at * b_delta
+
+
+@triton.jit
+def _chunk_cotangents(xa, xb, b_xj, b_dy, wa, wb, b_ba, b_bx, b_csp, b_hin, b_e, m_t, X_PARTS: tl.constexpr,
+                      ORDER: tl.constexpr, NPB: tl.constexpr, WC: tl.constexpr, K: tl.constexpr, BJ: tl.constexpr,
+                      MATH: tl.constexpr, b_h0, words, i_s, L, NC, VARLEN: tl.constexpr, HAS_H0: tl.constexpr):
+    """What WC chunks of one channel tile contribute, as [BJ, WC, K] tiles.
+
+    xa, xb: parts of the head's input rows (two column pieces); wa, wb: the (gate a, gate x) weight
+    slabs of the pieces; b_xj, b_dy [BJ, WC, K] fp32: this tile's inputs and
+    output cotangents; b_hin [BJ, WC]: the state entering each chunk; b_e [BJ, WC]: eps = a delta
+    entering each chunk from the right; ORDER: of the gate products (2 for fp32 results, 1 for dx
+    in bf16 or fp16). Returns dza, dzx (gate pre-activation cotangents), the direct input
+    cotangent delta * multiplier * gate_x, dlog a * gate_a (for d softplus) and a * delta (d of the
+    state before each token: d initial_state where a packed sequence opens). Packed (VARLEN): b_dy
+    holds the final-state cotangents already and b_h0 the initial states where sequences open; a step in
+    which a sequence opens (step_opens) takes the restarting form, any other step the unpacked one.
+    """
+    b_za = _to_scan_layout(_gate_dot(xa, xb, wa[0], wb[0], X_PARTS, ORDER, NPB, WC, K, BJ, MATH), MATH)
+    b_zx = _to_scan_layout(_gate_dot(xa, xb, wa[1], wb[1], X_PARTS, ORDER, NPB, WC, K, BJ, MATH), MATH)
+    b_za += b_ba[:, None, None]
+    b_zx += b_bx[:, None, None]
+    if VARLEN:
+        if step_opens(words, i_s * WC, NC, WC):
+            dza, dzx, ddi, dlga, dh = _pointwise_cotangents(b_za, b_zx, b_xj, b_dy, b_csp, b_hin, b_e, m_t, K, MATH,
+                                                            b_h0, words, i_s, L, NC, WC, True, HAS_H0)
+        else:
+            dza, dzx, ddi, dlga, dh = _pointwise_cotangents(b_za, b_zx, b_xj, b_dy, b_csp, b_hin, b_e, m_t, K, MATH,
+                                                            b_h0, words, i_s, L, NC, WC, False, HAS_H0)
+    else:
+        dza, dzx, ddi, dlga, dh = _pointwise_cotangents(b_za, b_zx, b_xj, b_dy, b_csp, b_hin, b_e, m_t, K, MATH,
+                                                        b_h0, words, i_s, L, NC, WC, False, HAS_H0)
+    return dza, dzx, ddi, dlga, dh
 
 
 @triton.jit

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from samu.ops.packing_triton import chunk_word, first_sequence, opens_in
+from samu.ops.packing_triton import chunk_word, first_sequence, opens_in, step_opens
 from samu.ops.triton_utils import cdiv, next_power_of_2
 from samu.ops.triton_utils import launch as triton_launch
 from samu.ops.triton_utils import expm1 as _expm1_interp
@@ -668,11 +668,16 @@ def _rglru_chunk_kernel(
         b_at, b_bt = _chunk_gates(xa, xb, b_xj, wa, wb, b_ba, b_bx, b_csp, m_t, X_PARTS,
                                   2 if SUMMARY else Y_ORDER, NPB, WC, K, BJ, MATH)
         if VARLEN:
-            i_n, opens, closes = _boundaries(words, i_s, m_t, L, NC, WC, K)
-            b_h0 = b_bt   # read only with an initial state
-            if HAS_H0:
-                b_h0 = _rows_of(h0, i_n, o_d, m_j, opens, D)
-            b_at, b_bt = _restart(b_at, b_bt, opens, b_h0, HAS_H0)
+            if HAS_H0 or HAS_FINAL:
+                i_n, opens, closes = _boundaries(words, i_s, m_t, L, NC, WC, K)
+                b_h0 = b_bt   # read only with an initial state
+                if HAS_H0:
+                    b_h0 = _rows_of(h0, i_n, o_d, m_j, opens, D)
+                b_at, b_bt = _restart(b_at, b_bt, opens, b_h0, HAS_H0)
+            elif step_opens(words, i_s * WC, NC, WC):
+                # training's call: a step in which no sequence opens is an unpacked step
+                opens = _boundaries(words, i_s, m_t, L, NC, WC, K)[1]
+                b_at, b_bt = _restart(b_at, b_bt, opens, b_bt, False)
         i_c = i_s * WC + o_c                                                            # [WC] chunk index
         o_s = (i_b64 * NC + i_c)[None, :] * D + o_d[:, None]                           # [BJ, WC]
         if SUMMARY:
