@@ -534,10 +534,14 @@ def _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, o
     return record
 
 
-def _gated_since(op: str, variant: str) -> str:
-    """The variant's Variant.gated_since ("" for the torch path and for a name no longer registered)."""
+def _gated_since(op: str, variant: str, shape_class: str) -> str:
+    """The variant's Variant.gated_since in ``shape_class``, the later packed_gated_since in a packed class (the
+    suffix dispatch.shape_class gives it); "" for the torch path and for a name no longer registered."""
     registered = dispatch.variants(op).get(variant) if dispatch.triton_available() else None
-    return registered.gated_since if registered is not None else ""
+    if registered is None:
+        return ""
+    packed = shape_class.endswith("|packed")
+    return max(registered.gated_since, registered.packed_gated_since if packed else "")
 
 
 def record_platform(record: dict) -> str:
@@ -562,7 +566,7 @@ def status_from_records(records: list, version: "int | None" = None, platform: "
         platforms.add(record_platform(record))
         stamp = (record["created"], path)
         for row in record["rows"]:
-            if record["created"] < _gated_since(row["op"], row["variant"]):
+            if record["created"] < _gated_since(row["op"], row["variant"], row["shape_class"]):
                 continue
             unit = (row["op"], row["variant"], row["shape_class"], tuple(row.get("shape", ())))
             if unit not in latest or stamp > latest[unit][0]:
@@ -584,7 +588,7 @@ def _kept(old: dict, new: "dict | None") -> dict:
     new = new or {"passed": [], "blocked": [], "sources": []}
     spoken = {tuple(k) for kind in ("passed", "blocked") for k in new[kind]}
     merged = {kind: sorted(new[kind] + [k for k in old.get(kind, []) if tuple(k) not in spoken
-                                        and (kind == "blocked" or not _gated_since(k[0], k[1]))])
+                                        and (kind == "blocked" or not _gated_since(*k))])
               for kind in ("passed", "blocked")}
     return dict(merged, sources=sorted(set(new["sources"]) | set(old.get("sources", []))))
 

@@ -59,6 +59,8 @@ class Variant:
     drops_final: bool = False
     # a UTC time: older gate records gated other numerics under the same class names (the status leaves them out)
     gated_since: str = ""
+    # the same for its packed classes alone, where only packed calls' bits moved
+    packed_gated_since: str = ""
 
 
 @dataclass(frozen=True)

@@ -247,6 +247,13 @@ def test_rows_older_than_a_variants_gated_since_are_left_out(monkeypatch):
     status = status_from_records([old, new])
     # v's passes and failures before its date say nothing about it; w (no date) keeps its row
     assert status["passed"] == [["samu", "v", "e"], ["samu", "w", "c"]] and status["blocked"] == []
+    # a later date for the packed classes alone leaves out their older rows and no unpacked one
+    variants["v"] = dispatch.Variant(op="samu", name="v", run=None, preference=None, scratch=None,
+                                     gated_since="2026-01-01T00:00:00Z", packed_gated_since="2026-01-02T00:00:00Z")
+    old = _gate_record("2026-01-01T00:00:00Z", [_row("v", True), _row("v", False, cls="c|packed")])
+    new = _gate_record("2026-01-02T00:00:00Z", [_row("v", True, cls="d|packed")])
+    status = status_from_records([old, new])
+    assert status["passed"] == [["samu", "v", "c"], ["samu", "v", "d|packed"]] and status["blocked"] == []
 
 
 def test_a_merged_status_drops_old_passes_of_a_variant_with_gated_since_and_keeps_every_block(tmp_path):

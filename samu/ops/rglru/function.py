@@ -241,6 +241,9 @@ def scratch(config: Config):
 
 # the run that gated every class of the current numerics (the p records, 44417dd; the same bits since)
 GATED_SINCE = "2026-12-04T17:25:57Z"
+# the run that gated the packed classes after steps without an opening took the unpacked code (session 23: packed
+# bits moved, unpacked ones the same; results/gates/2026-12-05-h200-gates-r-rglru-*-packed.json)
+PACKED_GATED_SINCE = "2026-12-05T03:13:02Z"
 
 
 def _register(name, config, score, description):
@@ -248,7 +251,7 @@ def _register(name, config, score, description):
         op="rglru", name=name,
         run=lambda x, w_a, b_a, w_x, b_x, a_param, h0, c, cu_seqlens=None, final=True: run(
             x, w_a, b_a, w_x, b_x, a_param, h0, c, config, cu_seqlens, final),
-        packs=True, drops_final=True, gated_since=GATED_SINCE,
+        packs=True, drops_final=True, gated_since=GATED_SINCE, packed_gated_since=PACKED_GATED_SINCE,
         preference=lambda B, L, D, H: score if D % H == 0 else None,
         scratch=lambda B, L, D: scratch(config)(B, L, D), description=description,
         settings=lambda B, L, D, H, dtype: (f"{config}, H={H}, {_groups(config, B, L, D, H)} groups of "

@@ -831,7 +831,7 @@ LEANER = {
     "summary": {64: "cap", 96: "cap"},
     "output": {64: "cap", 96: "cap", 128: "cap"},
     "bwd_summary": {128: "stage", 160: "cap"},
-    "dw": {96: "stage", 128: "stage", 160: "stage"},
+    "dw": {96: "stage", 128: "stage"},
 }
 
 
