@@ -121,7 +121,8 @@ def add_commands(subparsers) -> None:
     g.add_argument("--results", default="results", help="records folder the status is rebuilt from")
     g.add_argument("--status", default=None,
                    help="status file to write (default: $SAMU_GATE_STATUS, else gate_status.json in samu's "
-                        "cache folder, merged; the packaged samu/gates/status.json only when named)")
+                        "cache folder, rebuilt from the records samu keeps there; the packaged "
+                        "samu/gates/status.json only when named)")
     g.add_argument("--jobs", type=_at_least(1), default=1,
                    help="compile the Triton variants' kernels for every gate unit in this many processes "
                         "first (Triton caches them for the gates; default 1: no warm-up)")
@@ -136,9 +137,9 @@ def add_commands(subparsers) -> None:
     g.add_argument("--no-isolate", action="store_true",
                    help="gate in this process (default on CUDA: in a worker process, so a kernel fault fails "
                         "its row and the run goes on in a fresh one)")
-    g.add_argument("--merge-status", action="store_true",
-                   help="keep the status file's verdicts on classes this run and --results do not cover")
-    g.add_argument("--status-only", action="store_true", help="only rebuild the status from --results")
+    g.add_argument("--status-only", action="store_true",
+                   help="only rebuild the status: the user's from samu's records folder after copying --results' "
+                        "gate records there, a named one from --results")
     _common(g)
     g.set_defaults(func=_gate)
 

@@ -540,7 +540,7 @@ def _gated_since(op: str, variant: str, shape_class: str) -> str:
     registered = dispatch.variants(op).get(variant) if dispatch.triton_available() else None
     if registered is None:
         return ""
-    packed = shape_class.endswith("|packed")
+    packed = shape_class.endswith(dispatch.PACKED_CLASS)
     return max(registered.gated_since, registered.packed_gated_since if packed else "")
 
 
@@ -580,40 +580,21 @@ def status_from_records(records: list, version: "int | None" = None, platform: "
             "platforms": sorted(platforms), "sources": sorted({stamp[1] for stamp, _ in latest.values()})}
 
 
-def _kept(old: dict, new: "dict | None") -> dict:
-    """What a merge keeps of a platform's old section beside ``new``, that platform's section rebuilt from
-    records (None: no record of it was given): the verdicts on triples the records do not speak for, every
-    block, and a pass only for a variant without a gated_since (such a pass cannot show its record's age: only
-    records say it again)."""
-    new = new or {"passed": [], "blocked": [], "sources": []}
-    spoken = {tuple(k) for kind in ("passed", "blocked") for k in new[kind]}
-    merged = {kind: sorted(new[kind] + [k for k in old.get(kind, []) if tuple(k) not in spoken
-                                        and (kind == "blocked" or not _gated_since(*k))])
-              for kind in ("passed", "blocked")}
-    return dict(merged, sources=sorted(set(new["sources"]) | set(old.get("sources", []))))
-
-
-def update_status(results, extra: "list | None" = None, path: "Path | None" = None,
-                  merge: bool = False) -> tuple[Path, dict]:
-    """Rebuild the status file from every non-quarantined gate record (plus ``extra``), one section per
-    platform the records were made on (samu.ops.gate_status). ``merge``: keep what ``_kept`` keeps of the
-    file's own sections, those of other platforms too (dispatch's first-use gating adds a class this way
-    without dropping what ``samu gate`` wrote there, or a block earned on another GPU)."""
+def update_status(results, extra: "list | None" = None, path: "Path | None" = None) -> tuple[Path, dict]:
+    """Rebuild the status file from every non-quarantined gate record under ``results`` (plus ``extra``), one
+    section per platform the records were made on (samu.ops.gate_status): the records alone decide."""
     if not dispatch.triton_available():
         raise ValueError("a dispatch status needs the Triton variants' registry (their gated_since): install triton")
     records = load_records(results, kind="gate")
     records += [(p, r) for p, r in extra or [] if all(r != known for _, known in records)]
     version = load_rules().version
     by_platform = {}
-    for platform in sorted({record_platform(r) for _, r in records if r.get("kind") == "gate"}):
+    for platform in sorted({record_platform(r) for _, r in records}):
         section = status_from_records(records, version, platform)
         if section["passed"] or section["blocked"]:
             by_platform[platform] = {k: section[k] for k in ("passed", "blocked", "sources")}
-    path = Path(path) if path else status_path()
-    if merge and path.exists():
-        for platform, old in gate_status.sections(json.loads(path.read_text())).items():
-            by_platform[platform] = _kept(old, by_platform.get(platform))
     status = {"by_platform": by_platform}
+    path = Path(path) if path else status_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     # written beside and renamed: a process reading the status never sees half a file
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -623,18 +604,29 @@ def update_status(results, extra: "list | None" = None, path: "Path | None" = No
     return path, status
 
 
+def _into_user_records(records: list) -> None:
+    """Copy gate records into the user's records folder (gate_status.user_records), which alone the user's status
+    is rebuilt from; a record already there is rewritten in place (write_record finds the same run)."""
+    for _, record in records:
+        write_record(record, gate_status.user_records())
+
+
 def _counts(status: dict) -> str:
     return "; ".join(f"{p}: {len(v['blocked'])} blocked, {len(v['passed'])} passed"
                      for p, v in status["by_platform"].items()) or "no verdicts"
 
 
 def gate_command(args) -> int:
-    """Entry of ``samu gate`` (argparse namespace from samu.bench.cli)."""
-    status_file = Path(args.status) if args.status else None
-    # the user's file collects verdicts from many runs: a rebuild adds to it rather than replacing it
-    merge = args.merge_status or (status_file is None and gate_status.override() is None)
+    """Entry of ``samu gate`` (argparse namespace from samu.bench.cli). The user's status (the default target) is
+    rebuilt from the user's records folder, into which this run's record goes too (and, with --status-only, the
+    gate records of --results); a named status file from --results and this run's record."""
+    target = Path(args.status) if args.status else status_path()
+    mine = target.resolve() == gate_status.user_file().resolve()
+    source = gate_status.user_records() if mine else args.results
     if args.status_only:
-        path, status = update_status(args.results, path=status_file, merge=merge)
+        if mine:
+            _into_user_records(load_records(args.results, kind="gate"))
+        path, status = update_status(source, path=target)
         print(f"status: {path} ({_counts(status)})")
         return 0
     if args.jobs > 1:
@@ -653,7 +645,8 @@ def gate_command(args) -> int:
     if not args.no_status and not dispatch.triton_available():
         print("status: not rebuilt (without triton no Triton variant is dispatched, and its registry is missing)")
     elif not args.no_status:
-        path, status = update_status(args.results, extra=[(out.as_posix(), record)], path=status_file,
-                                     merge=merge)
+        if mine and gate_status.user_records().resolve() not in out.resolve().parents:
+            _into_user_records([(out.as_posix(), record)])
+        path, status = update_status(source, extra=[(out.as_posix(), record)], path=target)
         print(f"status: {path} ({_counts(status)})")
     return 1 if failed and args.strict else 0

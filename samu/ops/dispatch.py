@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 
 from samu.ops import gate_status
-from samu.paths import FileLock, cache_dir
+from samu.paths import FileLock
 
 OPS = ("samu", "rglru")
 BASE_BACKENDS = ("auto", "reference", "torch", "triton")
@@ -113,6 +113,10 @@ def _load_triton() -> None:
         _found["variants"] = True
 
 
+# the suffix of a packed call's class
+PACKED_CLASS = "|packed"
+
+
 def shape_class(L: int, D: int, dtype: torch.dtype, numerics: str = "", packed: bool = False) -> str:
     """The unit a gate record speaks for: dtype, a length bucket, a width bucket and, for a Triton
     variant, the settings that fix its parenthesisation at that shape (spec §6: numerics are part of
@@ -121,7 +125,7 @@ def shape_class(L: int, D: int, dtype: torch.dtype, numerics: str = "", packed: 
     length = "L<=8192" if L <= 8192 else "L<=32768" if L <= 32768 else "L>32768"
     width = "D<=1024" if D <= 1024 else "D>1024"
     return (f"{str(dtype).replace('torch.', '')}|{length}|{width}" + (f"|{numerics}" if numerics else "")
-            + ("|packed" if packed else ""))
+            + (PACKED_CLASS if packed else ""))
 
 
 # (op, variant name, B, L, D, H, dtype) -> gate class, so eager calls compute it once per shape
@@ -189,7 +193,7 @@ def _gate_now(op: str, B: int, L: int, D: int, H: int, dtype: torch.dtype, devic
     key = (op, tuple(sorted(classes.values())))
     if key in _auto_tried:
         return
-    records = cache_dir() / "gates"
+    records = gate_status.user_records()
     records.mkdir(parents=True, exist_ok=True)
     shown = " ".join(gate_command(op, B, L, D, dtype, H, names, packed))
     with FileLock(records / ".lock"):
@@ -201,7 +205,7 @@ def _gate_now(op: str, B: int, L: int, D: int, H: int, dtype: torch.dtype, devic
               f"(`{shown}`) into {gate_status.user_file()}", file=sys.stderr, flush=True)
         cmd = [sys.executable, "-m", "samu.bench", *gate_command(op, B, L, D, dtype, H, names, packed)[1:], "--quiet",
                "--device", str(device), "--out", str(records), "--results", str(records),
-               "--status", str(gate_status.user_file()), "--merge-status"]
+               "--status", str(gate_status.user_file())]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
                                   env=dict(os.environ, SAMU_AUTO_GATE="0"))

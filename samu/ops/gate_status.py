@@ -6,10 +6,11 @@ row at some shape failed): {"by_platform": {platform: {"passed": [...], "blocked
 [...]}}} (samu.gates.runner.update_status). Verdicts speak only for their platform: on another GPU or
 Triton release they do not apply, and dispatch gates what it meets on first use. The packaged
 ``samu/gates/status.json`` is built from the project's committed H200 gate records. The user's own
-status (``samu gate`` on your GPU, or that first-use gating) lives in ``gate_status.json`` in the samu
-cache folder and replaces the packaged verdict of every triple it names on the same platform.
-``SAMU_GATE_STATUS`` names one file that replaces both, its verdicts on every platform (the
-measurement suite uses it).
+status lives in ``gate_status.json`` in the samu cache folder, built from the gate records kept in
+``gates/`` there (``samu gate`` on your GPU, or that first-use gating), and replaces the packaged
+verdict of every triple it names on the same platform. ``SAMU_GATE_STATUS`` names one file that
+replaces both (the measurement suite uses it): each device takes its own section, a device without
+one all of them together.
 
 Both files are read once, at import and on ``reload()``, never inside a call: a lookup is a
 dict access, which torch.compile traces without a graph break.
@@ -32,6 +33,11 @@ PACKAGED = Path(__file__).resolve().parents[1] / "gates" / "status.json"
 
 def user_file() -> Path:
     return cache_dir() / "gate_status.json"
+
+
+def user_records() -> Path:
+    """The gate records the user's status is built from (first-use gating and ``samu gate`` write there)."""
+    return cache_dir() / "gates"
 
 
 def override() -> "Path | None":
@@ -89,11 +95,13 @@ def reload() -> None:
     _STATUS.clear()
     _STATUS["triton"] = triton_version()
     if one is not None:
-        # the named file speaks for every platform: its sections (or a file of no platform) as one
+        # the named file speaks for every platform: a device with no section of its own takes all of them (or a
+        # file of no platform) as one
         named = _read(one)
         parts = [_verdicts(section) for section in sections(named).values()] or [_verdicts(named)]
-        _STATUS.update(mine={"*": {k: frozenset().union(*(v[k] for v in parts)) for k in ("passed", "blocked")}},
-                       packaged={}, source=str(one))
+        anywhere = {k: frozenset().union(*(v[k] for v in parts)) for k in ("passed", "blocked")}
+        _STATUS.update(mine={p: _verdicts(v) for p, v in sections(named).items()}, anywhere=anywhere, packaged={},
+                       source=str(one))
     else:
         _STATUS.update(mine=_by_platform(_read(user_file()), user_file()),
                        packaged=_by_platform(_read(PACKAGED), PACKAGED), source=f"{PACKAGED} + {user_file()}")
@@ -121,7 +129,7 @@ def device_platform(device) -> "str | None":
     return platform(name, _STATUS["triton"]) if name is not None else None
 
 
-def speaks_for(platforms: frozenset, device) -> bool:
+def speaks_for(platforms, device) -> bool:
     """Whether a status made on ``platforms`` speaks for ``device``. Where a CUDA device's GPU cannot be
     named, a GPU platform with the installed Triton release does."""
     here = device_platform(device)
@@ -131,16 +139,17 @@ def speaks_for(platforms: frozenset, device) -> bool:
     return here in platforms
 
 
-def _speaking(layer: dict, device) -> list:
-    """The verdict sets of ``layer`` (a file's sections) that speak for ``device``."""
-    return [v for p, v in layer.items() if p == "*" or speaks_for(frozenset([p]), device)]
+def _speaking(layer: dict, device, anywhere: "dict | None" = None) -> list:
+    """The verdict sets of ``layer`` (a file's sections) that speak for ``device``, else ``anywhere``'s."""
+    found = [v for p, v in layer.items() if speaks_for((p,), device)]
+    return found or ([anywhere] if anywhere is not None else [])
 
 
 def verdict(op: str, variant: str, shape_class: str, device="cuda") -> "str | None":
     """"passed", "blocked" or None (never gated here) for one triple on ``device``: the user's verdicts first."""
     key = (op, variant, shape_class)
-    for layer in (_STATUS["mine"], _STATUS["packaged"]):
-        found = _speaking(layer, device)
+    for layer, anywhere in ((_STATUS["mine"], _STATUS.get("anywhere")), (_STATUS["packaged"], None)):
+        found = _speaking(layer, device, anywhere)
         if any(key in v["blocked"] for v in found):
             return "blocked"
         if any(key in v["passed"] for v in found):

@@ -48,30 +48,39 @@ def test_bad_arguments_are_refused_before_running(argv, capsys):
 
 
 def test_samu_gate_adds_to_the_users_status_and_never_touches_the_packaged_one(tmp_path, monkeypatch):
+    """The user's status is what the records samu keeps in its cache say, per platform: a block earned on a GPU
+    outlives gates elsewhere and goes only with its record."""
     monkeypatch.setenv("SAMU_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("SAMU_GATE_STATUS", raising=False)
     packaged = gate_status.PACKAGED.read_bytes() if gate_status.PACKAGED.exists() else None
-    user = gate_status.user_file()
-    user.parent.mkdir(parents=True)
+    user, kept = gate_status.user_file(), gate_status.user_records()
     cpu = gate_status.device_platform("cpu")
     results = tmp_path / "elsewhere"
     argv = ["gate", "--device", "cpu", "--ops", "rglru", "--shapes", "1x12x8", "--dtypes", "fp32", "--backends",
             "torch", "--out", str(results / "gates"), "--results", str(results), "--quiet"]
+    passed = [["rglru", "torch", "float32|L<=8192|D<=1024"]]
     try:
-        # the verdicts of another platform stay that platform's, its blocks too (a file written before statuses
-        # were split by platform: its platforms beside one set of verdicts)
-        user.write_text(json.dumps({"passed": [["samu", "mine", "c"]], "blocked": [["samu", "bad", "c"]],
-                                    "platforms": ["GPU|triton 9.9"]}))
+        assert main(argv) == 0
+        ((name, record),) = load_records(kept)
+        status = json.loads(user.read_text())["by_platform"]
+        assert status == {cpu: {"passed": passed, "blocked": [], "sources": [name]}}
+        # the same class failed on an H200 (a record of its own in the cache): blocked there, passed here
+        failed = json.loads(json.dumps(record))
+        failed.update(run_id="h200", env=dict(record["env"], gpu="NVIDIA H200"), created="2000-01-01T00:00:00Z")
+        failed["rows"][0]["pass"] = False
+        (kept / "h200.json").write_text(json.dumps(failed))
         assert main(argv) == 0
         status = json.loads(user.read_text())["by_platform"]
-        assert status["GPU|triton 9.9"]["passed"] == [["samu", "mine", "c"]]
-        assert status["GPU|triton 9.9"]["blocked"] == [["samu", "bad", "c"]]
-        assert status[cpu]["passed"] == [["rglru", "torch", "float32|L<=8192|D<=1024"]]
-        user.write_text(json.dumps({"by_platform": {cpu: {"passed": [["samu", "mine", "c"]]}}}))
-        assert main(argv) == 0
-        status = json.loads(user.read_text())["by_platform"]
-        assert list(status) == [cpu]
-        assert status[cpu]["passed"] == [["rglru", "torch", "float32|L<=8192|D<=1024"], ["samu", "mine", "c"]]
+        assert status[cpu]["passed"] == passed and status[cpu]["blocked"] == []
+        h200 = f"NVIDIA H200|{cpu.split('|')[1]}"
+        assert status[h200]["blocked"] == passed
+        # --status-only brings --results' records in; quarantining the H200's record clears its block
+        (kept / "quarantine").mkdir()
+        (kept / "h200.json").rename(kept / "quarantine" / "h200.json")
+        assert main(["gate", "--status-only", "--results", str(results)]) == 0
+        assert list(json.loads(user.read_text())["by_platform"]) == [cpu]
+        # the records already there were rewritten in place, not copied again
+        assert len(load_records(kept)) == len(load_records(results)) == 2
         assert (gate_status.PACKAGED.read_bytes() if gate_status.PACKAGED.exists() else None) == packaged
         assert not list(user.parent.glob(".*.tmp"))
     finally:

@@ -254,22 +254,21 @@ def test_rows_older_than_a_variants_gated_since_are_left_out(monkeypatch):
     new = _gate_record("2026-01-02T00:00:00Z", [_row("v", True, cls="d|packed")])
     status = status_from_records([old, new])
     assert status["passed"] == [["samu", "v", "c"], ["samu", "v", "d|packed"]] and status["blocked"] == []
+    # and the later of the two dates rules a packed class
+    variants["v"] = dispatch.Variant(op="samu", name="v", run=None, preference=None, scratch=None,
+                                     gated_since="2026-01-03T00:00:00Z", packed_gated_since="2026-01-02T00:00:00Z")
+    assert status_from_records([old, new])["passed"] == []
 
 
-def test_a_merged_status_drops_old_passes_of_a_variant_with_gated_since_and_keeps_every_block(tmp_path):
-    if not dispatch.triton_available():
-        pytest.skip("triton is not installed")
-    path = tmp_path / "status.json"
-    old = [["rglru", "triton_chunked", "c"], ["samu", "triton_grouped", "c"]]
-    path.write_text(json.dumps({"by_platform": {"GPU|triton 9.9": {"passed": old, "blocked": [old[0][:2] + ["d"]]}}}))
-    (tmp_path / "records").mkdir()
-    try:
-        _, status = update_status(tmp_path / "records", path=path, merge=True)
-    finally:
-        reload()
-    # RG-LRU's variants carry a gated_since: a pass no record behind it says again is not kept; a block is
-    assert status["by_platform"]["GPU|triton 9.9"]["passed"] == [["samu", "triton_grouped", "c"]]
-    assert status["by_platform"]["GPU|triton 9.9"]["blocked"] == [["rglru", "triton_chunked", "d"]]
+def test_each_platform_gets_its_own_section_from_its_own_records():
+    h200 = dict(_gate_record("2026-01-01T00:00:00Z", [_row("v", False)])[1],
+                env={"gpu": "NVIDIA H200", "triton": "9.9.0"})
+    cpu = dict(_gate_record("2026-01-02T00:00:00Z", [_row("v", True)])[1], env={"gpu": None, "triton": "9.9.0"})
+    # the newer pass on the CPU does not clear the H200's failure: a section holds its platform's rows only
+    records = [("h200.json", h200), ("cpu.json", cpu)]
+    assert status_from_records(records, platform="NVIDIA H200|triton 9.9")["blocked"] == [["samu", "v", "c"]]
+    assert status_from_records(records, platform="cpu|triton 9.9")["passed"] == [["samu", "v", "c"]]
+    assert status_from_records(records)["passed"] == [["samu", "v", "c"]]
 
 
 def test_a_pass_at_another_shape_does_not_clear_a_failure():

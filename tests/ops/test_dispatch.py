@@ -105,7 +105,7 @@ def test_ungated_class_is_gated_once_in_a_child_and_then_dispatched(empty_status
     calls = []
 
     def fake_gate(cmd, **kw):
-        # what `samu gate --merge-status` leaves behind: the user's status with the class passed
+        # what the child `samu gate` leaves behind: the user's status with the class passed
         calls.append(cmd)
         names = cmd[cmd.index("--backends") + 1].split(",")
         variants = dispatch.variants("samu")
@@ -118,7 +118,9 @@ def test_ungated_class_is_gated_once_in_a_child_and_then_dispatched(empty_status
     choice = dispatch.choose("samu", 1, 64, 8, torch.bfloat16, "cuda")
     assert choice.backend == "triton"
     (cmd,) = calls
-    assert cmd[1:4] == ["-m", "samu.bench", "gate"] and "--merge-status" in cmd
+    assert cmd[1:4] == ["-m", "samu.bench", "gate"]
+    # its record goes where the user's status is rebuilt from
+    assert cmd[cmd.index("--out") + 1] == cmd[cmd.index("--results") + 1] == str(empty_status.user_records())
     assert cmd[cmd.index("--status") + 1] == str(empty_status.user_file())
     assert cmd[cmd.index("--shapes") + 1] == "1x64x8" and cmd[cmd.index("--dtypes") + 1] == "bfloat16"
     err = capsys.readouterr().err

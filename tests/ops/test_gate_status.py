@@ -11,9 +11,9 @@ from samu.ops import gate_status
 
 def _here(gpu="NVIDIA H200"):
     """A platform string for the installed Triton release."""
-    from importlib import metadata
+    from samu.environment import triton_version
 
-    return gate_status.platform(gpu, metadata.version("triton"))
+    return gate_status.platform(gpu, triton_version())
 
 
 @pytest.fixture
@@ -92,10 +92,13 @@ def test_the_users_verdicts_speak_only_for_the_platform_they_were_made_on(status
     gate_status.reload()
     on_gpu, on_cpu = gate_status.verdict("samu", "w", "c"), gate_status.verdict("samu", "w", "c", "cpu")
     assert (on_gpu, on_cpu) == ("blocked", "passed")
-    # a named file's sections speak together for every device, a block first
+    # a named file speaks for every device: each its own section, one with none all of them together (a block first)
     monkeypatch.setenv("SAMU_GATE_STATUS", str(user))
     gate_status.reload()
-    assert gate_status.verdict("samu", "w", "c", "cpu") == gate_status.verdict("samu", "w", "c") == "blocked"
+    on_gpu, on_cpu = gate_status.verdict("samu", "w", "c"), gate_status.verdict("samu", "w", "c", "cpu")
+    assert (on_gpu, on_cpu) == ("blocked", "passed")
+    gpu["name"] = "NVIDIA H100"
+    assert gate_status.verdict("samu", "w", "c") == "blocked"
 
 
 def test_an_unreadable_status_file_is_ignored_with_a_warning(status_files):
