@@ -118,7 +118,9 @@ def add_commands(subparsers) -> None:
     g.add_argument("--backends", type=_names(), default=["torch", "variants"],
                    help="torch, triton, variants (every registered Triton variant) or variant names")
     g.add_argument("--out", default="results/gates", help="record file (*.json) or folder (default: results/gates)")
-    g.add_argument("--results", default="results", help="records folder the status is rebuilt from")
+    g.add_argument("--results", default="results",
+                   help="records folder a named status (--status) is rebuilt from (the user's status: from the "
+                        "records samu keeps in its cache folder)")
     g.add_argument("--status", default=None,
                    help="status file to write (default: $SAMU_GATE_STATUS, else gate_status.json in samu's "
                         "cache folder, rebuilt from the records samu keeps there; the packaged "

@@ -88,8 +88,13 @@ def _same_run(path: Path, record: dict) -> bool:
         there = json.loads(path.read_text())
     except (OSError, ValueError):
         return False
-    # records from before run ids (on both sides): the same kind, time and command
-    keys = ("kind", "created", "run_id") if record.get("run_id") else ("kind", "created", "command", "run_id")
+    return same_run(there, record)
+
+
+def same_run(there, record: dict) -> bool:
+    """Whether ``there`` is a write of the run ``record`` is from."""
+    # records from before run ids (on both sides): the same kind, time, command and machine
+    keys = ("kind", "created", "run_id") if record.get("run_id") else ("kind", "created", "command", "env", "run_id")
     return isinstance(there, dict) and all(there.get(k) == record.get(k) for k in keys)
 
 

@@ -17,6 +17,7 @@ calls only.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import math
@@ -30,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 from samu import reference
-from samu.bench.records import end_unit, load_records, new_record, write_record
+from samu.bench.records import end_unit, load_records, new_record, same_run, write_record
 from samu.environment import environment
 from samu.ops import gate_status
 from samu.ops.gate_status import reload, status_path
@@ -38,6 +39,7 @@ from samu.gates.inputs import PARAMS, RGLRU_C, derive_seed, document_offsets, ma
 from samu.gates.rules import LOW_PRECISION, NO_FINAL, NO_STATE, base_quantity, load_rules, rel_error
 from samu.ops import dispatch
 from samu.ops.functional import rglru_mixer, samu_mixer
+from samu.paths import FileLock
 
 RADIAL_BOUND = 2.0
 
@@ -606,9 +608,32 @@ def update_status(results, extra: "list | None" = None, path: "Path | None" = No
 
 def _into_user_records(records: list) -> None:
     """Copy gate records into the user's records folder (gate_status.user_records), which alone the user's status
-    is rebuilt from; a record already there is rewritten in place (write_record finds the same run)."""
+    is rebuilt from, leaving out runs already there, quarantined ones too (a quarantined record never returns)."""
+    folder = gate_status.user_records()
+    kept = [json.loads(p.read_text()) for p in folder.rglob("*.json")] if folder.exists() else []
     for _, record in records:
-        write_record(record, gate_status.user_records())
+        if not any(same_run(k, record) for k in kept):
+            write_record(record, folder)
+            kept.append(record)
+
+
+def _legacy_blocks(path: Path) -> list:
+    """The blocks of a user status written before it was rebuilt from samu's own records (merged from records
+    elsewhere): a gate run must not silently drop them."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return [] if "by_platform" in old else old.get("blocked", [])
+
+
+def _user_lock(mine: bool):
+    """One process at a time copies records into the user's folder and rebuilds its status (not dispatch's .lock,
+    which the parent of a first-use gate holds)."""
+    if not mine:
+        return contextlib.nullcontext()
+    gate_status.user_records().mkdir(parents=True, exist_ok=True)
+    return FileLock(gate_status.user_records() / ".status.lock")
 
 
 def _counts(status: dict) -> str:
@@ -624,11 +649,17 @@ def gate_command(args) -> int:
     mine = target.resolve() == gate_status.user_file().resolve()
     source = gate_status.user_records() if mine else args.results
     if args.status_only:
-        if mine:
-            _into_user_records(load_records(args.results, kind="gate"))
-        path, status = update_status(source, path=target)
+        with _user_lock(mine):
+            if mine:
+                _into_user_records(load_records(args.results, kind="gate"))
+            path, status = update_status(source, path=target)
         print(f"status: {path} ({_counts(status)})")
         return 0
+    blocks = _legacy_blocks(target) if mine and not args.no_status else []
+    if blocks:
+        raise SystemExit(f"samu gate: error: {target} blocks {len(blocks)} classes from records samu does not keep "
+                         "(an older samu merged them): rebuild it from them first, `samu gate --status-only "
+                         "--results <their folder>`, or remove it")
     if args.jobs > 1:
         warmed = warm(args.ops, args.shapes, args.dtypes, args.backends, args.device, args.jobs,
                       args.warm_budget, args.seed, args.heads, progress=not args.quiet)
@@ -645,8 +676,9 @@ def gate_command(args) -> int:
     if not args.no_status and not dispatch.triton_available():
         print("status: not rebuilt (without triton no Triton variant is dispatched, and its registry is missing)")
     elif not args.no_status:
-        if mine and gate_status.user_records().resolve() not in out.resolve().parents:
-            _into_user_records([(out.as_posix(), record)])
-        path, status = update_status(source, extra=[(out.as_posix(), record)], path=target)
+        with _user_lock(mine):
+            if mine:
+                _into_user_records([(out.as_posix(), record)])
+            path, status = update_status(source, extra=[(out.as_posix(), record)], path=target)
         print(f"status: {path} ({_counts(status)})")
     return 1 if failed and args.strict else 0

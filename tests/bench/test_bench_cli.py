@@ -79,8 +79,16 @@ def test_samu_gate_adds_to_the_users_status_and_never_touches_the_packaged_one(t
         (kept / "h200.json").rename(kept / "quarantine" / "h200.json")
         assert main(["gate", "--status-only", "--results", str(results)]) == 0
         assert list(json.loads(user.read_text())["by_platform"]) == [cpu]
-        # the records already there were rewritten in place, not copied again
-        assert len(load_records(kept)) == len(load_records(results)) == 2
+        # the records already there are not copied again, nor is a quarantined one brought back
+        (results / "h200.json").write_text(json.dumps(failed))
+        assert main(["gate", "--status-only", "--results", str(results)]) == 0
+        assert list(json.loads(user.read_text())["by_platform"]) == [cpu]
+        assert len(load_records(kept)) == 2 and len(load_records(results)) == 3
+        # a status an older samu merged from records it does not keep: a gate run keeps its blocks by refusing
+        user.write_text(json.dumps({"passed": [], "blocked": passed, "platforms": [cpu]}))
+        with pytest.raises(SystemExit, match="blocks 1 classes from records samu does not keep"):
+            main(argv)
+        assert json.loads(user.read_text())["blocked"] == passed
         assert (gate_status.PACKAGED.read_bytes() if gate_status.PACKAGED.exists() else None) == packaged
         assert not list(user.parent.glob(".*.tmp"))
     finally:
