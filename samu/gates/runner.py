@@ -610,7 +610,10 @@ def _into_user_records(records: list) -> None:
     """Copy gate records into the user's records folder (gate_status.user_records), which alone the user's status
     is rebuilt from, leaving out runs already there, quarantined ones too (a quarantined record never returns)."""
     folder = gate_status.user_records()
-    kept = [json.loads(p.read_text()) for p in folder.rglob("*.json")] if folder.exists() else []
+    kept = []
+    for path in folder.rglob("*.json") if folder.exists() else []:
+        with contextlib.suppress(OSError, ValueError):
+            kept.append(json.loads(path.read_text()))
     for _, record in records:
         if not any(same_run(k, record) for k in kept):
             write_record(record, folder)
