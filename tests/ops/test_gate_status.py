@@ -92,6 +92,14 @@ def test_the_users_verdicts_speak_only_for_the_platform_they_were_made_on(status
     gate_status.reload()
     on_gpu, on_cpu = gate_status.verdict("samu", "w", "c"), gate_status.verdict("samu", "w", "c", "cpu")
     assert (on_gpu, on_cpu) == ("blocked", "passed")
+    # a status rebuilt from no record at all is no error
+    empty = user.with_name("empty.json")
+    empty.write_text(json.dumps({"by_platform": {}}))
+    monkeypatch.setattr(gate_status, "user_file", lambda: empty)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gate_status.reload()
+    assert gate_status.verdict("samu", "w", "c", "cpu") is None
     # a named file speaks for every device: each its own section, one with none all of them together (a block first)
     monkeypatch.setenv("SAMU_GATE_STATUS", str(user))
     gate_status.reload()
