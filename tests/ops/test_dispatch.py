@@ -292,6 +292,7 @@ def test_packed_calls_choose_by_packed_classes_or_run_per_sequence(empty_status,
 
 
 _real_can_gate = dispatch._can_gate
+_real_gpu = dispatch.gate_status._gpu
 
 
 @pytest.mark.gpu
@@ -303,10 +304,12 @@ def test_first_use_gating_runs_the_real_gate_on_the_gpu_then_dispatches_triton(e
     import json
 
     monkeypatch.setattr(dispatch, "_can_gate", _real_can_gate)
+    monkeypatch.setattr(empty_status, "_gpu", _real_gpu)
     B, L, D = 1, 300, 64
     choice = dispatch.choose("samu", B, L, D, torch.bfloat16, torch.device("cuda"))
     assert choice.backend == "triton", choice.reason
-    status = json.loads(empty_status.user_file().read_text())
+    # the verdicts sit in this GPU's section of the user's status
+    status = json.loads(empty_status.user_file().read_text())["by_platform"][empty_status.device_platform("cuda")]
     classes = {dispatch.gate_class(v, B, L, D, 16, torch.bfloat16) for v in dispatch.variants("samu").values()}
     assert classes <= {row[2] for row in status["passed"] if row[0] == "samu"}
     assert "gating it once" in capsys.readouterr().err
