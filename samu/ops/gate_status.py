@@ -94,6 +94,7 @@ def reload() -> None:
     one = override()
     _STATUS.clear()
     _STATUS["triton"] = triton_version()
+    _STATUS["release"] = platform(None, _STATUS["triton"]).split("|")[1]
     if one is not None:
         # the named file speaks for every platform: a device with no section of its own takes all of them (or a
         # file of no platform) as one
@@ -103,7 +104,7 @@ def reload() -> None:
         _STATUS.update(mine={p: _verdicts(v) for p, v in sections(named).items()}, anywhere=anywhere, packaged={},
                        source=str(one))
     else:
-        _STATUS.update(mine=_by_platform(_read(user_file()), user_file()),
+        _STATUS.update(mine=_by_platform(_read(user_file()), user_file()), anywhere=None,
                        packaged=_by_platform(_read(PACKAGED), PACKAGED), source=f"{PACKAGED} + {user_file()}")
 
 
@@ -129,27 +130,21 @@ def device_platform(device) -> "str | None":
     return platform(name, _STATUS["triton"]) if name is not None else None
 
 
-def speaks_for(platforms, device) -> bool:
-    """Whether a status made on ``platforms`` speaks for ``device``. Where a CUDA device's GPU cannot be
-    named, a GPU platform with the installed Triton release does."""
-    here = device_platform(device)
+def _speaks(made_on: str, here: "str | None") -> bool:
+    """Whether a section made on the platform ``made_on`` speaks for a device of platform ``here`` (device_platform).
+    Where a CUDA device's GPU cannot be named (None), a GPU platform with the installed Triton release does."""
     if here is None:
-        release = platform(None, _STATUS["triton"]).split("|")[1]
-        return any(p.split("|")[1] == release and not p.startswith("cpu|") for p in platforms)
-    return here in platforms
-
-
-def _speaking(layer: dict, device, anywhere: "dict | None" = None) -> list:
-    """The verdict sets of ``layer`` (a file's sections) that speak for ``device``, else ``anywhere``'s."""
-    found = [v for p, v in layer.items() if speaks_for((p,), device)]
-    return found or ([anywhere] if anywhere is not None else [])
+        return made_on.split("|")[1] == _STATUS["release"] and not made_on.startswith("cpu|")
+    return made_on == here
 
 
 def verdict(op: str, variant: str, shape_class: str, device="cuda") -> "str | None":
     """"passed", "blocked" or None (never gated here) for one triple on ``device``: the user's verdicts first."""
     key = (op, variant, shape_class)
-    for layer, anywhere in ((_STATUS["mine"], _STATUS.get("anywhere")), (_STATUS["packaged"], None)):
-        found = _speaking(layer, device, anywhere)
+    here = device_platform(device)
+    for layer, anywhere in ((_STATUS["mine"], _STATUS["anywhere"]), (_STATUS["packaged"], None)):
+        # the sections that speak for this device, else (a named file) all of them together
+        found = [v for p, v in layer.items() if _speaks(p, here)] or ([anywhere] if anywhere is not None else [])
         if any(key in v["blocked"] for v in found):
             return "blocked"
         if any(key in v["passed"] for v in found):
