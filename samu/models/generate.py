@@ -66,7 +66,7 @@ class Decoder:
         self.device = device = model.embed.weight.device
         self.batch, self.temperature, self.top_k = batch, temperature, top_k
         self.state = model.init_state(batch)
-        self.plan = model.decode_plan(batch)
+        self.plan = model.decode_plan(batch, self.state)
         self.token = torch.zeros(batch, dtype=torch.int64, device=device)
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)
         self.bad = torch.zeros(1, dtype=torch.bool, device=device)   # a step saw logits not finite

@@ -132,21 +132,40 @@ class LanguageModel(CausalLM):
         """A zero state for ``batch`` rows (RecurrentBlock.init_state per layer), on the model's device."""
         return [layer.init_state(batch, device, dtype) for layer in self.layers]
 
-    def decode(self, token, state: list[BlockState], plan: list[bool] | None = None):
+    def decode(self, token, state: list[BlockState], plan=None):
         """logits [B, vocab_size] for token [B], updating ``state`` (from init_state) in place; unchecked.
-        ``plan``: decode_plan(B) made under the same settings (None: each layer decides at each call)."""
+        ``plan``: decode_plan(B) (or decode_plan(B, state), for this ``state``) made under the same settings
+        (None: each layer decides at each call)."""
+        if plan is not None and not isinstance(plan, list):
+            if plan.state is not state:
+                raise ValueError("plan was made for another state: decode_plan(batch, state) for this one")
+            return self._head(plan(token))
         x = embedding(token, self.embed.weight)
         for layer, s, one_row in zip(self.layers, state, [None] * len(self.layers) if plan is None else plan):
             x = layer.decode(x, s, one_row)
         return self._head(x)
 
-    def decode_plan(self, batch: int) -> list[bool]:
+    def decode_plan(self, batch: int, state: list[BlockState] | None = None):
         """Per layer, whether decode() of ``batch`` rows takes the one-row products (ResidualLayer.takes_one_row),
         decided once for a decoding loop: it depends on the batch, the weights' dtypes and layouts, the backends
         and the autocast state, none of which a loop changes. Every layer's input has the embedding's dtype and
-        layout (with autocast off, where alone the one-row products run)."""
+        layout (with autocast off, where alone the one-row products run). Given the loop's ``state``, where every
+        layer takes one row around SAMU's fused step, with one size and one eps and radial bound: instead the
+        whole-token kernel over that state (samu.ops.decode_triton.TokenKernel), the token's layers in one launch."""
         x_t = embedding(torch.zeros(batch, dtype=torch.int64, device=self.embed.weight.device), self.embed.weight)
-        return [layer.takes_one_row(x_t) for layer in self.layers]
+        plan = [layer.takes_one_row(x_t) for layer in self.layers]
+        if state is None or not all(plan):
+            return plan
+        fields = [layer.token_fields(s) for layer, s in zip(self.layers, state)]
+        settings = {(layer.temporal_norm.eps, layer.mlp_norm.eps, layer.block.mixer.radial_bound) for layer, f in
+                    zip(self.layers, fields) if f is not None}
+        if any(f is None for f in fields) or len(settings) != 1:
+            return plan
+        from samu.ops.decode_triton import TokenKernel
+
+        eps_t, eps_m, radial_bound = settings.pop()
+        kernel = TokenKernel.make(self.embed.weight, fields, (eps_t, eps_m), radial_bound, state)
+        return plan if kernel is None else kernel
 
     def step(self, token, state=None):
         self._check_tokens("token", token, 1)

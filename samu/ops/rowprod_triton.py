@@ -26,27 +26,32 @@ import triton
 import triton.language as tl
 from triton.language.extra import cuda as tlc
 
-from samu.ops.triton_utils import cast_to, cdiv, gelu_gate, inv_rms, launch, next_power_of_2, pdl
+from samu.ops.triton_utils import cast_to, cdiv, gelu_gate, inv_rms, launch, next_power_of_2, pdl, wait_for
 
 WARPS = 4
 PLAIN, NORM, GEGLU = 0, 1, 2
+# how a product waits for its input (row_tile's WAIT)
+NONE, PDL, COUNT = 0, 1, 2
 
 
 @triton.jit
-def _row_product(w, b, x, res, nw, y, N, K, eps, BN: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr,
-                 PRO: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr):
-    """y[rows] = W[rows] @ pro(x) + b[rows] (+ res[rows]). PRO: PLAIN x [K]; NORM RMSNorm(x) * nw, x [K];
-    GEGLU gelu_tanh(gate) * up, x = [gate | up] [2K]."""
-    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+def row_tile(w, b, x, res, nw, y, tile, N, K, eps, BN: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr,
+             PRO: tl.constexpr, HAS_RES: tl.constexpr, WAIT: tl.constexpr, count, need):
+    """y[rows] = W[rows] @ pro(x) + b[rows] (+ res[rows]) for the BN rows of ``tile``. PRO: PLAIN x [K]; NORM
+    RMSNorm(x) * nw, x [K]; GEGLU gelu_tanh(gate) * up, x = [gate | up] [2K]. What x and res come from is waited
+    for after the first weight tile's load: WAIT NONE not at all, PDL gdc_wait, COUNT until the int32 counter
+    ``count`` reaches ``need`` (triton_utils.wait_for; the whole-token kernel, decode_triton)."""
+    rows = tile * BN + tl.arange(0, BN)
     mask_n = rows < N
     p_w = w + rows[:, None].to(tl.int64) * K
-    # the first weight tile before the wait: weights do not depend on the kernel before, so with PDL their
-    # loads overlap its tail
+    # the first weight tile before the wait: weights do not depend on the work before, so their loads overlap it
     cols = tl.arange(0, BK)
     wt = tl.load(p_w + cols[None, :], mask=mask_n[:, None] & (cols < K)[None, :], other=0.0)
-    if PDL:
+    if WAIT == 1:
         tlc.gdc_wait()               # the kernel before this one has finished and its writes are seen
         tlc.gdc_launch_dependents()  # the next one may launch now (it waits the same way)
+    elif WAIT == 2:
+        wait_for(count, need)
     dt = y.dtype.element_ty
     rstd = 1.0
     if PRO == 1:
@@ -76,6 +81,12 @@ def _row_product(w, b, x, res, nw, y, N, K, eps, BN: tl.constexpr, BK: tl.conste
     tl.store(y + rows, cast_to(out, dt), mask=mask_n)
 
 
+@triton.jit
+def _row_product(w, b, x, res, nw, y, N, K, eps, BN: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr,
+                 PRO: tl.constexpr, HAS_RES: tl.constexpr, WAIT: tl.constexpr):
+    row_tile(w, b, x, res, nw, y, tl.program_id(0), N, K, eps, BN, BK, KP, PRO, HAS_RES, WAIT, None, 0)
+
+
 def tiles(N: int, K: int, pro: int) -> tuple:
     """(BN, BK) of a product of N outputs over K inputs with prologue ``pro``. Timed in a graphed batch-1 decode
     of the 400m preset, each product's 9 tilings with the others at [8, 512] (results/dev/session11/call4,
@@ -101,5 +112,5 @@ def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, no
     options = pdl(x.device)
     launch(_row_product, (cdiv(N, BN),), w=weight, b=bias, x=x, res=residual, nw=nw, y=y, N=N, K=K, eps=float(eps),
            BN=BN, BK=BK, KP=next_power_of_2(K) if pro == NORM else 1, PRO=pro, HAS_RES=residual is not None,
-           PDL=bool(options), num_warps=WARPS, **options)
+           WAIT=PDL if options else NONE, num_warps=WARPS, **options)
     return y

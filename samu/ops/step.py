@@ -79,14 +79,18 @@ def rglru_step(x_t, w_a, b_a, w_x, b_x, a_param, state=None, c=8.0, backend="aut
     return step_triton.rglru_step(x, *params, h, c, h_out), h_out
 
 
+def fuses_block_step(mixer, z, conv_weight, conv_bias, conv_state, params, mixer_state, backend) -> bool:
+    """Whether the block's step around ``mixer`` ("samu" or "rglru") from z [B, 2E] runs the fused Triton kernel."""
+    return (conv_weight.shape[0] <= FUSED_MAX_WIDTH and mixer_state.dtype == torch.float32
+            and (mixer == "samu" or params[0].shape[-1] <= MAX_HEAD_DIM)
+            and all(t.is_contiguous() for t in (z, conv_state, mixer_state))
+            and _runs_fused(z, (conv_weight, conv_bias, conv_state, mixer_state, *params), backend))
+
+
 def _block_step(mixer, z, conv_weight, conv_bias, conv_state, params, mixer_state, config, backend):
     """The block's y_t from z [B, 2E] around ``mixer`` ("samu" or "rglru"); the states updated in place."""
     E = z.shape[1] // 2
-    fused = (conv_weight.shape[0] <= FUSED_MAX_WIDTH and mixer_state.dtype == torch.float32
-             and (mixer == "samu" or params[0].shape[-1] <= MAX_HEAD_DIM)
-             and all(t.is_contiguous() for t in (z, conv_state, mixer_state))
-             and _runs_fused(z, (conv_weight, conv_bias, conv_state, mixer_state, *params), backend))
-    if fused:
+    if fuses_block_step(mixer, z, conv_weight, conv_bias, conv_state, params, mixer_state, backend):
         from samu.ops import step_triton
 
         fp32 = _fp32(params)

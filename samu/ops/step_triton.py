@@ -22,8 +22,9 @@ import triton.language as tl
 from triton.language.extra import cuda as tlc
 
 from samu.ops.rglru.triton_fwd import _sigmoid_channel, _softplus, math_mode
+from samu.ops.rowprod_triton import NONE, PDL
 from samu.ops.triton_utils import (cast_to, cdiv, gelu_gate, launch, next_power_of_2, one_minus_exp_neg, pdl,
-                                   tanh)
+                                   tanh, wait_for)
 
 # input rows of the RG-LRU gate matrices one program of the matvec reads; warps of a program (a decoding step
 # at batch 1 is latency-bound: SAMU takes at most one warp per 32 modes, so no thread holds a copy)
@@ -86,9 +87,10 @@ def _store_out(y, new, x, ch, ok, D, K: tl.constexpr):
 
 
 @triton.jit
-def _samu_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, state, N, sx, radial_bound,
-               BN: tl.constexpr, K: tl.constexpr, PDL: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
+def samu_row_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, state, b, N, sx, radial_bound,
+                  BN: tl.constexpr, K: tl.constexpr, WAIT: tl.constexpr, count, need):
+    """SAMU's step for batch row b (int64), all its modes; x is waited for after the parameters' loads as
+    rowprod_triton.row_tile waits (WAIT: NONE, PDL or COUNT, with ``count`` and ``need``)."""
     k = tl.arange(0, BN)   # [BN] modes
     ok = k < N
     D = 2 * N
@@ -100,9 +102,11 @@ def _samu_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, st
     u1_im = tl.load(directions + D + N + k, mask=ok, other=0.0)
     nu_k = tl.load(nu + k, mask=ok, other=0.0)
     theta_k = tl.load(theta_log + k, mask=ok, other=0.0)
-    if PDL:
+    if WAIT == 1:
         tlc.gdc_wait()               # the kernel before this one has finished and its writes are seen
         tlc.gdc_launch_dependents()
+    elif WAIT == 2:
+        wait_for(count, need)
     xb = x + b * sx
     x_re = _conv_in(xb, cw, cb, state, b, k, ok, D, K, True)
     x_im = _conv_in(xb, cw, cb, state, b, N + k, ok, D, K, True)
@@ -126,6 +130,14 @@ def _samu_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, st
     tl.store(h_out + b * D + N + k, new_im, mask=ok)
     _store_out(y + b * D, new_re, xb, k, ok, D, K)
     _store_out(y + b * D, new_im, xb, N + k, ok, D, K)
+
+
+@triton.jit
+def _samu_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, state, N, sx, radial_bound,
+               BN: tl.constexpr, K: tl.constexpr, WAIT: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    samu_row_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, state, b, N, sx, radial_bound, BN,
+                  K, WAIT, None, 0)
 
 
 @triton.jit
@@ -206,7 +218,7 @@ def samu_step(x_t, nu, theta_log, directions, amplitudes, h, radial_bound, h_out
     options = pdl(x_t.device) if early else {}
     launch(_samu_step, (B,), x=x_t, nu=nu, theta_log=theta_log, directions=directions, amplitudes=amplitudes, h=h, y=y,
            h_out=h_out, cw=cw, cb=cb, state=cs, N=D // 2, sx=x_t.stride(0), radial_bound=float(radial_bound),
-           BN=BN, K=K, PDL=bool(options), num_warps=max(1, min(SAMU_WARPS, BN // 32)), **options)
+           BN=BN, K=K, WAIT=PDL if options else NONE, num_warps=max(1, min(SAMU_WARPS, BN // 32)), **options)
     return y
 
 

@@ -264,3 +264,24 @@ def arrive(count, members):
     seen = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
     fence_gpu()
     return seen == members - 1
+
+
+@triton.jit
+def signal(count):
+    """Count one piece of work done at the int32 counter ``count``: this program's stores before are seen by any
+    program that then waits for the count (``wait_for``; the stores fenced, the program's threads met, one add with
+    release semantics)."""
+    fence_gpu()
+    tl.debug_barrier()
+    tl.atomic_add(count, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def wait_for(count, need):
+    """Spin until the int32 counter ``count`` holds at least ``need`` (``signal``), then fence: this program's loads
+    after see every store made before those signals. In the interpreter, whose programs run one after another, the
+    count is already there (work is waited for only by work handed out after it)."""
+    seen = tl.atomic_add(count, 0, sem="acquire", scope="gpu")
+    while seen < need:
+        seen = tl.atomic_add(count, 0, sem="acquire", scope="gpu")
+    fence_gpu()

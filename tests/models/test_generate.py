@@ -16,9 +16,9 @@ CONFIGS = [LMConfig(vocab_size=19, width=12, num_layers=2, mixer="samu", lru_wid
            LMConfig(vocab_size=19, width=12, num_layers=2, mixer="rglru", lru_width=8, num_heads=4)]
 
 
-def _model(config, seed=0, device="cpu"):
+def _model(config, seed=0, device="cpu", backend="auto"):
     torch.manual_seed(seed)
-    model = LanguageModel(config, device=device)
+    model = LanguageModel(config, backend=backend, device=device)
     if config.mixer == "samu":
         with torch.no_grad():
             for layer in model.layers:
@@ -212,6 +212,42 @@ def test_batch_one_decoding_through_the_one_row_products_follows_the_forward(con
 
 
 @pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_whole_token_kernel_decodes_as_the_one_row_launches(dtype, monkeypatch):
+    # at batch 1 a SAMU model's layers run in one launch a token over the loop's state (samu.ops.decode_triton): the
+    # same logits and states as the per-layer launches token after token, to the bit (the interpreter on CPU; on
+    # the GPU the step's sums over the modes may split over other warps: test_bf16_batch_one_decoding_... there)
+    from samu.ops import decode_triton, rowprod_triton
+
+    launches, rows = [], []
+    real, products = decode_triton.launch, rowprod_triton.row_product
+    monkeypatch.setattr(decode_triton, "launch", lambda *a, **kw: launches.append(1) or real(*a, **kw))
+    monkeypatch.setattr(rowprod_triton, "row_product", lambda *a, **kw: rows.append(1) or products(*a, **kw))
+    config = LMConfig(vocab_size=19, width=12, num_layers=3, mixer="samu", lru_width=10)
+    model = _model(config, 5, DEVICE, backend=sorted(dispatch.variants("samu"))[0]).to(dtype)
+    tokens = torch.randint(0, 19, (1, 6), generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    with torch.no_grad():
+        layered, whole = model.init_state(1), model.init_state(1)
+        per_layer, kernel = model.decode_plan(1), model.decode_plan(1, whole)
+        assert per_layer == [True] * config.num_layers and isinstance(kernel, decode_triton.TokenKernel)
+        for t in range(tokens.shape[1]):
+            a = model.decode(tokens[:, t], layered, per_layer)
+            b = model.decode(tokens[:, t], whole, kernel)
+            assert torch.equal(a, b), t
+            assert all(torch.equal(x.conv, y.conv) and torch.equal(x.mixer, y.mixer) for x, y in zip(layered, whole))
+        assert len(launches) == tokens.shape[1] and len(rows) == 4 * config.num_layers * tokens.shape[1]
+        assert not kernel.counts.any()   # the last program out zeroed them for the next launch
+        with pytest.raises(ValueError, match="plan was made for another state"):
+            model.decode(tokens[:, 0], layered, kernel)
+        # where a layer differs (another eps), or the mixer is RG-LRU, or at batch 2: the per-layer plan
+        model.layers[1].mlp_norm.eps = 1e-5
+        assert model.decode_plan(1, whole) == per_layer
+        other = _model(CONFIGS[1], 5, DEVICE, backend=sorted(dispatch.variants("rglru"))[0]).to(dtype)
+        assert isinstance(other.decode_plan(1, other.init_state(1)), list)
+        assert model.decode_plan(2, model.init_state(2)) == [False] * config.num_layers
+
+
+@pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
 def test_a_decoder_decides_the_one_row_path_once(monkeypatch):
     # the one-row decision is made once per decoding loop, not per layer and token: each layer is asked once,
     # when the decoder is made, and a kept decoder is not asked again; the autocast state is part of its key
@@ -226,7 +262,9 @@ def test_a_decoder_decides_the_one_row_path_once(monkeypatch):
     prompt = torch.tensor([3, 1, 4])
     generate(model, prompt, 4, temperature=0, graph=False)
     assert asked == [(1, config.width)] * config.num_layers
-    assert decoder(model, 1, 0.0, None, False).plan == [True] * config.num_layers
+    from samu.ops.decode_triton import TokenKernel
+
+    assert isinstance(decoder(model, 1, 0.0, None, False).plan, TokenKernel)   # SAMU's layers at batch 1: one launch
     asked.clear()
     generate(model, prompt, 4, temperature=0, graph=False)
     assert not asked
@@ -280,7 +318,12 @@ def test_bf16_batch_one_decoding_follows_the_forward_on_gpu(mixer):
         forward, _ = model(tokens)
         plan = model.decode_plan(1)
         assert plan == [True] * config.num_layers   # the one-row products
-        state = model.init_state(1)
-        decoded = torch.stack([model.decode(tokens[:, t], state, plan) for t in range(tokens.shape[1])], 1)
-    decoding, forward = rel_err(decoded.float(), exact), rel_err(forward.float(), exact)
-    assert decoding <= 3 * forward + 1e-3, (decoding, forward)
+        plans = [(plan, model.init_state(1))]
+        if mixer == "samu":   # and the whole-token kernel (samu.ops.decode_triton)
+            whole = model.init_state(1)
+            plans.append((model.decode_plan(1, whole), whole))
+            assert not isinstance(plans[-1][0], list)
+        for plan, state in plans:
+            decoded = torch.stack([model.decode(tokens[:, t], state, plan) for t in range(tokens.shape[1])], 1)
+            decoding, ref = rel_err(decoded.float(), exact), rel_err(forward.float(), exact)
+            assert decoding <= 3 * ref + 1e-3, (type(plan).__name__, decoding, ref)
