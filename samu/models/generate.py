@@ -161,6 +161,10 @@ def decoder(model: LanguageModel, batch: int, temperature: float, top_k: int | N
     if key in kept:
         kept.move_to_end(key)
         return kept[key]
+    # decoders over other tensors (parameters since replaced, moved or cast) serve no later call: they go, and with
+    # them what they hold (a whole-token kernel holds the tensors it was made with)
+    for stale in [k for k in kept if k[4] != key[4]]:
+        del kept[stale]
     made = kept[key] = Decoder(model, batch, temperature, top_k, graph)
     while len(kept) > KEEP:
         kept.popitem(last=False)

@@ -47,7 +47,8 @@ class LanguageModel(CausalLM):
         -> (logits [B, L, vocab_size], list[BlockState] | None); cu_seqlens packs sequences (samu.ops.packing)
     step(token [B] int64, state: list[BlockState] | None) -> (logits [B, vocab_size], a new list[BlockState])
     init_state(batch) -> a zero state; decode(token, state, plan=None) -> logits, updating the state in place
-    (decode_plan(batch): which layers take the one-row products, decided once for a decoding loop)
+    (decode_plan(batch): which layers take the one-row products, decided once for a decoding loop; with the
+    loop's state, the whole-token kernel where it applies)
 
     The state holds one BlockState per layer (conv window + mixer state), independent of L. ``step`` checks
     its arguments and leaves the given state alone; ``decode`` is the decoding loop's unchecked step over
@@ -151,15 +152,23 @@ class LanguageModel(CausalLM):
         and the autocast state, none of which a loop changes. Every layer's input has the embedding's dtype and
         layout (with autocast off, where alone the one-row products run). Given the loop's ``state``, where every
         layer takes one row around SAMU's fused step, with one size and one eps and radial bound: instead the
-        whole-token kernel over that state (samu.ops.decode_triton.TokenKernel), the token's layers in one launch."""
+        whole-token kernel over that state (samu.ops.decode_triton.TokenKernel), the token's layers in one launch,
+        bound to the tensors it was made with (make another after replacing, moving or casting parameters)."""
         x_t = embedding(torch.zeros(batch, dtype=torch.int64, device=self.embed.weight.device), self.embed.weight)
         plan = [layer.takes_one_row(x_t) for layer in self.layers]
-        if state is None or not all(plan):
+        if state is None:
+            return plan
+        if len(state) != len(self.layers) or any(s.mixer.shape[0] != batch for s in state):
+            raise ValueError(f"state must be init_state({batch}) of this model: {len(self.layers)} layers of {batch} "
+                             f"rows, got {len(state)} layers of {sorted({s.mixer.shape[0] for s in state})} rows")
+        if not all(plan):
             return plan
         fields = [layer.token_fields(s) for layer, s in zip(self.layers, state)]
-        settings = {(layer.temporal_norm.eps, layer.mlp_norm.eps, layer.block.mixer.radial_bound) for layer, f in
-                    zip(self.layers, fields) if f is not None}
-        if any(f is None for f in fields) or len(settings) != 1:
+        if any(f is None for f in fields):
+            return plan
+        settings = {(layer.temporal_norm.eps, layer.mlp_norm.eps, layer.block.mixer.radial_bound)
+                    for layer in self.layers}
+        if len(settings) != 1:
             return plan
         from samu.ops.decode_triton import TokenKernel
 

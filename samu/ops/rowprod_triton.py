@@ -26,12 +26,11 @@ import triton
 import triton.language as tl
 from triton.language.extra import cuda as tlc
 
-from samu.ops.triton_utils import cast_to, cdiv, gelu_gate, inv_rms, launch, next_power_of_2, pdl, wait_for
+from samu.ops.triton_utils import (_COUNT_WAIT, _PDL_WAIT, NO_WAIT, PDL_WAIT, cast_to, cdiv, gelu_gate, inv_rms, launch,
+                                   next_power_of_2, pdl, wait_for)
 
 WARPS = 4
 PLAIN, NORM, GEGLU = 0, 1, 2
-# how a product waits for its input (row_tile's WAIT)
-NONE, PDL, COUNT = 0, 1, 2
 
 
 @triton.jit
@@ -39,18 +38,18 @@ def row_tile(w, b, x, res, nw, y, tile, N, K, eps, BN: tl.constexpr, BK: tl.cons
              PRO: tl.constexpr, HAS_RES: tl.constexpr, WAIT: tl.constexpr, count, need):
     """y[rows] = W[rows] @ pro(x) + b[rows] (+ res[rows]) for the BN rows of ``tile``. PRO: PLAIN x [K]; NORM
     RMSNorm(x) * nw, x [K]; GEGLU gelu_tanh(gate) * up, x = [gate | up] [2K]. What x and res come from is waited
-    for after the first weight tile's load: WAIT NONE not at all, PDL gdc_wait, COUNT until the int32 counter
-    ``count`` reaches ``need`` (triton_utils.wait_for; the whole-token kernel, decode_triton)."""
+    for after the first weight tile's load (WAIT: triton_utils.NO_WAIT, PDL_WAIT, or COUNT_WAIT until the int32
+    counter ``count`` reaches ``need``, as the whole-token kernel of decode_triton waits)."""
     rows = tile * BN + tl.arange(0, BN)
     mask_n = rows < N
     p_w = w + rows[:, None].to(tl.int64) * K
     # the first weight tile before the wait: weights do not depend on the work before, so their loads overlap it
     cols = tl.arange(0, BK)
     wt = tl.load(p_w + cols[None, :], mask=mask_n[:, None] & (cols < K)[None, :], other=0.0)
-    if WAIT == 1:
+    if WAIT == _PDL_WAIT:
         tlc.gdc_wait()               # the kernel before this one has finished and its writes are seen
         tlc.gdc_launch_dependents()  # the next one may launch now (it waits the same way)
-    elif WAIT == 2:
+    elif WAIT == _COUNT_WAIT:
         wait_for(count, need)
     dt = y.dtype.element_ty
     rstd = 1.0
@@ -112,5 +111,5 @@ def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, no
     options = pdl(x.device)
     launch(_row_product, (cdiv(N, BN),), w=weight, b=bias, x=x, res=residual, nw=nw, y=y, N=N, K=K, eps=float(eps),
            BN=BN, BK=BK, KP=next_power_of_2(K) if pro == NORM else 1, PRO=pro, HAS_RES=residual is not None,
-           WAIT=PDL if options else NONE, num_warps=WARPS, **options)
+           WAIT=PDL_WAIT if options else NO_WAIT, num_warps=WARPS, **options)
     return y

@@ -22,9 +22,8 @@ import triton.language as tl
 from triton.language.extra import cuda as tlc
 
 from samu.ops.rglru.triton_fwd import _sigmoid_channel, _softplus, math_mode
-from samu.ops.rowprod_triton import NONE, PDL
-from samu.ops.triton_utils import (cast_to, cdiv, gelu_gate, launch, next_power_of_2, one_minus_exp_neg, pdl,
-                                   tanh, wait_for)
+from samu.ops.triton_utils import (_COUNT_WAIT, _PDL_WAIT, NO_WAIT, PDL_WAIT, cast_to, cdiv, gelu_gate, launch,
+                                   next_power_of_2, one_minus_exp_neg, pdl, tanh, wait_for)
 
 # input rows of the RG-LRU gate matrices one program of the matvec reads; warps of a program (a decoding step
 # at batch 1 is latency-bound: SAMU takes at most one warp per 32 modes, so no thread holds a copy)
@@ -89,8 +88,8 @@ def _store_out(y, new, x, ch, ok, D, K: tl.constexpr):
 @triton.jit
 def samu_row_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, state, b, N, sx, radial_bound,
                   BN: tl.constexpr, K: tl.constexpr, WAIT: tl.constexpr, count, need):
-    """SAMU's step for batch row b (int64), all its modes; x is waited for after the parameters' loads as
-    rowprod_triton.row_tile waits (WAIT: NONE, PDL or COUNT, with ``count`` and ``need``)."""
+    """SAMU's step for batch row b, all its modes; x is waited for after the parameters' loads as
+    rowprod_triton.row_tile waits (WAIT: triton_utils.NO_WAIT, PDL_WAIT or COUNT_WAIT, with ``count`` and ``need``)."""
     k = tl.arange(0, BN)   # [BN] modes
     ok = k < N
     D = 2 * N
@@ -102,10 +101,10 @@ def samu_row_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb,
     u1_im = tl.load(directions + D + N + k, mask=ok, other=0.0)
     nu_k = tl.load(nu + k, mask=ok, other=0.0)
     theta_k = tl.load(theta_log + k, mask=ok, other=0.0)
-    if WAIT == 1:
+    if WAIT == _PDL_WAIT:
         tlc.gdc_wait()               # the kernel before this one has finished and its writes are seen
         tlc.gdc_launch_dependents()
-    elif WAIT == 2:
+    elif WAIT == _COUNT_WAIT:
         wait_for(count, need)
     xb = x + b * sx
     x_re = _conv_in(xb, cw, cb, state, b, k, ok, D, K, True)
@@ -218,7 +217,7 @@ def samu_step(x_t, nu, theta_log, directions, amplitudes, h, radial_bound, h_out
     options = pdl(x_t.device) if early else {}
     launch(_samu_step, (B,), x=x_t, nu=nu, theta_log=theta_log, directions=directions, amplitudes=amplitudes, h=h, y=y,
            h_out=h_out, cw=cw, cb=cb, state=cs, N=D // 2, sx=x_t.stride(0), radial_bound=float(radial_bound),
-           BN=BN, K=K, WAIT=PDL if options else NONE, num_warps=max(1, min(SAMU_WARPS, BN // 32)), **options)
+           BN=BN, K=K, WAIT=PDL_WAIT if options else NO_WAIT, num_warps=max(1, min(SAMU_WARPS, BN // 32)), **options)
     return y
 
 

@@ -266,6 +266,12 @@ def arrive(count, members):
     return seen == members - 1
 
 
+# how a program waits for the work its input comes from (rowprod_triton.row_tile's and step_triton.samu_row_step's
+# WAIT): not at all, programmatic dependent launch's gdc_wait (``pdl``), or wait_for on a counter
+NO_WAIT, PDL_WAIT, COUNT_WAIT = 0, 1, 2
+_PDL_WAIT, _COUNT_WAIT = tl.constexpr(PDL_WAIT), tl.constexpr(COUNT_WAIT)
+
+
 @triton.jit
 def signal(count):
     """Count one piece of work done at the int32 counter ``count``: this program's stores before are seen by any

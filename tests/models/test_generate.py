@@ -211,6 +211,13 @@ def test_batch_one_decoding_through_the_one_row_products_follows_the_forward(con
         assert not calls
 
 
+def _poison(kernel):
+    """NaN in the whole-token kernel's buffers of a layer's pieces (not the embedded token's row, which it writes
+    first): a task that read one before its producer wrote it would spread NaN."""
+    for buf in (kernel.xs[1:], kernel.zs, kernel.gs, kernel.xas, kernel.hs):
+        buf.fill_(float("nan"))
+
+
 @pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_whole_token_kernel_decodes_as_the_one_row_launches(dtype, monkeypatch):
@@ -231,6 +238,7 @@ def test_the_whole_token_kernel_decodes_as_the_one_row_launches(dtype, monkeypat
         per_layer, kernel = model.decode_plan(1), model.decode_plan(1, whole)
         assert per_layer == [True] * config.num_layers and isinstance(kernel, decode_triton.TokenKernel)
         for t in range(tokens.shape[1]):
+            _poison(kernel)
             a = model.decode(tokens[:, t], layered, per_layer)
             b = model.decode(tokens[:, t], whole, kernel)
             assert torch.equal(a, b), t
@@ -239,8 +247,16 @@ def test_the_whole_token_kernel_decodes_as_the_one_row_launches(dtype, monkeypat
         assert not kernel.counts.any()   # the last program out zeroed them for the next launch
         with pytest.raises(ValueError, match="plan was made for another state"):
             model.decode(tokens[:, 0], layered, kernel)
-        # where a layer differs (another eps), or the mixer is RG-LRU, or at batch 2: the per-layer plan
+        with pytest.raises(ValueError, match=r"state must be init_state\(1\)"):
+            model.decode_plan(1, model.init_state(2))
+        # where a layer differs (another eps), a tensor sits off a 16-byte boundary, the mixer is RG-LRU, or at
+        # batch 2: the per-layer plan
         model.layers[1].mlp_norm.eps = 1e-5
+        assert model.decode_plan(1, whole) == per_layer
+        model.layers[1].mlp_norm.eps = model.layers[0].mlp_norm.eps
+        assert not isinstance(model.decode_plan(1, whole), list)
+        bias = model.layers[2].mlp.down.bias
+        bias.data = torch.cat([bias.new_zeros(1), bias.data])[1:]
         assert model.decode_plan(1, whole) == per_layer
         other = _model(CONFIGS[1], 5, DEVICE, backend=sorted(dispatch.variants("rglru"))[0]).to(dtype)
         assert isinstance(other.decode_plan(1, other.init_state(1)), list)
@@ -299,6 +315,37 @@ def test_graphed_decoding_equals_eager_decoding_bit_for_bit(config, dtype, rows)
     kw = dict(temperature=0.0)
     assert all(torch.equal(g, e) for g, e in zip(generate(model, prompts, 20, graph=True, **kw),
                                                  generate(model, prompts, 20, graph=False, **kw)))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_whole_token_kernel_on_the_gpu_equals_one_program_taking_every_task():
+    # the interpreter never makes a task wait; here the whole grid runs at the 400m preset's widths, and one
+    # program taking the tasks in order (every input ready when read) is the oracle, to the bit, with the
+    # pieces' buffers NaN before every token; the grid again gives the same bits
+    from samu.ops.decode_triton import TokenKernel
+
+    config = LMConfig.preset("400m", num_layers=3)
+    model = _model(config, 4, device="cuda").to(torch.bfloat16)
+    tokens = torch.randint(0, config.vocab_size, (1, 12), device="cuda",
+                           generator=torch.Generator("cuda").manual_seed(4))
+    runs = []
+    with torch.no_grad():
+        for grid in (None, 1, None):
+            state = model.init_state(1)
+            kernel = model.decode_plan(1, state)
+            assert isinstance(kernel, TokenKernel) and kernel.grid > 100
+            kernel.grid = grid or kernel.grid
+            logits = []
+            for t in range(tokens.shape[1]):
+                _poison(kernel)
+                logits.append(model.decode(tokens[:, t], state, kernel))
+            runs.append((torch.stack(logits), [torch.cat([s.conv.flatten().float(), s.mixer.flatten()])
+                                               for s in state]))
+            assert not kernel.counts.any()
+    for logits, states in runs[1:]:
+        assert torch.equal(logits, runs[0][0]) and all(map(torch.equal, states, runs[0][1]))
+    assert torch.isfinite(runs[0][0]).all()
 
 
 @pytest.mark.gpu

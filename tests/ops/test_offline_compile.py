@@ -1,4 +1,4 @@
-"""The fused glue, GeGLU, RMSNorm, decoding-step, one-row product, whole-token, sequence-parallel correction and AdamW
+"""The fused glue, GeGLU, RMSNorm, decoding-step, one-row product, sequence-parallel correction, AdamW and whole-token
 kernels compile for sm_90 (H100/H200) on any machine, no GPU needed.
 
 The Triton interpreter runs kernels as Python, so it accepts some code the compiler refuses (a plain
@@ -47,12 +47,11 @@ def _signature(fn, floats=(), types=None):
 
 def _cases():
     from samu.ops import adamw_triton as aw
-    from samu.ops import decode_triton as dt
     from samu.ops import geglu_triton as gg
     from samu.ops import glue_triton as g
     from samu.ops import rmsnorm_triton as r
     from samu.ops import rowprod_triton as rp
-    from samu.ops.triton_utils import next_power_of_2
+    from samu.ops.triton_utils import PDL_WAIT, next_power_of_2
     from samu.ops import step_triton as s
     from samu.ops.samu import triton_shift as sh
 
@@ -78,7 +77,7 @@ def _cases():
         yield gg._geglu_bwd, (), dict(BLOCK=block), 4
     for K in (0, 1, 4):   # the mixer's own step, and the block's with Conv1D widths 1 and 4
         for BN in (32, 64, 256, 512, 1024):   # the GPU tests', the presets' and the 400m's
-            yield (s._samu_step, ("radial_bound",), dict(BN=BN, K=K, WAIT=rp.PDL),
+            yield (s._samu_step, ("radial_bound",), dict(BN=BN, K=K, WAIT=PDL_WAIT),
                    max(1, min(s.SAMU_WARPS, BN // 32)))
         scratch = {"xc": "*fp32", "NI": "i32"}   # RG-LRU's phase-1 outputs are fp32
         for BH in (16, 32, 64, 128, 256):
@@ -95,18 +94,8 @@ def _cases():
         for res in (False, True):
             KP = next_power_of_2(K) if pro == rp.NORM else 1   # as row_product, which passes None for absent pointers
             absent = {n: None for n, there in (("res", res), ("nw", pro == rp.NORM)) if not there}
-            yield (rp._row_product, ("eps",), dict(BN=BN, BK=BK, KP=KP, PRO=pro, HAS_RES=res, WAIT=rp.PDL, **absent),
+            yield (rp._row_product, ("eps",), dict(BN=BN, BK=BK, KP=KP, PRO=pro, HAS_RES=res, WAIT=PDL_WAIT, **absent),
                    rp.WARPS, {**rows, **{n: "constexpr" for n in absent}})
-    # the whole-token kernel over the 400m preset's layers, at the tiles TokenKernel takes
-    W, E, F = 1664, 1664, 4992
-    (bi, ki), (bo, ko) = rp.tiles(2 * E, W, rp.NORM), rp.tiles(W, E, rp.PLAIN)
-    (bg, kg), (bd, kd) = rp.tiles(2 * F, W, rp.NORM), rp.tiles(W, F, rp.GEGLU)
-    token = {**{n: "*bf16" for n in ("low", "xs", "zs", "gs", "xas", "hs")}, "table": "*i64", "counts": "*i32",
-             **{n: "i32" for n in ("NL", "F", "GRID")}}
-    yield (dt._token_kernel, ("eps_t", "eps_m", "radial_bound"),
-           dict(T_IN=2 * E // bi, T_OUT=W // bo, T_GU=2 * F // bg, T_DN=W // bd, BN_IN=bi, BK_IN=ki, BN_OUT=bo,
-                BK_OUT=ko, BN_GU=bg, BK_GU=kg, BN_DN=bd, BK_DN=kd, KP=next_power_of_2(W), BM=next_power_of_2(E // 2),
-                CK=4, CP=next_power_of_2(12 * dt.PIECES + 2), LA=8), rp.WARPS, token)
     # SAMU's sequence-parallel correction (float64 sums and turns)
     sums = {"mass": "*fp64", "drift": "*fp64", "omega": "*fp64", "n_ttiles": "i32", "n_ntiles": "i32"}
     yield sh._shift_fwd, (), dict(BT=sh.BT, BN=sh.BN), 4, {**sums, "y0": "*bf16"}
@@ -149,6 +138,10 @@ def _in_children(calls, timeout):
 def test_fused_kernels_compile_for_sm90():
     _in_children([f"from tests.ops.test_offline_compile import compile_all; compile_all({i}, 2)" for i in range(2)],
                  timeout=300)
+
+
+def test_the_whole_token_kernel_compiles_for_sm90():
+    _in_children(["from tests.sm90 import compile_token; compile_token()"], timeout=300)
 
 
 def test_mixer_kernels_compile_for_sm90():
