@@ -30,6 +30,9 @@ from samu.validate import finite_number, nonneg_int, positive_int
 CHUNK = 256
 # decoders (CUDA graphs) kept per model, the most recently used
 KEEP = 4
+# whether a decoder takes the whole-token kernel where it applies (LanguageModel.decode_plan with the state): off
+# until it is timed against the per-layer launches on a GPU (docs/performance.md, "Decoding", v8)
+WHOLE_TOKEN = False
 
 _decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -66,7 +69,7 @@ class Decoder:
         self.device = device = model.embed.weight.device
         self.batch, self.temperature, self.top_k = batch, temperature, top_k
         self.state = model.init_state(batch)
-        self.plan = model.decode_plan(batch, self.state)
+        self.plan = model.decode_plan(batch, self.state if WHOLE_TOKEN else None)
         self.token = torch.zeros(batch, dtype=torch.int64, device=device)
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)
         self.bad = torch.zeros(1, dtype=torch.bool, device=device)   # a step saw logits not finite

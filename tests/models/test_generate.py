@@ -278,9 +278,7 @@ def test_a_decoder_decides_the_one_row_path_once(monkeypatch):
     prompt = torch.tensor([3, 1, 4])
     generate(model, prompt, 4, temperature=0, graph=False)
     assert asked == [(1, config.width)] * config.num_layers
-    from samu.ops.decode_triton import TokenKernel
-
-    assert isinstance(decoder(model, 1, 0.0, None, False).plan, TokenKernel)   # SAMU's layers at batch 1: one launch
+    assert decoder(model, 1, 0.0, None, False).plan == [True] * config.num_layers
     asked.clear()
     generate(model, prompt, 4, temperature=0, graph=False)
     assert not asked
@@ -288,16 +286,29 @@ def test_a_decoder_decides_the_one_row_path_once(monkeypatch):
         assert decoder(model, 1, 0.0, None, False).plan == [False] * config.num_layers
     assert len(asked) == config.num_layers
     assert decoder(model, 2, 0.0, None, False).plan == [False] * config.num_layers   # one row only
+    # with the whole-token kernel switched on, SAMU's layers at batch 1 are one launch over the decoder's state
+    from samu.ops.decode_triton import TokenKernel
+
+    module = importlib.import_module("samu.models.generate")
+    layered = generate(model, prompt, 5, temperature=0, graph=False)
+    monkeypatch.setattr(module, "WHOLE_TOKEN", True)
+    module._decoders.pop(model)
+    dec = decoder(model, 1, 0.0, None, False)
+    assert isinstance(dec.plan, TokenKernel) and dec.plan.state is dec.state
+    assert torch.equal(generate(model, prompt, 5, temperature=0, graph=False), layered)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.mixer)
-@pytest.mark.parametrize("rows", ["one", "several"])
-def test_graphed_decoding_equals_eager_decoding_bit_for_bit(config, dtype, rows):
-    # one prompt: batch 1, the one-row products (with programmatic dependent launch on sm_90); several prompts of
-    # their own lengths
+@pytest.mark.parametrize("rows", ["one", "one-whole", "several"])
+def test_graphed_decoding_equals_eager_decoding_bit_for_bit(config, dtype, rows, monkeypatch):
+    # one prompt: batch 1, the one-row products (with programmatic dependent launch on sm_90), or for SAMU the
+    # whole-token kernel switched on; several prompts of their own lengths
+    if rows == "one-whole":
+        monkeypatch.setattr(importlib.import_module("samu.models.generate"), "WHOLE_TOKEN", True)
+        rows = "one"
     model = _model(config, 6, device="cuda").to(dtype)
     prompts = (torch.tensor([5, 1, 2]) if rows == "one"
                else [torch.tensor([5, 1, 2]), torch.tensor([7]), torch.tensor([3, 3, 3, 3, 3, 3])])
