@@ -114,9 +114,11 @@ def _token_kernel(low, fp, table, xs, zs, gs, xas, hs, counts, NL, W, E, F, eps_
 
 
 def _offsets(tensors, base: torch.Tensor) -> list[int] | None:
-    """Each tensor's element offset from ``base`` (all of base's dtype and device, contiguous), or None when one is
-    not on a 16-byte boundary from it."""
+    """Each tensor's element offset from ``base`` (all of base's dtype and device, contiguous), or None when base or
+    one of them is not on a 16-byte boundary (the kernel's vector loads assume it)."""
     size = base.element_size()
+    if base.data_ptr() % 16:
+        return None
     out = []
     for t in tensors:
         gap = t.data_ptr() - base.data_ptr()
