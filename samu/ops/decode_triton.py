@@ -39,7 +39,7 @@ from samu.ops.triton_utils import _COUNT_WAIT, arrive, cdiv, launch, next_power_
 FIELDS = 18
 # the pieces of a layer's work, in the order they run: each has a counter of finished tasks a layer
 PIECES = 5
-# programs a multiprocessor (196 registers a thread at 4 warps, offline for sm_90: two fit)
+# programs a multiprocessor (195 registers a thread at 4 warps, offline for sm_90: two fit)
 PER_SM = 2
 (_IN_W, _IN_B, _TN_W, _CONV_W, _CONV_B, _CONV_S, _OUT_W, _OUT_B, _MN_W, _GU_W, _GU_B, _DN_W, _DN_B, _NU, _THETA, _DIRS,
  _AMPS, _H) = (tl.constexpr(f) for f in range(FIELDS))
