@@ -220,11 +220,15 @@ def _poison(kernel):
 
 @pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_whole_token_kernel_decodes_as_the_one_row_launches(dtype, monkeypatch):
+@pytest.mark.parametrize("step_modes", [128, 2])
+def test_the_whole_token_kernel_decodes_as_the_one_row_launches(dtype, step_modes, monkeypatch):
     # at batch 1 a SAMU model's layers run in one launch a token over the loop's state (samu.ops.decode_triton): the
     # same logits and states as the per-layer launches token after token, to the bit (the interpreter on CPU; on
-    # the GPU the step's sums over the modes may split over other warps: test_bf16_batch_one_decoding_... there)
+    # the GPU the step's sums over the modes may split over other warps: test_bf16_batch_one_decoding_... there);
+    # the step in one task, or in three (5 modes, 2 a task)
     from samu.ops import decode_triton, rowprod_triton
+
+    monkeypatch.setattr(decode_triton, "STEP_MODES", step_modes)
 
     launches, rows = [], []
     real, products = decode_triton.launch, rowprod_triton.row_product
