@@ -88,7 +88,7 @@ def _token_kernel(low, fp, table, xs, zs, gs, xas, hs, counts, NL, W, E, F, eps_
                      tl.where(layer > 0, T_DN, 0))
             signal(done)
         elif r < T_IN + T_ST:
-            # SAMU's step, MB modes a task, each task its controller over all of them (the same code, the same sums)
+            # SAMU's step, MB modes a task, each with the controller's sums over all the modes (the same code and bits)
             nu, theta, dirs, amps = (_at(fp, row, _NU, 4), _at(fp, row, _THETA, 4), _at(fp, row, _DIRS, 4),
                                      _at(fp, row, _AMPS, 4))
             cw, cb, cs = _at(low, row, _CONV_W, LA), _at(low, row, _CONV_B, LA), _at(low, row, _CONV_S, LA)

@@ -122,6 +122,7 @@ def samu_row_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb,
     whole-token kernel splits a step over programs), and with SHIFT (MB = BN only) the Conv1D state shifted. x is
     waited for after the parameters' loads as rowprod_triton.row_tile waits (WAIT: triton_utils.NO_WAIT, PDL_WAIT
     or COUNT_WAIT, with ``count`` and ``need``)."""
+    tl.static_assert(MB == BN or not SHIFT)
     k = tl.arange(0, BN)   # [BN] modes
     ok = k < N
     D = 2 * N

@@ -218,6 +218,26 @@ def _poison(kernel):
         buf.fill_(float("nan"))
 
 
+def _whole_against_layered(config, dtype, n=6):
+    """A SAMU model decoding n tokens through the per-layer launches and through the whole-token kernel, to the bit
+    (logits and states); returns (model, the per-layer plan, the kernel, both states)."""
+    from samu.ops.decode_triton import TokenKernel
+
+    model = _model(config, 5, DEVICE, backend=sorted(dispatch.variants("samu"))[0]).to(dtype)
+    tokens = torch.randint(0, config.vocab_size, (1, n), generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    layered, whole = model.init_state(1), model.init_state(1)
+    per_layer, kernel = model.decode_plan(1), model.decode_plan(1, whole)
+    assert per_layer == [True] * config.num_layers and isinstance(kernel, TokenKernel)
+    for t in range(n):
+        _poison(kernel)
+        a = model.decode(tokens[:, t], layered, per_layer)
+        b = model.decode(tokens[:, t], whole, kernel)
+        assert torch.equal(a, b), t
+        assert all(torch.equal(x.conv, y.conv) and torch.equal(x.mixer, y.mixer) for x, y in zip(layered, whole))
+    assert not kernel.counts.any()   # the last program out zeroed them for the next launch
+    return model, per_layer, kernel, layered, whole
+
+
 @pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("step_modes", [128, 2])
@@ -225,32 +245,24 @@ def test_the_whole_token_kernel_decodes_as_the_one_row_launches(dtype, step_mode
     # at batch 1 a SAMU model's layers run in one launch a token over the loop's state (samu.ops.decode_triton): the
     # same logits and states as the per-layer launches token after token, to the bit (the interpreter on CPU; on
     # the GPU the step's sums over the modes may split over other warps: test_bf16_batch_one_decoding_... there);
-    # the step in one task, or in three (5 modes, 2 a task)
+    # the step in one task, or in tasks of 2 modes
     from samu.ops import decode_triton, rowprod_triton
 
     monkeypatch.setattr(decode_triton, "STEP_MODES", step_modes)
-
     launches, rows = [], []
     real, products = decode_triton.launch, rowprod_triton.row_product
     monkeypatch.setattr(decode_triton, "launch", lambda *a, **kw: launches.append(1) or real(*a, **kw))
     monkeypatch.setattr(rowprod_triton, "row_product", lambda *a, **kw: rows.append(1) or products(*a, **kw))
     config = LMConfig(vocab_size=19, width=12, num_layers=3, mixer="samu", lru_width=10)
-    model = _model(config, 5, DEVICE, backend=sorted(dispatch.variants("samu"))[0]).to(dtype)
-    tokens = torch.randint(0, 19, (1, 6), generator=torch.Generator().manual_seed(5)).to(DEVICE)
     with torch.no_grad():
-        layered, whole = model.init_state(1), model.init_state(1)
-        per_layer, kernel = model.decode_plan(1), model.decode_plan(1, whole)
-        assert per_layer == [True] * config.num_layers and isinstance(kernel, decode_triton.TokenKernel)
-        for t in range(tokens.shape[1]):
-            _poison(kernel)
-            a = model.decode(tokens[:, t], layered, per_layer)
-            b = model.decode(tokens[:, t], whole, kernel)
-            assert torch.equal(a, b), t
-            assert all(torch.equal(x.conv, y.conv) and torch.equal(x.mixer, y.mixer) for x, y in zip(layered, whole))
-        assert len(launches) == tokens.shape[1] and len(rows) == 4 * config.num_layers * tokens.shape[1]
-        assert not kernel.counts.any()   # the last program out zeroed them for the next launch
+        model, per_layer, kernel, layered, whole = _whole_against_layered(config, dtype)
+        assert len(launches) == 6 and len(rows) == 4 * config.num_layers * 6
+        # lru_width below width, a Conv1D of 3, an out-projection task with no channel of the state to shift
+        _whole_against_layered(LMConfig(vocab_size=19, width=20, num_layers=2, mixer="samu", lru_width=14,
+                                        conv_width=3), dtype, 4)
+        token = torch.tensor([3], device=DEVICE)
         with pytest.raises(ValueError, match="plan was made for another state"):
-            model.decode(tokens[:, 0], layered, kernel)
+            model.decode(token, layered, kernel)
         with pytest.raises(ValueError, match=r"state must be init_state\(1\)"):
             model.decode_plan(1, model.init_state(2))
         # where a layer differs (another eps), a tensor sits off a 16-byte boundary, the mixer is RG-LRU, or at
@@ -265,6 +277,34 @@ def test_the_whole_token_kernel_decodes_as_the_one_row_launches(dtype, step_mode
         other = _model(CONFIGS[1], 5, DEVICE, backend=sorted(dispatch.variants("rglru"))[0]).to(dtype)
         assert isinstance(other.decode_plan(1, other.init_state(1)), list)
         assert model.decode_plan(2, model.init_state(2)) == [False] * config.num_layers
+
+
+@pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
+def test_every_wait_of_the_whole_token_kernel_is_for_all_its_inputs(monkeypatch):
+    # the interpreter's one program never waits, so a count too small would pass the test above and race on the
+    # GPU: here each wait reads its counter (every earlier task done) and asks for exactly that many, or for none
+    # (layer 0's in-projection, whose input is the embedded token)
+    import triton.language as tl
+
+    from samu.ops import decode_triton, rowprod_triton, step_triton
+
+    asked = []
+
+    def wait_for(count, need):
+        # the interpreter's tensors hold numpy arrays: the counter's value now and the count asked for
+        now = tl.atomic_add(count, 0, sem="acquire", scope="gpu").handle.data.item()
+        asked.append((int(now), int(need.handle.data.item() if hasattr(need, "handle") else need)))
+
+    monkeypatch.setattr(rowprod_triton, "wait_for", wait_for)
+    monkeypatch.setattr(step_triton, "wait_for", wait_for)
+    monkeypatch.setattr(decode_triton, "STEP_MODES", 2)
+    config = LMConfig(vocab_size=19, width=12, num_layers=2, mixer="samu", lru_width=10)
+    model = _model(config, 5, DEVICE, backend=sorted(dispatch.variants("samu"))[0])
+    with torch.no_grad():
+        state = model.init_state(1)
+        model.decode(torch.tensor([3], device=DEVICE), state, model.decode_plan(1, state))
+    waits = [(now, need) for now, need in asked if need]
+    assert len(waits) > len(asked) // 2 and all(now == need for now, need in waits), asked
 
 
 @pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
