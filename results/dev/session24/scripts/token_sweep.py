@@ -1,0 +1,85 @@
+"""For the next session (written in session 24, not yet run): the whole-token kernel's settings in a real batch-1
+decode of the 400m preset (bf16, SAMU), each a CUDA graph of one decoding step replayed 200 times, rounds
+alternating with the five launches a layer (the shipped plan) as the reference:
+programs a multiprocessor (PER_SM 1 or 2), SAMU modes a step task (STEP_MODES 64, 128, 1024 = one task) and warps
+a program (4, 8). Each setting compiles the kernel once (constexprs and warps), so the first round pays it.
+
+    PYTHONPATH=$PWD python results/dev/session24/scripts/token_sweep.py --out DIR [--rounds 2]
+
+Writes DIR/token_sweep.json as it goes and prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+from samu.environment import environment
+from samu.models import LanguageModel, LMConfig
+from samu.ops import decode_triton
+
+
+def graph_ms(model, plan, state, iters=200):
+    """ms a graphed decoding step (model.decode with ``plan`` over ``state``, greedy, the token fed back)."""
+    token = torch.zeros(1, dtype=torch.int64, device="cuda")
+
+    def step():
+        token.copy_(model.decode(token, state, plan).argmax(-1))
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        step()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    model = LanguageModel(LMConfig.preset("400m", mixer="samu"), device="cuda").to(torch.bfloat16).eval()
+    settings = [("launches", None, None, None)] + [(f"per_sm={p} modes={m} warps={w}", p, m, w)
+                                                     for p, m, w in ((2, 128, 4), (1, 128, 4), (2, 64, 4),
+                                                                     (2, 1024, 4), (1, 128, 8))]
+    out = {"env": environment(torch.device("cuda")), "command": " ".join(sys.argv), "rows": []}
+    path = os.path.join(args.out, "token_sweep.json")
+    with torch.no_grad():
+        for r in range(args.rounds):
+            for name, per_sm, modes, warps in settings:
+                state = model.init_state(1)
+                if per_sm is None:
+                    plan = model.decode_plan(1)
+                else:
+                    decode_triton.STEP_MODES = modes
+                    plan = model.decode_plan(1, state)
+                    assert isinstance(plan, decode_triton.TokenKernel)
+                    plan.grid = torch.cuda.get_device_properties(0).multi_processor_count * per_sm
+                    plan.args["num_warps"] = warps
+                ms = graph_ms(model, plan, state)
+                out["rows"].append({"round": r, "setting": name, "graph_ms": ms, "tokens_per_s": 1e3 / ms})
+                with open(path, "w") as f:
+                    json.dump(out, f, indent=1)
+                print(f"round {r} {name:32} {ms:.4f} ms  {1e3 / ms:,.0f} tok/s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
