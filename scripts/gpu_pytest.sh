@@ -35,8 +35,8 @@ done
 shard rglru_bf16 tests/ops/test_rglru_triton.py -k dtype0 & pids+=($!)
 shard rglru_rest tests/ops/test_rglru_triton.py -k "not dtype0" & pids+=($!)
 shard train tests/test_train.py & pids+=($!)
-shard rest tests --deselect tests/ops/test_rglru_triton.py --ignore tests/gates/test_gates_gpu.py --ignore tests/test_train.py \
-  & pids+=($!)
+shard rest tests --deselect tests/ops/test_rglru_triton.py --ignore tests/gates/test_gates_gpu.py \
+  --ignore tests/test_train.py & pids+=($!)
 rc=0
 # a shard passes only when pytest exited 0: a cut-short run (timeout's SIGINT) still prints a summary
 for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
@@ -44,8 +44,9 @@ ls "$OUT"/pytest_*.log > /dev/null 2>&1 || { echo "no shard matches SHARDS=${SHA
 for log in "$OUT"/pytest_*.log; do
   line=$(grep -E "^(=+ )?[0-9]+ (passed|failed|error|skipped)|no tests ran" "$log" | tail -1)
   # timeout's exit status 124: cut at LIMIT (a test that catches the SIGINT itself prints no KeyboardInterrupt)
-  [ "$(cat "$OUT/rc_$(basename "$log" .log | sed 's/^pytest_//')" 2>/dev/null)" = 124 ] && line="cut short: ${line:-no summary}"
-  echo "$(basename "$log" .log): ${line:-no summary}"
+  name=$(basename "$log" .log)
+  [ "$(cat "$OUT/rc_${name#pytest_}" 2>/dev/null)" = 124 ] && line="cut short: ${line:-no summary}"
+  echo "$name: ${line:-no summary}"
 done
 mkdir -p "$DEST" && tar czf "$DEST/pytest.tar.gz" -C "$(dirname "$OUT")" pytest
 exit $rc
