@@ -4,7 +4,7 @@
 # --whole-token (samu.models.generate.WHOLE_TOKEN) alternating in one tree: ON OFF ON OFF; then the decoding GPU
 # tests (the whole-token kernel against one program taking every task, graphed against eager with it on, bf16
 # decoding against the forward), then its settings (token_sweep.py). Each stage packs what it wrote into
-# results.tar.gz. ~7 minutes on a warm machine (estimated; a hang would be cut by each stage's timeout).
+# results.tar.gz. ~8 minutes on a warm machine (estimated; a hang would be cut by each stage's timeout).
 #   COMMIT=<hex> bash results/dev/session24/scripts/token_call.sh
 set -u
 cd "$(dirname "$0")/../../../.."
@@ -26,8 +26,8 @@ done
 timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs --tb=short tests/models/test_generate.py \
   > $W/tests.log 2>&1; echo "tests exit $?"
 pack
-# the kernel's settings (programs a multiprocessor, modes a step task, warps), if time is left
-timeout 200 python3 results/dev/session24/scripts/token_sweep.py --out $W > $W/sweep.log 2>&1; echo "sweep exit $?"
+# the kernel's settings (programs a multiprocessor, modes a step task, warps, 16-row tiles), if time is left
+timeout 240 python3 results/dev/session24/scripts/token_sweep.py --out $W > $W/sweep.log 2>&1; echo "sweep exit $?"
 pack
 tail -n 3 $W/tests.log
 grep -h "B=" $W/gen-*.log
