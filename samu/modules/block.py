@@ -234,7 +234,8 @@ class ResidualLayer(nn.Module):
     def token_fields(self, state: BlockState):
         """This layer's tensors in the whole-token kernel's table order (samu.ops.decode_triton: the products'
         weights and biases, the norms' weights, the Conv1D's weight, bias and state, SAMU's fp32 parameters and
-        state), or None where its step is not SAMU's fused kernel over its own fp32 parameters."""
+        state), or None where its step is not SAMU's fused kernel (TokenKernel.make checks the tensors' dtypes and
+        layouts)."""
         from samu.ops.step import fuses_block_step
 
         block = self.block
@@ -243,8 +244,8 @@ class ResidualLayer(nn.Module):
             return None
         params = mixer._params()
         z = state.conv.new_empty(1, 2 * block.lru_width)
-        if any(p.dtype != torch.float32 or not p.is_contiguous() for p in params) or not fuses_block_step(
-                "samu", z, conv.weight, conv.bias, state.conv, params, state.mixer, mixer._step_backend):
+        if not fuses_block_step("samu", z, conv.weight, conv.bias, state.conv, params, state.mixer,
+                                mixer._step_backend):
             return None
         linear_in, linear_out, gate_up, down = self._products()
         return (linear_in.weight, linear_in.bias, self.temporal_norm.weight, conv.weight, conv.bias, state.conv,

@@ -1,6 +1,6 @@
 """For the next session (written in session 24, not yet run): the whole-token kernel's settings in a real batch-1
 decode of the 400m preset (bf16, SAMU), each a CUDA graph of one decoding step replayed 200 times, rounds
-alternating with the five launches a layer (the shipped plan) as the reference:
+alternating with the five launches a layer (the shipped plan) as the reference (gpu_profile.graph_time):
 programs a multiprocessor (PER_SM 1 or 2), SAMU modes a step task (STEP_MODES 64, 128, 1024 = one task), warps
 a program (4, 8), and 16-row tiles for the in- and out-projections (fewer tasks, each moving twice the weights).
 Each setting compiles the kernel once (constexprs and warps), so the first round pays it.
@@ -19,36 +19,22 @@ import sys
 
 import torch
 
-from samu.environment import environment
-from samu.models import LanguageModel, LMConfig
-from samu.ops import decode_triton
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "scripts"))
+
+from gpu_profile import graph_time  # noqa: E402
+from samu.environment import environment  # noqa: E402
+from samu.models import LanguageModel, LMConfig  # noqa: E402
+from samu.ops import decode_triton  # noqa: E402
 
 
-def graph_ms(model, plan, state, iters=200):
-    """ms a graphed decoding step (model.decode with ``plan`` over ``state``, greedy, the token fed back)."""
+def step_of(model, plan, state):
+    """One greedy decoding step (model.decode with ``plan`` over ``state``, the token fed back)."""
     token = torch.zeros(1, dtype=torch.int64, device="cuda")
 
     def step():
         token.copy_(model.decode(token, state, plan).argmax(-1))
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        step()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+    return step
 
 
 def main():
@@ -83,7 +69,7 @@ def main():
                     assert isinstance(plan, decode_triton.TokenKernel)
                     plan.grid = torch.cuda.get_device_properties(0).multi_processor_count * per_sm
                     plan.args["num_warps"] = warps
-                ms = graph_ms(model, plan, state)
+                ms = graph_time(step_of(model, plan, state), [], iters=200)
                 out["rows"].append({"round": r, "setting": name, "graph_ms": ms, "tokens_per_s": 1e3 / ms})
                 with open(path, "w") as f:
                     json.dump(out, f, indent=1)
