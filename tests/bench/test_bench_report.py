@@ -237,3 +237,10 @@ def test_a_file_samu_did_not_write_is_never_overwritten(tmp_path):
     with pytest.raises(FileExistsError, match="not a report samu wrote"):
         build_report(tmp_path, notes)
     assert notes.read_text() == "mine"
+
+
+def test_the_committed_report_is_what_its_records_make(tmp_path):
+    # results/REPORT.md must be regenerated (`samu report`) in the commit that adds, moves or quarantines a record
+    results = Path(__file__).parents[2] / "results"
+    out, _ = build_report(results, tmp_path / "REPORT.md")
+    assert out.read_text() == (results / "REPORT.md").read_text(), "results/REPORT.md is stale: run `samu report`"
