@@ -79,16 +79,19 @@ def samu_transitions(m, phi, nu, theta_log):
     return lam, gamma
 
 
-def _serial_call(run, x, initial_state, output_final_state, backend, cu_seqlens):
+def _serial_call(run, x, initial_state, output_final_state, backend, cu_seqlens, dtype):
     """(y, final state or None) from run(x, h0) -> y, one call per packed sequence with ``cu_seqlens``
-    (samu.ops.packing; states [N, D]); ``backend`` is the public functions' keyword, here only "reference"."""
+    (samu.ops.packing; states [N, D]); ``backend`` is the public functions' keyword, here only "reference";
+    ``dtype`` the one the reference evaluates in."""
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype: the serial reference evaluates in torch.float64 or torch.float32, got {dtype!r}")
     if backend != "reference":
         raise ValueError(f"backend: samu.reference runs the serial reference only, got {backend!r} (call "
                          f"samu.samu_mixer / samu.rglru_mixer for the other backends)")
 
     def with_final(x_n, h0):
-        y_n = run(x_n, h0)
-        return y_n, y_n[:, -1]
+        y_n = run(x_n, h0).contiguous()
+        return y_n, y_n[:, -1].clone()
 
     if cu_seqlens is None:
         y, h = with_final(x, initial_state)
@@ -111,7 +114,7 @@ def samu_mixer(x, nu, theta_log, directions, amplitudes, *, initial_state=None,
     check_samu_inputs(x, nu, theta_log, directions, amplitudes, None if cu_seqlens is not None else initial_state,
                       radial_bound)
     return _serial_call(lambda x, h0: samu_serial(x, nu, theta_log, directions, amplitudes, h0, radial_bound, dtype),
-                        x, initial_state, output_final_state, backend, cu_seqlens)
+                        x, initial_state, output_final_state, backend, cu_seqlens, dtype)
 
 
 def samu_serial(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, dtype):
@@ -179,7 +182,7 @@ def rglru_mixer(x, w_a, b_a, w_x, b_x, a_param, *, initial_state=None, output_fi
     """
     check_rglru_inputs(x, w_a, b_a, w_x, b_x, a_param, None if cu_seqlens is not None else initial_state, c)
     return _serial_call(lambda x, h0: rglru_serial(x, w_a, b_a, w_x, b_x, a_param, h0, c, dtype),
-                        x, initial_state, output_final_state, backend, cu_seqlens)
+                        x, initial_state, output_final_state, backend, cu_seqlens, dtype)
 
 
 def rglru_serial(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, dtype):

@@ -251,6 +251,8 @@ def load_checkpoint(path, map_location="cpu", weights: bool = True) -> dict:
     version, config (LMConfig or TransformerConfig), model, train?, and ``sharded`` (its folder) for a
     sharded one, whose ``train`` holds no optimizer state (``load_sharded`` loads it) and which holds no
     ``model`` when ``weights`` is False (a file's tensors are then memory-mapped, not read)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a checkpoint file or folder (a str or path), got {type(path).__name__}")
     path = Path(path)
     if path.is_dir() and is_sharded(path):
         payload = _validated(path, _read(path / SHARDED_META), need_model=False)

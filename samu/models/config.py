@@ -45,7 +45,7 @@ class LMConfig:
     @classmethod
     def preset(cls, name: str, **overrides) -> "LMConfig":
         """A named preset (``PRESETS``), with fields replaced by ``overrides``."""
-        if name not in PRESETS:
+        if not isinstance(name, str) or name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
         return dataclasses.replace(PRESETS[name], **overrides)
 

@@ -190,7 +190,8 @@ def _prompts(prompt, vocab: int, device, cu_seqlens=None) -> tuple[list[torch.Te
         rows = prompt
     if ragged:
         if not rows or not all(isinstance(r, torch.Tensor) and r.dim() == 1 and r.numel() for r in rows):
-            got = ", ".join(sorted({type(r).__name__ if not isinstance(r, torch.Tensor) else f"{r.dim()}-D tensor"
+            got = ", ".join(sorted({type(r).__name__ if not isinstance(r, torch.Tensor) else
+                                    "empty tensor" if r.dim() == 1 and r.numel() == 0 else f"{r.dim()}-D tensor"
                                     for r in rows})) or "nothing"
             raise ValueError(f"prompt must be a non-empty list of non-empty [T_i] tensors of tokens (one per "
                              f"prompt; a single prompt may be a [T] tensor), got a list of {got}")

@@ -40,6 +40,12 @@ class CausalLM(nn.Module):
         return [name for name, p in params if not bool(torch.isfinite(p).all())]
 
 
+def _is_process_group(group) -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and isinstance(group, dist.ProcessGroup)
+
+
 class LanguageModel(CausalLM):
     """A Griffin-style recurrent language model whose temporal mixer is SAMU or RG-LRU.
 
@@ -64,6 +70,9 @@ class LanguageModel(CausalLM):
         super().__init__()
         if not isinstance(config, LMConfig):
             raise TypeError(f"config must be an LMConfig, got {type(config).__name__}")
+        if sequence_parallel is not None and not _is_process_group(sequence_parallel):
+            raise TypeError(f"sequence_parallel must be a torch.distributed process group or None, got "
+                            f"{type(sequence_parallel).__name__}")
         self.config = config
         kw = dict(device=device, dtype=dtype)
         self.embed = nn.Embedding(config.vocab_size, config.width, **kw)
@@ -100,7 +109,7 @@ class LanguageModel(CausalLM):
             want = "[B, L]" if dim == 2 else "[B]"
             raise ValueError(f"{name} must have shape {want} with nonzero sizes, got {list(tokens.shape)}")
         if tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-            raise TypeError(f"{name} must be an integer tensor, got {tokens.dtype}")
+            raise TypeError(f"{name} must be a tensor of int64, int32, int16 or uint8 token ids, got {tokens.dtype}")
         # the range on the host only where that costs no synchronisation (CUDA's embedding asserts on the device)
         if tokens.device.type == "cpu" and not torch.compiler.is_compiling():
             low, high = (int(v) for v in torch.aminmax(tokens))

@@ -15,7 +15,7 @@ from samu.ops.linear import autocast_dtype
 from samu.ops.packing import sequence_offsets
 from samu.ops.scan import state_dtype
 from samu.ops.sequence_parallel import conv_halo
-from samu.validate import positive_int
+from samu.validate import finite_number, positive_int
 
 MIXERS = ("samu", "rglru")
 
@@ -53,7 +53,8 @@ class RecurrentBlock(nn.Module):
             raise ValueError(f"mixer must be one of {', '.join(map(repr, MIXERS))}, got {mixer!r}")
         if mixer == "samu" and self.lru_width % 2:
             raise ValueError(f"lru_width must be even for mixer='samu' (complex modes), got {self.lru_width}")
-        if mixer == "rglru" and self.lru_width % positive_int("num_heads", num_heads):
+        # num_heads is RG-LRU's alone; for SAMU it is still checked (a nonsense value would hide a mistake)
+        if self.lru_width % positive_int("num_heads", num_heads) and mixer == "rglru":
             raise ValueError(f"num_heads must divide lru_width={self.lru_width}, got {num_heads}")
         positive_int("conv_width", conv_width)
         self.mixer_name = mixer
@@ -122,6 +123,8 @@ class RecurrentBlock(nn.Module):
         weight = self.linear_in.weight
         device = weight.device if device is None else device
         dtype = weight.dtype if dtype is None else dtype
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
         return BlockState(self.conv1d.empty_state(batch, device, dtype),
                           torch.zeros(batch, self.lru_width, device=device, dtype=state_dtype(dtype)))
 
@@ -174,6 +177,8 @@ class ResidualLayer(nn.Module):
                  num_heads: int = 16, conv_width: int = 4, mlp_expansion: int = 3,
                  norm_eps: float = 1e-6, *, backend: str = "auto", device=None, dtype=None):
         super().__init__()
+        finite_number("norm_eps", norm_eps, positive=True)
+        positive_int("mlp_expansion", mlp_expansion)
         kw = dict(device=device, dtype=dtype)
         fused = fused_backend(backend)
         self.temporal_norm = RMSNorm(width, norm_eps, backend=fused, **kw)
@@ -183,6 +188,7 @@ class ResidualLayer(nn.Module):
 
     def forward(self, x, state=None, return_state=False, cu_seqlens=None):
         check_sequence("x", x, self.block.width)
+        check_weights_dtype("x", x, self.block.linear_in.weight)
         # the norms feed only products: under autocast they write its dtype, and the first sum joins the second
         # norm's pass (x stays in its own dtype: the residual stream)
         dtype = product_dtype(x)
@@ -269,5 +275,6 @@ class ResidualLayer(nn.Module):
 
     def step(self, x_t, state=None):
         check_token("x_t", x_t, self.block.width)
+        check_weights_dtype("x_t", x_t, self.block.linear_in.weight)
         state = self.block.fresh_state(state, x_t.shape[0])
         return self.decode(x_t, state), state

@@ -213,6 +213,8 @@ class GatedMLP(nn.Module):
         if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != self.width:
             shape = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"x must have shape [..., {self.width}], got {shape}")
+        if not x.is_floating_point():
+            raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
         check_weights_dtype("x", x, self.gate_up.weight)
         up = self.gate_up
         return self.down(linear_geglu(x, up.weight, up.bias, up.low_weight, self.backend))

@@ -74,6 +74,8 @@ class SAMUMixer(_FP32Parameters):
         super().__init__()
         if not isinstance(width, int) or width < 2 or width % 2:
             raise ValueError(f"width must be a positive even integer, got {width!r}")
+        for name, value in (("r_min", r_min), ("r_max", r_max), ("max_phase", max_phase)):
+            finite_number(name, value)
         if not 0 < r_min < r_max < 1:
             raise ValueError(f"need 0 < r_min < r_max < 1, got r_min={r_min}, r_max={r_max}")
         if not 0 < max_phase <= math.pi:

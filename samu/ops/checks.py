@@ -28,7 +28,9 @@ def set_check_finite(enabled: bool) -> bool:
     CUDA. It is skipped while a CUDA graph is being captured and while torch.compile traces.
     """
     global _check_finite
-    previous, _check_finite = _check_finite, bool(enabled)
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be True or False, got {enabled!r}")
+    previous, _check_finite = _check_finite, enabled
     return previous
 
 
@@ -57,7 +59,8 @@ def _device(name, t, device):
         raise ValueError(f"{name} is on {t.device} but the input is on {device}; move them to one device")
 
 
-def _check_input(x, name="x"):
+def check_input(x, name="x"):
+    """(B, L, D) of x, a float tensor [B, L, D] with every size >= 1; else an error naming ``name``."""
     _tensor(name, x)
     if x.dim() != 3:
         raise ValueError(f"{name} must have shape [B, L, D] (rank 3), got rank {x.dim()} with shape {list(x.shape)}")
@@ -121,7 +124,7 @@ def check_samu_inputs(x, nu, theta_log, directions, amplitudes, initial_state, r
     """Raise a ValueError/TypeError naming the argument for any bad input (spec §5); a mixer's step passes
     its own argument names (x_t, state). The decoding paths (block and model decode) skip these checks:
     ``generate`` checks the parameters once a call."""
-    B, L, D = _check_input(x, x_name)
+    B, L, D = check_input(x, x_name)
     if D % 2:
         raise ValueError(f"{x_name} has odd width D={D}; SAMU needs an even D (N = D/2 complex modes)")
     n = D // 2
@@ -133,7 +136,7 @@ def check_samu_inputs(x, nu, theta_log, directions, amplitudes, initial_state, r
 
 
 def check_rglru_inputs(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, state_name="initial_state", x_name="x"):
-    B, L, D = _check_input(x, x_name)
+    B, L, D = check_input(x, x_name)
     _tensor("w_a", w_a)
     if w_a.dim() != 3 or w_a.shape[1] != w_a.shape[2] or w_a.shape[0] * w_a.shape[1] != D:
         raise ValueError(f"w_a must have shape [H, D/H, D/H] with H * (D/H) = D = {D}, got {list(w_a.shape)}")

@@ -84,6 +84,8 @@ def register(variant: Variant) -> Variant:
 
 
 def variants(op: str) -> dict[str, Variant]:
+    if op not in OPS:
+        raise ValueError(f"op must be one of {', '.join(OPS)}, got {op!r}")
     _load_triton()
     return dict(_VARIANTS[op])
 
@@ -349,7 +351,16 @@ def explain(shape, op: str = "samu", dtype: torch.dtype = torch.bfloat16, device
             backend: str = "auto", heads: int = 16, packed: bool = False) -> str:
     """Say which implementation ``op`` uses for ``shape`` = (B, L, D) (``packed``: a packed row), with which
     launch settings, and why. It only looks: a class no record covers is reported, not gated."""
+    if op not in OPS:
+        raise ValueError(f"op must be one of {', '.join(OPS)}, got {op!r}")
+    if (not isinstance(shape, (tuple, list)) or len(shape) != 3
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in shape)):
+        raise ValueError(f"shape must be (B, L, D), three positive integers, got {shape!r}")
     B, L, D = shape
+    if op == "samu" and D % 2:
+        raise ValueError(f"shape: SAMU's width D must be even, got {D}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
     c = choose(op, B, L, D, dtype, device, backend, heads, gate=False, packed=packed)
     settings = f"; launch settings: {c.variant.settings(B, L, D, heads, dtype)}" if c.variant is not None else ""
     return (f"{op} {tuple(shape)} {str(dtype).replace('torch.', '')} on {torch.device(device).type}: "

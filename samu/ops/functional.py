@@ -14,8 +14,9 @@ from samu.ops.scan import state_dtype
 
 
 def _finish(y, h, x, output_final_state):
-    """Outputs in the input dtype; the final state in fp32 (float64 for float64 input)."""
-    y = y.to(x.dtype)
+    """Outputs in the input dtype, contiguous (the chunked paths' y is a slice of a padded buffer); the final state
+    in fp32 (float64 for float64 input)."""
+    y = y.to(x.dtype).contiguous()
     return y, (h.to(state_dtype(x.dtype)) if output_final_state else None)
 
 
@@ -70,7 +71,7 @@ def samu_mixer(x, nu, theta_log, directions, amplitudes, *, initial_state=None, 
         if choice.backend == "reference":
             # inputs are checked above; the unchecked body avoids a second finiteness sync
             y = reference.samu_serial(x, nu, theta_log, directions, amplitudes, h0, radial_bound, torch.float64)
-            h = y[:, -1]
+            h = y[:, -1].clone()
         elif choice.backend == "torch":
             y, h = samu_mixer_torch(x, nu, theta_log, directions, amplitudes, h0, radial_bound)
         else:
@@ -113,7 +114,7 @@ def rglru_mixer(x, w_a, b_a, w_x, b_x, a_param, *, initial_state=None, output_fi
         choice = dispatch.choose("rglru", B, L, D, x.dtype, x.device, backend, heads=w_a.shape[0])
         if choice.backend == "reference":
             y = reference.rglru_serial(x, w_a, b_a, w_x, b_x, a_param, h0, c, torch.float64)
-            h = y[:, -1]
+            h = y[:, -1].clone()
         elif choice.backend == "torch":
             y, h = rglru_mixer_torch(x, w_a, b_a, w_x, b_x, a_param, h0, c)
         else:

@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from samu.ops import dispatch
-from samu.ops.checks import check_state
+from samu.ops.checks import check_input, check_state
 from samu.ops.functional import rglru_mixer, samu_mixer
 from samu.ops.scan import state_dtype
 from samu.reference import rglru_gate, samu_controls
@@ -151,7 +151,7 @@ def samu_mixer_sequence_parallel(x, nu, theta_log, directions, amplitudes, *, gr
     their sum over the group is the one-process gradient. Autocast does not reach the transitions' products
     (as in the mixers' own paths)."""
     group = _group_of(group)
-    B, L, D = x.shape
+    B, L, D = check_input(x)
     check_state(initial_state, B, D, x.device, "initial_state")
     y0, e = samu_mixer(x, nu, theta_log, directions, amplitudes, output_final_state=True,
                        radial_bound=radial_bound, backend=backend)
@@ -177,7 +177,8 @@ def rglru_mixer_sequence_parallel(x, w_a, b_a, w_x, b_x, a_param, *, group=None,
     of ``samu_mixer_sequence_parallel`` (every rank takes part; the same ``initial_state`` everywhere; the
     final state on every rank, its gradient counted once per use; gradient shares)."""
     group = _group_of(group)
-    check_state(initial_state, x.shape[0], x.shape[2], x.device, "initial_state")
+    B, _, D = check_input(x)
+    check_state(initial_state, B, D, x.device, "initial_state")
     y0, e = rglru_mixer(x, w_a, b_a, w_x, b_x, a_param, output_final_state=True, c=c, backend=backend)
     sdt = state_dtype(x.dtype)
     with torch.autocast(x.device.type, enabled=False):

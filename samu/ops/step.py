@@ -28,13 +28,14 @@ MAX_HEAD_DIM = 256
 
 
 def _serial(serial, x_t, params, state, *config):
-    """One token of a serial reference with autocast off: (y_t in x_t's dtype, new state)."""
+    """One token of a serial reference with autocast off: (y_t in x_t's dtype, new state), never one tensor (a
+    caller may change y_t in place)."""
     sdt = state_dtype(x_t.dtype)
     h = (torch.zeros(x_t.shape[0], x_t.shape[1], dtype=sdt, device=x_t.device) if state is None
          else state.to(sdt))
     with torch.autocast(x_t.device.type, enabled=False):
         y = serial(x_t.unsqueeze(1), *params, h, *config, sdt)[:, 0]
-    return y.to(x_t.dtype), y
+    return y.to(x_t.dtype, copy=True), y
 
 
 def _runs_fused(x_t, tensors, backend) -> bool:

@@ -157,14 +157,20 @@ def test_generate_bad_inputs():
         generate(model, torch.tensor([1]), 2, seed=2 ** 70)
     with pytest.raises(TypeError, match="stats must be a dict"):
         generate(model, torch.tensor([1]), 2, stats=[])
+    with pytest.raises(ValueError, match="got a list of 1-D tensor, empty tensor"):
+        generate(model, [torch.tensor([1]), torch.tensor([], dtype=torch.long)], 2)
 
 
 def test_model_bad_inputs():
     model = _model(SMALL[0])
+    with pytest.raises(TypeError, match="sequence_parallel must be a torch.distributed process group or None"):
+        LanguageModel(LMConfig.preset("tiny"), sequence_parallel=True)
     with pytest.raises(ValueError, match=r"tokens must have shape \[B, L\]"):
         model(torch.zeros(3, dtype=torch.long))
-    with pytest.raises(TypeError, match="tokens must be an integer tensor"):
-        model(torch.zeros(2, 3))
+    for dtype in (torch.float32, torch.uint16):
+        with pytest.raises(TypeError, match=f"tokens must be a tensor of int64, int32, int16 or uint8 token ids, "
+                                            f"got {dtype}"):
+            model(torch.zeros(2, 3, dtype=dtype))
     with pytest.raises(ValueError, match="state must be a list of 2"):
         model(torch.zeros(2, 3, dtype=torch.long), state=[None])
     with pytest.raises(ValueError, match=r"token must have shape \[B\]"):
@@ -195,6 +201,8 @@ def test_config_bad_values(kw, match):
 def test_config_presets_and_dict_round_trip():
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         LMConfig.preset("huge")
+    with pytest.raises(ValueError, match=r"unknown preset \['tiny'\]"):
+        LMConfig.preset(["tiny"])
     config = LMConfig.preset("tiny", mixer="rglru")
     assert LMConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     with pytest.raises(ValueError, match="unknown model config field"):
@@ -221,6 +229,8 @@ def test_checkpoint_errors(tmp_path):
     save_checkpoint(good, model)
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
         load_checkpoint(tmp_path / "missing.pt")
+    with pytest.raises(TypeError, match="path must be a checkpoint file or folder"):
+        load_model(None)
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     with pytest.raises(CheckpointError, match="not a readable checkpoint"):

@@ -162,6 +162,14 @@ def test_block_refuses_an_unknown_backend_and_fused_kernels_without_triton_suppo
 def test_block_bad_inputs():
     with pytest.raises(ValueError, match="mixer must be one of"):
         RecurrentBlock(8, "gru")
+    with pytest.raises(ValueError, match="num_heads must be a positive integer, got -1"):
+        RecurrentBlock(8, "samu", num_heads=-1)
+    with pytest.raises(ValueError, match="norm_eps must be a finite number > 0"):
+        ResidualLayer(8, norm_eps=0.0)
+    with pytest.raises(ValueError, match="mlp_expansion must be a positive integer"):
+        ResidualLayer(8, mlp_expansion=0)
+    with pytest.raises(ValueError, match="dtype must be a floating-point torch.dtype"):
+        RecurrentBlock(8).init_state(2, dtype=torch.long)
     with pytest.raises(ValueError, match="lru_width must be even"):
         RecurrentBlock(8, "samu", lru_width=7)
     with pytest.raises(ValueError, match="num_heads must divide"):
@@ -174,6 +182,10 @@ def test_block_bad_inputs():
         RecurrentBlock(8, conv_width=0)
     with pytest.raises(TypeError, match="u has dtype torch.bfloat16 but the layer's weights are torch.float32"):
         RecurrentBlock(8)(torch.randn(1, 3, 8, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="x has dtype torch.bfloat16 but the layer's weights are torch.float32"):
+        ResidualLayer(8)(torch.randn(1, 3, 8, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="x_t has dtype torch.bfloat16 but the layer's weights are torch.float32"):
+        ResidualLayer(8).step(torch.randn(1, 8, dtype=torch.bfloat16))
     with pytest.raises(TypeError, match="u_t has dtype int64"):
         RecurrentBlock(8).step(torch.zeros(1, 8, dtype=torch.long))
     block = RecurrentBlock(8, "rglru", num_heads=4)

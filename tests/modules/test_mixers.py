@@ -63,6 +63,24 @@ def test_step_equals_forward_token_by_token(make):
     assert rel_err(state, h) < 1e-6
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("backend", ["torch", "reference", "auto"])
+@pytest.mark.parametrize("make", MIXERS)
+def test_outputs_share_no_memory_with_the_states_they_return(make, backend, dtype):
+    # a caller changing y (or y_t) in place must not change the state it carries on from, and a kept final state
+    # must not hold y's memory; L = 37 leaves the chunked paths a padded buffer, of which y is then a copy
+    torch.manual_seed(2)
+    m = make().to(dtype)
+    m.backend = backend
+    x = torch.randn(2, 37, m.width, dtype=dtype)
+    with torch.no_grad():
+        y, h = m(x, output_final_state=True)
+        y_t, state = m.step(x[:, 0], None)
+    assert y.is_contiguous() and y.untyped_storage().data_ptr() != h.untyped_storage().data_ptr()
+    assert h.untyped_storage().nbytes() == h.numel() * h.element_size()
+    assert y_t.untyped_storage().data_ptr() != state.untyped_storage().data_ptr()
+
+
 @pytest.mark.parametrize("make", MIXERS)
 def test_step_under_autocast_equals_forward(make):
     """Mixers compute in fp32 whatever autocast says, in forward and in step alike."""
@@ -132,7 +150,8 @@ def test_step_in_float64_keeps_float64_state():
 
 
 @pytest.mark.parametrize("bad,match", [(dict(width=7), "positive even"), (dict(width=8, r_min=0.99, r_max=0.9), "r_min"),
-                                       (dict(width=8, max_phase=4.0), "max_phase")])
+                                       (dict(width=8, max_phase=4.0), "max_phase"),
+                                       (dict(width=8, r_min="a"), "r_min must be a finite number")])
 def test_samu_module_bad_arguments(bad, match):
     with pytest.raises(ValueError, match=match):
         samu.SAMUMixer(**bad)

@@ -71,6 +71,13 @@ def test_rglru_bad_c():
         samu.rglru_mixer(*_rglru_args(), c=-1.0)
 
 
+def test_the_finite_check_switch_takes_a_bool():
+    with pytest.raises(TypeError, match="enabled must be True or False, got 'no'"):
+        samu.set_check_finite("no")
+    previous = samu.set_check_finite(True)
+    assert samu.set_check_finite(previous) is True
+
+
 def test_finite_check_can_be_turned_off():
     args = _samu_args()
     args[1] = torch.full((3,), math.nan)

@@ -62,6 +62,18 @@ def test_unknown_op_and_backend_type():
         dispatch.choose("mamba", 1, 4, 8, torch.float32, "cpu")
     with pytest.raises(TypeError, match="backend must be a string"):
         dispatch.choose("samu", 1, 4, 8, torch.float32, "cpu", 3)
+    with pytest.raises(ValueError, match="op must be one of samu, rglru, got 'lstm'"):
+        dispatch.variants("lstm")
+
+
+@pytest.mark.parametrize("args,match", [
+    (((64, 1024),), r"shape must be \(B, L, D\)"), (((1, 0, 8),), r"shape must be \(B, L, D\)"),
+    (((1, 5, 7),), "SAMU's width D must be even"), (((1, 5, 8), "samu", torch.long), "dtype must be a floating"),
+    (((1, 5, 8), "lstm"), "op must be one of"),
+])
+def test_explain_refuses_what_no_call_could_be(args, match):
+    with pytest.raises(ValueError, match=match):
+        dispatch.explain(*args)
 
 
 # First-use gating: a class no status covers is gated once in a child process (spec §6: a variant

@@ -107,6 +107,15 @@ def test_without_a_process_group_says_so():
                                       torch.zeros(8))
 
 
+def test_a_shard_of_the_wrong_rank_is_named(one_rank):
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match=r"x must have shape \[B, L, D\]"):
+        samu_mixer_sequence_parallel(x, torch.zeros(4), torch.zeros(4), torch.ones(2, 8), torch.ones(2, 2))
+    with pytest.raises(ValueError, match=r"x must have shape \[B, L, D\]"):
+        rglru_mixer_sequence_parallel(x, torch.zeros(2, 4, 4), torch.zeros(8), torch.zeros(2, 4, 4), torch.zeros(8),
+                                      torch.zeros(8))
+
+
 def _shift_inputs(dtype, B=2, L=70, N=40, seed=0):
     """y0, the controller's sums (mass, drift), nu, theta_log and an entering state, leaves for autograd: two
     tiles of tokens (the second ragged) and two of modes (the second ragged) of the correction kernels."""

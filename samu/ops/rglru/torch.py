@@ -20,4 +20,5 @@ def rglru_mixer_torch(x, w_a, b_a, w_x, b_x, a_param, initial_state=None, c=8.0)
         h0 = (torch.zeros(B, D, dtype=sdt, device=x.device) if initial_state is None
               else initial_state.to(sdt))
         h = linear_scan(a, b, h0)
-    return h.to(x.dtype), h[:, -1]
+    # the final state a tensor of its own: not a view that a change to y would change, nor one that holds y's memory
+    return h.to(x.dtype), h[:, -1].clone()
