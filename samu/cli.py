@@ -142,7 +142,7 @@ def _model_config(args, base=None):
                              f"point), whose shape a resume keeps; leave the model flags out")
         return base
     if args.preset is not None or base is None:
-        return LMConfig.preset(args.preset or "tiny", **overrides)
+        return LMConfig.preset("tiny" if args.preset is None else args.preset, **overrides)
     return dataclasses.replace(base, **overrides)
 
 
@@ -229,6 +229,8 @@ def cmd_generate(args):
     if not args.checkpoint.strip():
         raise ValueError("checkpoint must name a run folder or a checkpoint file, got ''")
     device = resolve_device(args.device or "auto")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     path = Path(args.checkpoint)
     if path.is_dir() and not is_sharded(path):
         path = current_checkpoint(path)
@@ -303,18 +305,28 @@ def _rate(tokens: int, seconds: float) -> str:
 
 
 def _check_demo_may_replace(out: Path) -> None:
-    """samu demo replaces a run in ``out`` only if samu demo wrote it."""
+    """samu demo replaces a run in ``out`` only if samu demo wrote it: as its checkpoint says, or where that is gone,
+    its log (samu train refuses a folder holding kept checkpoints or a log without one)."""
     from samu.models import load_checkpoint
-    from samu.train import current_checkpoint
+    from samu.train import LOG, current_checkpoint
 
     path = current_checkpoint(out)
     if not path.exists():
-        return
+        path = out / LOG
+        if not path.exists():
+            kept = sorted(p.name for p in out.glob("checkpoint-*"))
+            if kept:
+                raise FileExistsError(f"--out {out} holds {', '.join(kept)}, which samu demo did not write; samu "
+                                      f"demo replaces only its own runs: choose another --out")
+            return
     try:
-        demo = json.loads(load_checkpoint(path, weights=False)["train"]["config"]).get("demo", False)
-    except (ValueError, KeyError):
+        if path.name == LOG:
+            demo = json.loads(path.read_text())["config"].get("demo", False)
+        else:
+            demo = json.loads(load_checkpoint(path, weights=False)["train"]["config"]).get("demo", False)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         demo = False
-    if not demo:
+    if demo is not True:
         raise FileExistsError(f"--out {out} holds {path}, which samu demo did not write; samu demo replaces "
                               f"only its own runs: choose another --out")
 
@@ -500,6 +512,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=nonneg_int, help="seed for a reproducible sample")
     p.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
     p.add_argument("--backend", help="mixer backend for the prompt (default auto)")
+    p.add_argument("--threads", type=positive_int,
+                   help="CPU threads (default chosen by torch; one token's ops are small, so 1 is often faster)")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("compare", help="SAMU, RG-LRU and transformer language models trained alike: validation "

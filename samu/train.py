@@ -142,6 +142,10 @@ class TrainConfig:
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
         if self.data_format not in DATA_FORMATS:
             raise ValueError(f"data_format must be one of {', '.join(DATA_FORMATS)}, got {self.data_format!r}")
+        if not isinstance(self.data, str) or not self.data.strip():
+            # an empty path would read as the working folder, every file under it as text
+            raise ValueError(f"data must be 'stdlib' or the path of a text file, folder or token file, got "
+                             f"{self.data!r}")
         if self.device != "auto":
             parse_device(self.device)
         if self.autocast not in AUTOCAST:
@@ -559,14 +563,27 @@ def _step_of(path: Path) -> int:
 
 
 def _of_run(path: Path, log: dict) -> bool:
-    """Whether ``path`` is a sharded checkpoint written by the run of ``log``."""
-    return is_sharded(path) and json.loads(load_checkpoint(path, weights=False)["train"]["log"]).get("run_id") == \
-        log.get("run_id")
+    """Whether ``path`` is a checkpoint (a file or a sharded folder) written by the run of ``log`` (never, for a run
+    from before run ids)."""
+    if log.get("run_id") is None:
+        return False
+    try:
+        return json.loads(load_checkpoint(path, weights=False)["train"]["log"]).get("run_id") == log["run_id"]
+    except (OSError, ValueError, KeyError, TypeError, CheckpointError):
+        return False
 
 
-def _kept_path(path: Path) -> Path:
-    """The name a checkpoint file is kept under once another replaces it: ``checkpoint-<its step>.pt``."""
-    return path.with_name(f"checkpoint-{_step_of(path)}.pt")
+def _kept_path(path: Path, log: dict) -> Path | None:
+    """The name a checkpoint is kept under once another replaces it, ``checkpoint-<its step>.pt``, or None where
+    that name is taken: by this run's own copy of the step (a save stopped between the two), left as it is, or by a
+    file this run did not write, never overwritten (a warning says the step is not kept)."""
+    kept = path.with_name(f"checkpoint-{_step_of(path)}.pt")
+    if kept.exists() or kept.is_symlink():
+        if not _of_run(kept, log):
+            warnings.warn(f"{kept} is not this run's: the checkpoint it would have kept is not kept (samu never "
+                          f"overwrites files it did not write)")
+        return None
+    return kept
 
 
 def check_data_out(data: str, out_dir) -> None:
@@ -764,6 +781,12 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
     elif not ckpt_path.exists() and (out / LOG).exists() and not folder.owned:
         raise FileExistsError(f"{out} holds a {LOG} that no samu run folder owns; samu never overwrites "
                               f"files it did not write: choose another output folder")
+    elif not overwrite and ((out / LOG).exists() or _kept_steps(out)):
+        # a run whose current checkpoint is gone (moved away, say) still holds its log and kept checkpoints, and a
+        # file named like a kept checkpoint may be anyone's: a new run would write over them
+        found = ", ".join(p.name for p in [out / LOG] + sorted(_kept_steps(out).values()) if p.exists())
+        raise FileExistsError(f"{out} holds {found} but no {CHECKPOINT} to resume from; samu never overwrites a "
+                              f"run's files: choose another output folder")
     data = data if data is not None else load_data(config.data, config.data_format)
     data.check(config.seq_len)
     if config.pack:
@@ -797,9 +820,11 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
     check = set_check_finite(False)
     ctx = _Dist()
     try:
-        with _deterministic(config.deterministic):
+        # the signals first: a Ctrl-C while _deterministic imports what it needs (a second or two) only asks the
+        # run to stop, instead of breaking that import and the restore after it
+        with _Signals() as signals, _deterministic(config.deterministic):
             ctx, device = _setup_distributed(config, payload is not None)
-            with _Signals() as signals, contextlib.ExitStack() as closing:
+            with contextlib.ExitStack() as closing:
                 return _run(config, data, identity, payload, ctx, device, folder, signals, closing)
     finally:
         torch.set_num_threads(threads)
@@ -992,7 +1017,11 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
             if is_main:
                 try:
                     _remove(tmp)
-                    # a folder of this step that the link never reached (a run stopped between the two)
+                    # a folder of this step that the link never reached (a run stopped between the two); one this
+                    # run did not write stops it
+                    if (out / name).exists() and not _of_run(out / name, log):
+                        raise FileExistsError(f"{out / name} is not this run's checkpoint; samu never overwrites "
+                                              f"files it did not write: move it away and resume")
                     _remove(out / name)
                 except OSError as e:
                     failed = e
@@ -1009,7 +1038,7 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
         elif is_main:
             single = out / CHECKPOINT
             try:
-                keep_as = _kept_path(single) if config.keep > 1 and single.exists() else None
+                keep_as = _kept_path(single, log) if config.keep > 1 and single.exists() else None
                 save_checkpoint(single, model, {**state, "optimizer": optimizer.state_dict()}, keep_as=keep_as)
             except Exception as e:
                 failed = e
@@ -1018,14 +1047,15 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
                 write_log(out, log)
                 # the other kind of checkpoint before this one (a run resumed on another number of processes)
                 other = out / (CHECKPOINT if sharded else SHARDED)
-                if sharded and other.is_file() and config.keep > 1:
-                    os.replace(other, _kept_path(other))
+                if sharded and other.is_file() and config.keep > 1 and (keep := _kept_path(other, log)) is not None:
+                    os.replace(other, keep)
                 _remove(other)
                 # only the checkpoints this run kept: never another checkpoint-<n>(.pt) in the folder; and a
                 # sharded one of this run that the link never reached (a run stopped between the two)
                 kept = set(log["checkpoints"][-config.keep:])
                 for step_gone, path in _kept_steps(out).items():
-                    if step_gone not in kept and (step_gone in log["checkpoints"] or _of_run(path, log)):
+                    if step_gone not in kept and (_of_run(path, log) or (
+                            log.get("run_id") is None and step_gone in log["checkpoints"])):
                         _remove(path)
             except Exception as e:
                 failed = e

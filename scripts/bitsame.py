@@ -29,7 +29,7 @@ CASES = {
         (2, 4099, 160, "float16", 0, True, True), (1, 8192, 1024, "bfloat16", 16, True, True),
         (1, 5000, 256, "float32", 7, False, False), (1, 32768, 2048, "bfloat16", 16, False, False),
         (1, 8192, 1024, "bfloat16", 256, False, False), (1, 5000, 256, "float32", 7, True, False),
-        (1, 5000, 256, "bfloat16", 7, False, True),
+        (1, 5000, 256, "bfloat16", 7, False, True), (2, 40, 2048, "bfloat16", 0, True, True),
     ],
     "rglru": [
         (1, 8192, 1024, "bfloat16", 0, False, False), (1, 8192, 1024, "bfloat16", 16, False, False),

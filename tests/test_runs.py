@@ -304,6 +304,11 @@ def test_messages_name_the_users_flag_and_refuse_bad_input(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--device", "tpu"])
     assert "expected cpu, cuda or cuda:N, got 'tpu'" in capsys.readouterr().err
+    # an empty --data would read the working folder, every file under it, as text
+    assert main(["train", "--data", "", "--out", str(tmp_path / "e")]) == 1
+    assert "data must be 'stdlib' or the path of a text file, folder or token file, got ''" in capsys.readouterr().err
+    assert main(["train", "--preset", "", "--out", str(tmp_path / "p")]) == 1
+    assert "unknown preset ''" in capsys.readouterr().err
 
 
 def test_an_invalid_utf8_prompt_is_used_as_bytes(tmp_path, capsys):
@@ -345,15 +350,41 @@ def test_the_data_folder_cannot_be_the_run_folder(tmp_path):
     assert not (data_dir / RUN_MARKER).exists()
 
 
-def test_pruning_never_removes_a_checkpoint_this_run_did_not_keep(tmp_path):
+def test_pruning_and_keeping_never_touch_a_checkpoint_this_run_did_not_write(tmp_path):
     data = text_corpus(_text(tmp_path))
     out = tmp_path / "run"
-    out.mkdir()
-    (out / "checkpoint-1000.pt").write_bytes(b"the user's own")
-    train(_config(out, checkpoint_every=1), data=data)
-    assert (out / "checkpoint-1000.pt").read_bytes() == b"the user's own"
-    assert sorted(p.name for p in out.glob("checkpoint*.pt")) == ["checkpoint-1000.pt", "checkpoint-5.pt",
-                                                                   "checkpoint.pt"]
+    with pytest.raises(TrainingInterrupted):
+        train(_config(out, checkpoint_every=1), data=_SignalAt(data, 3))
+    # files put into the folder between two sessions of the run, one under the name its current step would be kept as
+    step = load_checkpoint(out / "checkpoint.pt")["train"]["step"]
+    for name in ("checkpoint-1000.pt", f"checkpoint-{step}.pt"):
+        (out / name).write_bytes(b"the user's own")
+    with pytest.warns(UserWarning, match=f"checkpoint-{step}.pt is not this run's"):
+        train(_config(out, checkpoint_every=1), data=data, resume=True)
+    for name in ("checkpoint-1000.pt", f"checkpoint-{step}.pt"):
+        assert (out / name).read_bytes() == b"the user's own"
+    assert sorted(p.name for p in out.glob("checkpoint*.pt")) == sorted(
+        ["checkpoint-1000.pt", f"checkpoint-{step}.pt", "checkpoint-5.pt", "checkpoint.pt"])
+
+
+def test_a_run_whose_checkpoint_is_gone_is_neither_trained_over_nor_replaced_by_a_demo(tmp_path):
+    data = text_corpus(_text(tmp_path))
+    out = tmp_path / "run"
+    train(_config(out, checkpoint_every=2, keep=3), data=data)
+    (out / "checkpoint.pt").unlink()   # the final model moved elsewhere
+    before = {p.name: p.read_bytes() for p in out.glob("*") if p.is_file()}
+    with pytest.raises(FileExistsError, match="holds log.json, checkpoint-2.pt, checkpoint-4.pt but no checkpoint.pt"):
+        train(_config(out), data=data)
+    result = subprocess.run([sys.executable, "-m", "samu.cli", "demo", "--steps", "1", "--out", str(out)],
+                            capture_output=True, text=True)
+    assert result.returncode != 0 and "which samu demo did not write" in result.stderr
+    assert {p.name: p.read_bytes() for p in out.glob("*") if p.is_file()} == before
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "checkpoint-2.pt").write_bytes(b"the user's own")
+    with pytest.raises(FileExistsError, match="holds checkpoint-2.pt but no checkpoint.pt"):
+        train(_config(foreign), data=data)
+    assert (foreign / "checkpoint-2.pt").read_bytes() == b"the user's own"
 
 
 def test_a_checkpoint_from_before_data_identities_resumes_and_checks_token_counts(tmp_path, monkeypatch):

@@ -302,7 +302,7 @@ def test_quarantined_gate_records_never_reach_the_status(tmp_path):
     reload()
 
 
-
+@pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
 def test_the_packaged_status_is_what_the_committed_records_make(tmp_path):
     # samu/gates/status.json must be rebuilt (docs/measurement.md) in the commit that adds, moves or quarantines a
     # gate record, or changes a variant's gated_since
@@ -311,6 +311,7 @@ def test_the_packaged_status_is_what_the_committed_records_make(tmp_path):
     reload()
     assert path.read_text() == (root / "samu" / "gates" / "status.json").read_text(), (
         "samu/gates/status.json is stale: samu gate --status-only --status samu/gates/status.json")
+
 
 def test_a_gate_speaks_only_for_the_numerics_it_ran_with(tmp_path, monkeypatch):
     """A variant whose group size follows L: passing at L = 33 does not clear L = 70, although both

@@ -103,6 +103,8 @@ def test_rmsnorm_and_mlp_bad_inputs():
     mlp = GatedMLP(8)
     with pytest.raises(ValueError, match=r"x must have shape \[..., 8\]"):
         mlp(torch.randn(1, 2, 6))
+    with pytest.raises(TypeError, match="x must be a floating-point tensor, got torch.int64"):
+        mlp(torch.ones(1, 2, 8, dtype=torch.long))
     with pytest.raises(TypeError, match="x has dtype torch.bfloat16 but the layer's weights are torch.float32"):
         mlp(torch.randn(1, 2, 8, dtype=torch.bfloat16))
     with torch.autocast("cpu", dtype=torch.bfloat16):

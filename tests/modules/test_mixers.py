@@ -63,6 +63,13 @@ def test_step_equals_forward_token_by_token(make):
     assert rel_err(state, h) < 1e-6
 
 
+def test_the_serial_reference_evaluates_in_float64_or_float32_only():
+    m = samu.RGLRUMixer(8, num_heads=2)
+    for dtype in (torch.float16, "float64"):
+        with pytest.raises(ValueError, match="dtype: the serial reference evaluates in torch.float64 or torch.float32"):
+            samu.reference.rglru_mixer(torch.randn(1, 5, 8), *m._params(), dtype=dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("backend", ["torch", "reference", "auto"])
 @pytest.mark.parametrize("make", MIXERS)

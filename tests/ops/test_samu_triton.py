@@ -48,8 +48,9 @@ def _config(K, BN, G, unroll=2, main_BN=0):
 # group, N not a multiple of BN, a last chunk of one token after others (the backward's trig: token 0 comes from
 # the last chunk's lanes past L). The interpreter runs tl.range loops as plain loops, so the unroll
 # cases check only the plumbing; test_unrolled_walks_pass_the_gate_on_gpu checks the compiled code.
+# the last: a width whose 512 modes outnumber the forward controller's one program of 16 tokens x 256 modes
 SHAPES = [(2, 37, 10, 8, 4, 1, 1), (2, 37, 10, 8, 4, 2, 2), (1, 1, 6, 8, 4, 3, 1), (2, 1, 6, 8, 4, 1, 1),
-          (2, 32, 12, 16, 4, 2, 1), (1, 70, 8, 4, 2, 4, 3), (2, 33, 10, 8, 4, 2, 1)]
+          (2, 32, 12, 16, 4, 2, 1), (1, 70, 8, 4, 2, 4, 3), (2, 33, 10, 8, 4, 2, 1), (1, 16, 1024, 8, 128, 2, 2)]
 
 
 @pytest.mark.parametrize("B,L,D,K,BN,G,unroll", SHAPES)
