@@ -86,8 +86,8 @@ def add_commands(subparsers) -> None:
     b.add_argument("--scopes", type=_names(SCOPES), default=["fwd", "fb"],
                    help=f"comma list of {', '.join(SCOPES)} or all (default: fwd,fb)")
     b.add_argument("--shapes", type=_shapes, default=parse_shapes("primary"),
-                   help="comma list of set names (primary, length, width, block, step, gen, prefill, train, "
-                        "gate) or BxLxD; -NAME removes, e.g. length,width,-primary")
+                   help="comma list of set names (primary, length, width, block, step, gen, prefill, packed, "
+                        "train, gate) or BxLxD; -NAME removes, e.g. length,width,-primary")
     b.add_argument("--dtype", type=_dtype, default=None, help="I/O dtype (default: bf16 on cuda, fp32 on cpu)")
     b.add_argument("--impls", type=_names(), default=["auto"],
                    help="samu backends to time: auto, torch, triton, variants (all registered) or variant names; "

@@ -28,6 +28,8 @@ from samu.validate import finite_number, nonneg_int, positive_int
 
 # decoding steps between two host visits of the loop (the uniform draws and the output chunk)
 CHUNK = 256
+# on the CPU (eager steps, no host synchronisation to save) new tokens go to on_tokens every STREAM steps
+STREAM = 8
 # decoders (CUDA graphs) kept per model, the most recently used
 KEEP = 4
 # whether a decoder takes the whole-token kernel where it applies (LanguageModel.decode_plan with the state): off
@@ -129,19 +131,27 @@ class Decoder:
                 self.out[0].copy_(token)
                 first = 1
             self.counter.fill_(first)
-            for _ in range(first, size):
+            shown = 0
+            for i in range(first, size):
                 if self.graph is not None:
                     with torch.cuda.device(self.device):
                         self.graph.replay()
                 else:
                     self._step(model)
+                    if on_tokens is not None and self.device.type == "cpu" and i + 1 - shown >= STREAM:
+                        self._check()
+                        on_tokens(self.out[shown:i + 1].clone().T)
+                        shown = i + 1
             chunks.append(self.out[:size].clone())
-            if bool(self.bad):
-                raise ValueError("the model's logits hold nan or inf while decoding (weights or activations "
-                                 "overflowed?); nothing was sampled from them")
-            if on_tokens is not None:
-                on_tokens(chunks[-1].T)
+            self._check()
+            if on_tokens is not None and shown < size:
+                on_tokens(chunks[-1][shown:].T)
         return torch.cat(chunks).T
+
+    def _check(self):
+        if bool(self.bad):
+            raise ValueError("the model's logits hold nan or inf while decoding (weights or activations "
+                             "overflowed?); nothing was sampled from them")
 
 
 def _key(model, batch, temperature, top_k, graph):
@@ -236,8 +246,9 @@ def generate(model: LanguageModel, prompt, max_new_tokens: int, *, temperature: 
             prefill), each with its seconds (timing synchronises the device).
         cu_seqlens: the prompt [T] or [1, T] packs N prompts at these offsets (samu.ops.packing): the same
             as the list of them.
-        on_tokens: called with the new tokens [B, n] of every chunk of up to CHUNK decoding steps as soon as
-            it is done, in order (streaming, progress); their concatenation is what the call appends.
+        on_tokens: called with the new tokens [B, n] of every chunk of up to CHUNK decoding steps (on the CPU,
+            every STREAM steps) as soon as it is done, in order (streaming, progress); their concatenation is
+            what the call appends.
 
     Returns:
         [B, T + max_new_tokens] (or [T + max_new_tokens] for a 1-D prompt) int64 tokens; for a list (or a

@@ -75,6 +75,17 @@ def test_decoding_across_chunks_equals_greedy_by_the_forward(config, monkeypatch
     assert torch.equal(generate(model, prompt, 11, temperature=0), _greedy_by_forward(model, prompt, 11))
 
 
+def test_cpu_decoding_streams_every_few_steps(monkeypatch):
+    monkeypatch.setattr(importlib.import_module("samu.models.generate"), "STREAM", 2)
+    model = _model(CONFIGS[0], 1)
+    prompt = torch.tensor([3, 1, 4, 1, 5])
+    pieces = []
+    tokens = generate(model, prompt, 9, temperature=0.7, seed=3, on_tokens=pieces.append)
+    assert [p.shape[1] for p in pieces] == [2, 2, 2, 2, 1]
+    assert torch.equal(torch.cat(pieces, 1)[0], tokens[5:])
+    assert torch.equal(tokens, generate(model, prompt, 9, temperature=0.7, seed=3))
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.mixer)
 def test_prompts_of_different_lengths_decode_as_if_alone(config):
     model = _model(config, 2)
