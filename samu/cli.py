@@ -395,8 +395,14 @@ def cmd_compare(args):
     from samu.environment import environment
     from samu.bench.report import compare_markdown, compare_plots
     from samu.compare import Study, recorded_in, run_study, write_record
-    from samu.train import resolve_device
+    from samu.train import check_out_dir, resolve_device
 
+    # both folders checked before the study trains (the record is written only once every run is done)
+    for flag, folder in (("--out", args.out), ("--results", args.results)):
+        try:
+            check_out_dir(folder)
+        except ValueError as e:
+            raise ValueError(str(e).replace("out_dir", flag, 1)) from None
     fields = _given(args, COMPARE_KEYS)
     if args.arms is not None:
         fields["arms"] = tuple(a.strip() for a in args.arms.split(",") if a.strip())

@@ -309,6 +309,10 @@ def test_messages_name_the_users_flag_and_refuse_bad_input(tmp_path, capsys):
     assert "data must be 'stdlib' or the path of a text file, folder or token file, got ''" in capsys.readouterr().err
     assert main(["train", "--preset", "", "--out", str(tmp_path / "p")]) == 1
     assert "unknown preset ''" in capsys.readouterr().err
+    # samu compare checks where it will write its record before it trains
+    (tmp_path / "a_file").write_text("")
+    assert main(["compare", "--results", str(tmp_path / "a_file"), "--out", str(tmp_path / "c")]) == 1
+    assert "--results '" in capsys.readouterr().err and not (tmp_path / "c").exists()
 
 
 def test_an_invalid_utf8_prompt_is_used_as_bytes(tmp_path, capsys):
