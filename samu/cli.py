@@ -590,6 +590,8 @@ def _run(args) -> int:
         if int(os.environ.get("RANK", "0")) == 0:
             resume = f"--out {stop.out} --resume"
             how = (f"the same torchrun command with `{resume}`" if int(os.environ.get("WORLD_SIZE", "1")) > 1
+                   # the study's folder resumes every arm, this one from its checkpoint
+                   else "the same `samu compare` command" if args.command == "compare"
                    else f"`samu train {resume}`")
             print(f"samu {args.command}: stopped by {stop}; the checkpoint is saved: resume with {how}",
                   file=sys.stderr)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -313,6 +314,18 @@ def test_messages_name_the_users_flag_and_refuse_bad_input(tmp_path, capsys):
     (tmp_path / "a_file").write_text("")
     assert main(["compare", "--results", str(tmp_path / "a_file"), "--out", str(tmp_path / "c")]) == 1
     assert "--results '" in capsys.readouterr().err and not (tmp_path / "c").exists()
+
+
+def test_an_interrupted_study_says_to_run_it_again(tmp_path, capsys, monkeypatch):
+    import samu.compare
+    from samu.cli import main
+
+    def stopped(study, out, progress):
+        raise TrainingInterrupted(signal.SIGTERM, 1, 9, Path(out) / "samu-L2048-s0")
+
+    monkeypatch.setattr(samu.compare, "run_study", stopped)
+    assert main(["compare", "--out", str(tmp_path / "study"), "--results", str(tmp_path / "records")]) == 143
+    assert "resume with the same `samu compare` command" in capsys.readouterr().err
 
 
 def test_an_invalid_utf8_prompt_is_used_as_bytes(tmp_path, capsys):
