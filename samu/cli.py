@@ -314,7 +314,7 @@ def _check_demo_may_replace(out: Path) -> None:
     if not path.exists():
         path = out / LOG
         if not path.exists():
-            kept = sorted(p.name for p in out.glob("checkpoint-*"))
+            kept = sorted(p.name for p in out.glob("checkpoint-*") if re.fullmatch(r"checkpoint-\d+(\.pt)?", p.name))
             if kept:
                 raise FileExistsError(f"--out {out} holds {', '.join(kept)}, which samu demo did not write; samu "
                                       f"demo replaces only its own runs: choose another --out")
@@ -589,9 +589,9 @@ def _run(args) -> int:
     except TrainingInterrupted as stop:
         if int(os.environ.get("RANK", "0")) == 0:
             resume = f"--out {stop.out} --resume"
-            how = (f"the same torchrun command with `{resume}`" if int(os.environ.get("WORLD_SIZE", "1")) > 1
-                   # the study's folder resumes every arm, this one from its checkpoint
-                   else "the same `samu compare` command" if args.command == "compare"
+            # the study's folder resumes every arm, this one from its checkpoint
+            how = ("the same `samu compare` command" if args.command == "compare"
+                   else f"the same torchrun command with `{resume}`" if int(os.environ.get("WORLD_SIZE", "1")) > 1
                    else f"`samu train {resume}`")
             print(f"samu {args.command}: stopped by {stop}; the checkpoint is saved: resume with {how}",
                   file=sys.stderr)

@@ -142,6 +142,8 @@ class TrainConfig:
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
         if self.data_format not in DATA_FORMATS:
             raise ValueError(f"data_format must be one of {', '.join(DATA_FORMATS)}, got {self.data_format!r}")
+        if isinstance(self.data, os.PathLike):
+            self.data = os.fspath(self.data)
         if not isinstance(self.data, str) or not self.data.strip():
             # an empty path would read as the working folder, every file under it as text
             raise ValueError(f"data must be 'stdlib' or the path of a text file, folder or token file, got "
@@ -569,7 +571,7 @@ def _of_run(path: Path, log: dict) -> bool:
         return False
     try:
         return json.loads(load_checkpoint(path, weights=False)["train"]["log"]).get("run_id") == log["run_id"]
-    except (OSError, ValueError, KeyError, TypeError, CheckpointError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, CheckpointError):
         return False
 
 
@@ -761,6 +763,37 @@ def train(config: TrainConfig, *, data: TokenData | None = None, resume: bool = 
         return _train(config, data, resume, overwrite, out, folder)
 
 
+def _check_fresh(out: Path, folder) -> None:
+    """Before a new run in ``out``, which holds no current checkpoint: refuse what it would write over (kept
+    checkpoints, a log of a run that saved checkpoints, a ``checkpoint`` that is not samu's link); the log of a run
+    that saved none (killed before its first save, or stopped by divergence) is moved aside, to
+    log-<its run id>.json."""
+    kept = [p for _, p in sorted(_kept_steps(out).items())]
+    link = out / SHARDED
+    if link.exists() and not link.is_symlink():
+        raise FileExistsError(f"{out} holds {link.name}, which samu never writes there (its sharded runs write a link "
+                              f"of that name): choose another output folder")
+    log = _read_log(out / LOG) if (out / LOG).exists() else None
+    if kept or (log is not None and log.get("checkpoints") != []):
+        found = ", ".join(p.name for p in ([out / LOG] if log is not None else []) + kept)
+        raise FileExistsError(
+            f"{out} holds {found} but no {CHECKPOINT}; samu never overwrites a run's files: choose another output "
+            f"folder, or resume from a kept checkpoint (rename it to {CHECKPOINT}, then --resume), or remove them")
+    if log is not None and folder.rank == 0:
+        aside = out / f"log-{log.get('run_id') or uuid.uuid4().hex}.json"
+        os.replace(out / LOG, aside)
+        warnings.warn(f"{out / LOG} of a run that saved no checkpoint is kept as {aside.name}; a new run starts")
+
+
+def _read_log(path: Path) -> dict:
+    """A run's log.json as a dict ({} where it cannot be read as one: refused as a run's, not trusted)."""
+    try:
+        log = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return log if isinstance(log, dict) else {}
+
+
 def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
     ckpt_path = current_checkpoint(out)
     payload = None
@@ -769,7 +802,14 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
         payload = load_checkpoint(ckpt_path, weights=False)
         if "train" not in payload:
             raise CheckpointError(f"{ckpt_path} holds no training state to resume from")
-        saved_world = json.loads(payload["train"]["log"]).get("world_size", 1)
+        saved_log = json.loads(payload["train"]["log"])
+        saved_world = saved_log.get("world_size", 1)
+        # a folder named as a later step's sharded checkpoint that this run did not write stops it now, not at that
+        # save (a sharded save never removes another's folder)
+        for step, path in _kept_steps(out).items():
+            if step > payload["train"]["step"] and path.is_dir() and not _of_run(path, saved_log):
+                raise FileExistsError(f"{path} is not this run's checkpoint, and the run would save one under its "
+                                      f"name: move it away, then resume")
         check_resumable(json.loads(payload["train"]["config"]), config, ckpt_path, "data" in payload["train"],
                         saved_world, int(os.environ.get("WORLD_SIZE", "1")))
         if is_finished(payload, config):
@@ -781,12 +821,8 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
     elif not ckpt_path.exists() and (out / LOG).exists() and not folder.owned:
         raise FileExistsError(f"{out} holds a {LOG} that no samu run folder owns; samu never overwrites "
                               f"files it did not write: choose another output folder")
-    elif not overwrite and ((out / LOG).exists() or _kept_steps(out)):
-        # a run whose current checkpoint is gone (moved away, say) still holds its log and kept checkpoints, and a
-        # file named like a kept checkpoint may be anyone's: a new run would write over them
-        found = ", ".join(p.name for p in [out / LOG] + sorted(_kept_steps(out).values()) if p.exists())
-        raise FileExistsError(f"{out} holds {found} but no {CHECKPOINT} to resume from; samu never overwrites a "
-                              f"run's files: choose another output folder")
+    elif not overwrite:
+        _check_fresh(out, folder)
     data = data if data is not None else load_data(config.data, config.data_format)
     data.check(config.seq_len)
     if config.pack:
@@ -806,10 +842,14 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
                                   f"{known.get('val_tokens')} validation tokens, the data given now have "
                                   f"{counts['train_tokens']} and {counts['val_tokens']}; resume with the same data")
     if overwrite and payload is None and folder.owned and folder.rank == 0:
-        # a run being replaced (samu demo) takes its checkpoints with it, its current one too
+        # a run being replaced (samu demo) takes its checkpoints with it, its current one too: its own, by run id
+        old = (json.loads(load_checkpoint(ckpt_path, weights=False)["train"]["log"]) if ckpt_path.exists()
+               else _read_log(out / LOG))
         for old_kept in _kept_steps(out).values():
-            _remove(old_kept)
-        _remove(out / SHARDED)
+            if _of_run(old_kept, old):
+                _remove(old_kept)
+        if (out / SHARDED).is_symlink():
+            _remove(out / SHARDED)
         _remove(out / CHECKPOINT)
 
     # train() sets the thread count for its run only.
@@ -1047,9 +1087,13 @@ def _run(config, data, identity, payload, ctx: _Dist, device, folder: _RunFolder
                 write_log(out, log)
                 # the other kind of checkpoint before this one (a run resumed on another number of processes)
                 other = out / (CHECKPOINT if sharded else SHARDED)
-                if sharded and other.is_file() and config.keep > 1 and (keep := _kept_path(other, log)) is not None:
-                    os.replace(other, keep)
-                _remove(other)
+                if sharded and other.is_file() and _of_run(other, log):
+                    if config.keep > 1 and (keep := _kept_path(other, log)) is not None:
+                        os.replace(other, keep)
+                    else:
+                        _remove(other)
+                elif not sharded and other.is_symlink():
+                    _remove(other)
                 # only the checkpoints this run kept: never another checkpoint-<n>(.pt) in the folder; and a
                 # sharded one of this run that the link never reached (a run stopped between the two)
                 kept = set(log["checkpoints"][-config.keep:])

@@ -390,7 +390,8 @@ def test_a_run_whose_checkpoint_is_gone_is_neither_trained_over_nor_replaced_by_
     train(_config(out, checkpoint_every=2, keep=3), data=data)
     (out / "checkpoint.pt").unlink()   # the final model moved elsewhere
     before = {p.name: p.read_bytes() for p in out.glob("*") if p.is_file()}
-    with pytest.raises(FileExistsError, match="holds log.json, checkpoint-2.pt, checkpoint-4.pt but no checkpoint.pt"):
+    with pytest.raises(FileExistsError, match="holds log.json, checkpoint-2.pt, checkpoint-4.pt but no checkpoint.pt; "
+                                              "samu never overwrites a run's files"):
         train(_config(out), data=data)
     result = subprocess.run([sys.executable, "-m", "samu.cli", "demo", "--steps", "1", "--out", str(out)],
                             capture_output=True, text=True)
@@ -402,6 +403,45 @@ def test_a_run_whose_checkpoint_is_gone_is_neither_trained_over_nor_replaced_by_
     with pytest.raises(FileExistsError, match="holds checkpoint-2.pt but no checkpoint.pt"):
         train(_config(foreign), data=data)
     assert (foreign / "checkpoint-2.pt").read_bytes() == b"the user's own"
+    # a file or folder named checkpoint that is not samu's link (another tool's) stops a new run before it starts
+    for kind in ("file", "folder"):
+        other = tmp_path / kind
+        other.mkdir()
+        if kind == "folder":
+            (other / "checkpoint").mkdir()
+        else:
+            (other / "checkpoint").write_text("model_checkpoint_path")
+        with pytest.raises(FileExistsError, match="holds checkpoint, which samu never writes there"):
+            train(_config(other), data=data)
+        assert (other / "checkpoint").exists()
+
+
+def test_a_run_that_saved_nothing_starts_again_in_its_folder_and_its_log_is_kept(tmp_path):
+    data = text_corpus(_text(tmp_path))
+    out = tmp_path / "run"
+    out.mkdir()
+    # what a run killed (SIGKILL) before its first save leaves: the folder's marker and a log with no checkpoint
+    (out / RUN_MARKER).write_text("")
+    (out / "log.json").write_text(json.dumps({"run_id": "dead", "train": [{"step": 1}], "checkpoints": []}))
+    with pytest.warns(UserWarning, match="kept as log-dead.json"):
+        train(_config(out, steps=2), data=data)
+    assert json.loads((out / "log-dead.json").read_text())["train"] == [{"step": 1}]
+    assert load_checkpoint(out / "checkpoint.pt")["train"]["step"] == 2
+
+
+def test_a_replaced_demo_run_takes_only_its_own_checkpoints_along(tmp_path):
+    data = text_corpus(_text(tmp_path))
+    out = tmp_path / "demo"
+    train(_config(out, steps=4, checkpoint_every=2, demo=True), data=data, overwrite=True)
+    (out / "checkpoint-1000.pt").write_bytes(b"the user's own")
+    train(_config(out, steps=2, demo=True), data=data, overwrite=True)
+    assert sorted(p.name for p in out.glob("checkpoint*")) == ["checkpoint-1000.pt", "checkpoint.pt"]
+    assert (out / "checkpoint-1000.pt").read_bytes() == b"the user's own"
+
+
+def test_the_data_may_be_a_path(tmp_path):
+    config = _config(tmp_path / "run", data=_text(tmp_path))
+    assert isinstance(config.data, str) and config.data == str(_text(tmp_path))
 
 
 def test_a_checkpoint_from_before_data_identities_resumes_and_checks_token_counts(tmp_path, monkeypatch):
