@@ -308,20 +308,20 @@ def _check_demo_may_replace(out: Path) -> None:
     """samu demo replaces a run in ``out`` only if samu demo wrote it: as its checkpoint says, or where that is gone,
     its log (samu train refuses a folder holding kept checkpoints or a log without one)."""
     from samu.models import load_checkpoint
-    from samu.train import LOG, current_checkpoint
+    from samu.train import LOG, _kept_steps, _read_log, current_checkpoint
 
     path = current_checkpoint(out)
     if not path.exists():
         path = out / LOG
         if not path.exists():
-            kept = sorted(p.name for p in out.glob("checkpoint-*") if re.fullmatch(r"checkpoint-\d+(\.pt)?", p.name))
+            kept = [p.name for _, p in sorted(_kept_steps(out).items())]
             if kept:
                 raise FileExistsError(f"--out {out} holds {', '.join(kept)}, which samu demo did not write; samu "
                                       f"demo replaces only its own runs: choose another --out")
             return
     try:
         if path.name == LOG:
-            demo = json.loads(path.read_text())["config"].get("demo", False)
+            demo = _read_log(path)["config"].get("demo", False)
         else:
             demo = json.loads(load_checkpoint(path, weights=False)["train"]["config"]).get("demo", False)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):

@@ -350,9 +350,7 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
 def explain(shape, op: str = "samu", dtype: torch.dtype = torch.bfloat16, device="cuda",
             backend: str = "auto", heads: int = 16, packed: bool = False) -> str:
     """Say which implementation ``op`` uses for ``shape`` = (B, L, D) (``packed``: a packed row), with which
-    launch settings, and why. It only looks: a class no record covers is reported, not gated."""
-    if op not in OPS:
-        raise ValueError(f"op must be one of {', '.join(OPS)}, got {op!r}")
+    launch settings, and why. It only looks: a class no record covers is reported, not gated (choose checks op)."""
     if (not isinstance(shape, (tuple, list)) or len(shape) != 3
             or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in shape)):
         raise ValueError(f"shape must be (B, L, D), three positive integers, got {shape!r}")
