@@ -61,11 +61,12 @@ def randn(shape, seed: int, dtype=torch.float32, device="cpu", requires_grad=Tru
 
 
 def gate_check(op: str, run, x_dtype, B, L, D, H=4, seed=0, with_state=True, device="cpu", cu_seqlens=None,
-               final_grad=True):
+               final_grad=True, params=None):
     """Run ``run`` (same signature as samu.samu_mixer / samu.rglru_mixer) through the spec §7 gate,
     judged by the gate runner's own functions on these test inputs. ``cu_seqlens`` (a list; B = 1): the
     call packs those sequences, each with its own initial and final state, against the reference run
     one sequence at a time. ``final_grad`` False leaves the final state out of the loss (as training does).
+    ``params``: the mixer's parameters (default: samu_params or rglru_params drawn from ``seed``).
 
     Returns the runner's verdict: {"errors", "thresholds", "passed", "pass", ...} over y,
     final_state, dx, d_initial_state (with_state) and every parameter gradient.
@@ -75,7 +76,9 @@ def gate_check(op: str, run, x_dtype, B, L, D, H=4, seed=0, with_state=True, dev
     from samu.gates.runner import baselines, evaluate, judge
 
     rules = load_rules()
-    params = samu_params(D, seed + 1, device=device) if op == "samu" else rglru_params(D, H, seed + 1, device=device)
+    if params is None:
+        params = (samu_params(D, seed + 1, device=device) if op == "samu"
+                  else rglru_params(D, H, seed + 1, device=device))
     inputs = {"x": randn((B, L, D), seed, dtype=torch.float32, device=device, requires_grad=False).to(x_dtype),
               "params": {name: p.detach() for name, p in zip(PARAMS[op], params)},
               "initial_state": randn((B, D), seed + 2, device=device, requires_grad=False) if with_state else None,
@@ -131,3 +134,29 @@ def byte_text(folder, name="corpus.txt", seed=0):
     path = folder / name
     path.write_bytes(b"".join(words[i] for i in rng.integers(0, len(words), 6000)))
     return path
+
+
+@torch.no_grad()
+def live_parameters(module, seed: int = 0):
+    """``module`` with the parameters its init leaves at 0 or 1 drawn at random (every bias N(0, 0.5), every RMSNorm
+    weight U(0.5, 1.5), RG-LRU's gate biases and SAMU's amplitudes, where zero, N(0, 0.5)), each in its own dtype and
+    on its own device: a bias or norm weight taken in the wrong place then changes the results."""
+    from samu.modules import RGLRUMixer, RMSNorm, SAMUMixer
+
+    g = torch.Generator().manual_seed(seed)
+
+    def draw(p, low=None, high=None):
+        value = torch.empty(p.shape)
+        value = value.normal_(0, 0.5, generator=g) if low is None else value.uniform_(low, high, generator=g)
+        p.copy_(value)
+
+    for m in module.modules():
+        if isinstance(m, RMSNorm):
+            draw(m.weight, 0.5, 1.5)
+        elif getattr(m, "bias", None) is not None:
+            draw(m.bias)
+        zeroed = {SAMUMixer: ("amplitudes",), RGLRUMixer: ("b_a", "b_x")}.get(type(m), ())
+        for p in (getattr(m, name) for name in zeroed):
+            if not p.any():
+                draw(p)
+    return module

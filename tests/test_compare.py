@@ -2,6 +2,7 @@
 figures; a study cut short resumes to the same record; another definition in the folder is refused."""
 
 import json
+import statistics
 
 import pytest
 import torch
@@ -56,6 +57,8 @@ def test_a_tiny_study_trains_every_arm_alike_and_resumes(tmp_path, capsys, monke
         assert r["val"][0]["tokens"] == 0 and r["val"][-1]["tokens"] == r["steps"] * r["batch_size"] * r["seq_len"]
         assert r["val"][0]["time_s"] == 0 and r["val"][-1]["time_s"] > 0
         assert len(r["position_bits"]) == r["seq_len"] and all(b > 0 for b in r["position_bits"])
+        # the same windows as the final validation, each position counted alike: their mean is its bits
+        assert statistics.fmean(r["position_bits"]) == pytest.approx(r["val"][-1]["bits"], rel=1e-9)
     assert record["unit"] == "bits/byte"
     table = {(t["arm"], t["seq_len"]): t for t in record["table"]}
     assert sorted(table) == [("rglru", 32), ("rglru", 64), ("samu", 32), ("samu", 64), ("transformer", 32)]
@@ -69,6 +72,9 @@ def test_a_tiny_study_trains_every_arm_alike_and_resumes(tmp_path, capsys, monke
     rglru_end = [runs[f"rglru-L32-s{s}"]["val"][-1]["time_s"] for s in (0, 1)]
     assert table[("rglru", 32)]["time_to_rglru_s"] == pytest.approx(sum(rglru_end) / 2)
     assert [(b["from"], b["to"]) for b in t["position_bins"]] == position_bins(32) == [(0, 16), (16, 32)]
+    for b in t["position_bins"]:
+        per_seed = [statistics.fmean(runs[f"samu-L32-s{s}"]["position_bits"][b["from"]:b["to"]]) for s in (0, 1)]
+        assert b["bits"] == pytest.approx(statistics.fmean(per_seed))
     assert record["env"]["torch"] and record["command"].startswith("samu compare --preset tiny")
     assert len(list(results.glob("*.png"))) == 3
     out = capsys.readouterr().out

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from samu.data import TokenData, text_corpus
 from samu.models import CheckpointError, LanguageModel, LMConfig, load_checkpoint
@@ -805,3 +806,23 @@ def test_clipped_step_steps_as_clip_grad_norm_does(fused, scale):
         assert rel_err(a, b) < 1e-6
         for key in ("exp_avg", "exp_avg_sq"):
             assert rel_err(opts[0].state[a][key], opts[1].state[b][key]) < 1e-6, key
+
+
+def test_position_losses_are_the_validation_windows_loss_at_each_position(tmp_path):
+    from samu.train import evaluate, evaluate_positions
+
+    data = text_corpus(_text(tmp_path))
+    config = _config(tmp_path)
+    torch.manual_seed(0)
+    model = LanguageModel(MODEL)
+    got = evaluate_positions(model, data, config)
+    starts = data.val_starts(config.seq_len, config.eval_batches * config.batch_size)
+    x, y = data.windows("val", starts, config.seq_len)
+    with torch.no_grad():
+        logits = model(x)[0]
+    want = F.cross_entropy(logits.double().transpose(1, 2), y, reduction="none").mean(0)
+    assert len(got) == config.seq_len and len(starts) == config.eval_batches * config.batch_size
+    assert torch.allclose(torch.tensor(got, dtype=torch.float64), want, rtol=1e-5, atol=0)
+    # late positions differ from early ones (an order reversal would show)
+    assert abs(got[0] - got[-1]) > 1e-3
+    assert sum(got) / len(got) == pytest.approx(evaluate(model, data, config, "cpu")["val_loss"], rel=1e-9)

@@ -75,7 +75,7 @@ def gate_row(op, backend, shape, ok, worst_q="y"):
         errors[worst_q] = 6.25e-6
     passed = {q: errors[q] <= thresholds[q] for q in qs}
     return {"op": op, "backend": backend, "variant": backend, "shape": list(shape),
-            "shape_class": f"bfloat16|L<=8192|D<=1024", "dtype": "bfloat16", "seed": 7, "errors": errors,
+            "shape_class": "bfloat16|L<=8192|D<=1024", "dtype": "bfloat16", "seed": 7, "errors": errors,
             "baselines": {"serial_fp32": {q: 5e-7 for q in qs}, "rounded_float64": {"y": 1e-3, "dx": 1e-3}},
             "thresholds": thresholds, "rules": {q: "fp32" for q in qs}, "passed": passed, "pass": all(passed.values())}
 

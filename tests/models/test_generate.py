@@ -9,7 +9,7 @@ import torch
 from samu.models import LanguageModel, LMConfig, generate
 from samu.ops import dispatch
 from samu.models.generate import decoder, sample
-from tests.helpers import rel_err
+from tests.helpers import live_parameters, rel_err
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CONFIGS = [LMConfig(vocab_size=19, width=12, num_layers=2, mixer="samu", lru_width=10),
@@ -18,12 +18,7 @@ CONFIGS = [LMConfig(vocab_size=19, width=12, num_layers=2, mixer="samu", lru_wid
 
 def _model(config, seed=0, device="cpu", backend="auto"):
     torch.manual_seed(seed)
-    model = LanguageModel(config, backend=backend, device=device)
-    if config.mixer == "samu":
-        with torch.no_grad():
-            for layer in model.layers:
-                layer.block.mixer.amplitudes.normal_(0, 0.5)
-    return model
+    return live_parameters(LanguageModel(config, backend=backend, device=device), seed)
 
 
 def _greedy_by_forward(model, prompt, n):
@@ -177,8 +172,7 @@ def test_decoding_through_the_fused_kernels_follows_the_forward(config, monkeypa
                          (rmsnorm_triton, "rmsnorm_fwd")):
         kernel = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _k=kernel, _n=name, **kw: calls.append(_n) or _k(*a, **kw))
-    torch.manual_seed(7)
-    model = LanguageModel(config, backend=sorted(dispatch.variants(config.mixer))[0], device=DEVICE)
+    model = _model(config, 7, DEVICE, backend=sorted(dispatch.variants(config.mixer))[0])
     tokens = torch.randint(0, 19, (2, 9), device=DEVICE)
     with torch.no_grad():
         logits, _ = model(tokens)
@@ -202,8 +196,7 @@ def test_batch_one_decoding_through_the_one_row_products_follows_the_forward(con
     calls = []
     kernel = rowprod_triton.row_product
     monkeypatch.setattr(rowprod_triton, "row_product", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
-    torch.manual_seed(8)
-    model = LanguageModel(config, backend=sorted(dispatch.variants(config.mixer))[0], device=DEVICE)
+    model = _model(config, 8, DEVICE, backend=sorted(dispatch.variants(config.mixer))[0])
     tokens = torch.randint(0, 19, (1, 7), device=DEVICE)
     with torch.no_grad():
         logits, _ = model(tokens)
@@ -328,8 +321,7 @@ def test_a_decoder_decides_the_one_row_path_once(monkeypatch):
     takes = ResidualLayer.takes_one_row
     monkeypatch.setattr(ResidualLayer, "takes_one_row", lambda self, x_t: asked.append(x_t.shape) or takes(self, x_t))
     config = CONFIGS[0]
-    torch.manual_seed(3)
-    model = LanguageModel(config, backend=sorted(dispatch.variants(config.mixer))[0], device=DEVICE)
+    model = _model(config, 3, DEVICE, backend=sorted(dispatch.variants(config.mixer))[0])
     prompt = torch.tensor([3, 1, 4])
     generate(model, prompt, 4, temperature=0, graph=False)
     assert asked == [(1, config.width)] * config.num_layers

@@ -10,7 +10,7 @@ import torch
 from samu.models import (PRESETS, CheckpointError, LanguageModel, LMConfig, generate, load_checkpoint,
                          load_model, save_checkpoint)
 from samu.models import checkpoint as ckpt
-from tests.helpers import rel_err
+from tests.helpers import live_parameters, rel_err
 
 SMALL = [LMConfig(vocab_size=19, width=12, num_layers=2, mixer="samu", lru_width=10),
          LMConfig(vocab_size=19, width=12, num_layers=2, mixer="rglru", lru_width=8, num_heads=4)]
@@ -18,12 +18,7 @@ SMALL = [LMConfig(vocab_size=19, width=12, num_layers=2, mixer="samu", lru_width
 
 def _model(config, seed=0):
     torch.manual_seed(seed)
-    model = LanguageModel(config)
-    for layer in model.layers:
-        if config.mixer == "samu":
-            with torch.no_grad():
-                layer.block.mixer.amplitudes.normal_(0, 0.5)
-    return model
+    return live_parameters(LanguageModel(config), seed)
 
 
 @pytest.mark.parametrize("name", list(PRESETS))

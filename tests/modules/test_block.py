@@ -8,7 +8,7 @@ import samu
 from samu.modules import BlockState, RecurrentBlock, ResidualLayer
 from samu.modules.layers import product_dtype
 from samu.ops import dispatch
-from tests.helpers import rel_err
+from tests.helpers import live_parameters, rel_err
 
 CASES = [dict(mixer="samu", lru_width=10), dict(mixer="rglru", lru_width=12, num_heads=3)]
 
@@ -19,9 +19,7 @@ def _block(seed=0, **kw):
     if kw["mixer"] == "samu":
         with torch.no_grad():
             block.mixer.amplitudes.copy_(torch.tensor([[0.6, -0.2], [0.3, 0.8]]))
-    with torch.no_grad():
-        block.conv1d.bias.normal_()
-    return block
+    return live_parameters(block, seed)
 
 
 @pytest.mark.parametrize("kw", CASES)
@@ -73,7 +71,7 @@ def test_block_carried_state_equals_unsplit(kw):
 @pytest.mark.parametrize("kw", CASES)
 def test_residual_layer_step_and_split(kw):
     torch.manual_seed(3)
-    layer = ResidualLayer(9, **kw)
+    layer = live_parameters(ResidualLayer(9, **kw), 3)
     x = torch.randn(2, 10, 9)
     out, final = layer(x, return_state=True)
     state = None
@@ -233,7 +231,7 @@ def test_block_with_fused_glue_equals_unfused(kw):
     blocks = {}
     for name, backend in (("torch", "torch"), ("triton", variant)):
         torch.manual_seed(6)
-        blocks[name] = RecurrentBlock(9, backend=backend, **kw).to(device)
+        blocks[name] = live_parameters(RecurrentBlock(9, backend=backend, **kw), 6).to(device)
     assert blocks["triton"].glue_backend == "triton" and blocks["torch"].glue_backend == "torch"
     u = torch.randn(2, 21, 9, device=device)
     state = BlockState(torch.randn(2, 3, kw["lru_width"], device=device), torch.randn(2, kw["lru_width"], device=device))

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from samu.modules import Conv1D, GatedMLP, RMSNorm
+from tests.helpers import live_parameters
 
 
 def _conv_by_definition(conv, x, history=None):
@@ -43,7 +44,7 @@ def test_conv1d_is_causal():
 
 def test_conv1d_step_equals_forward_token_by_token():
     torch.manual_seed(2)
-    conv = Conv1D(7)
+    conv = live_parameters(Conv1D(7), 2)
     x = torch.randn(3, 11, 7)
     y, final = conv(x, return_state=True)
     state = None
@@ -56,7 +57,7 @@ def test_conv1d_step_equals_forward_token_by_token():
 @pytest.mark.parametrize("split", [1, 2, 5])
 def test_conv1d_carried_state_equals_unsplit(split):
     torch.manual_seed(3)
-    conv = Conv1D(5)
+    conv = live_parameters(Conv1D(5), 3)
     x = torch.randn(2, 9, 5)
     y, final = conv(x, return_state=True)
     y1, s1 = conv(x[:, :split], return_state=True)
@@ -129,7 +130,7 @@ def test_rmsnorm_matches_definition_and_keeps_dtype():
 
 def test_gated_mlp_is_geglu_with_expansion_3():
     torch.manual_seed(5)
-    mlp = GatedMLP(6)
+    mlp = live_parameters(GatedMLP(6), 5)
     assert mlp.gate_up.out_features == 2 * 18 and mlp.down.in_features == 18
     assert sum(p.numel() for p in mlp.parameters()) == 6 * 36 + 36 + 18 * 6 + 6
     x = torch.randn(2, 5, 6)

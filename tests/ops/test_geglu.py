@@ -14,7 +14,6 @@ calls give the same bits.
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from samu.ops import dispatch
 from samu.ops.geglu import geglu, geglu_torch

@@ -7,6 +7,7 @@ import torch
 
 import samu
 from samu import reference
+from samu.ops import dispatch
 from tests.helpers import assert_float64_matches_reference, assert_gate, gate_check, randn, rel_err, rglru_params
 
 
@@ -23,6 +24,22 @@ def test_torch_path_fp32_gate(B, L, D, H, with_state):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_torch_path_low_precision_gate(dtype):
     assert_gate(gate_check("rglru", torch_backend, dtype, 2, 63, 12, H=3, seed=5))
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton_chunked", marks=pytest.mark.skipif(
+    not dispatch.triton_available(), reason="triton is not installed"))])
+def test_gate_where_the_sqrt_derivative_is_bounded(backend):
+    """Channels with a ~ 1 take Griffin's bound: softplus(-20) = 2.1e-9, so u = 1 - a^2 = 2 c gate_a softplus(a_param)
+    < 3.3e-8, below the 2.5e-7 where max(4u, 1e-6) stops being 4u (spec §4); every gradient within the gate."""
+    device = "cuda" if backend != "torch" and torch.cuda.is_available() else "cpu"
+    params = rglru_params(16, 4, 22, device=device)
+    with torch.no_grad():
+        params[4][::2] = -20.0
+
+    def mixer(*args, **kw):
+        return samu.rglru_mixer(*args, backend=backend, **kw)
+
+    assert_gate(gate_check("rglru", mixer, torch.float32, 2, 40, 16, H=4, seed=21, device=device, params=params))
 
 
 @pytest.mark.parametrize("backend", ["torch", "reference"])
