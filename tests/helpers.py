@@ -66,7 +66,7 @@ def gate_check(op: str, run, x_dtype, B, L, D, H=4, seed=0, with_state=True, dev
     judged by the gate runner's own functions on these test inputs. ``cu_seqlens`` (a list; B = 1): the
     call packs those sequences, each with its own initial and final state, against the reference run
     one sequence at a time. ``final_grad`` False leaves the final state out of the loss (as training does).
-    ``params``: the mixer's parameters (default: samu_params or rglru_params drawn from ``seed``).
+    ``params``: the mixer's parameters (default: samu_params or rglru_params drawn from ``seed + 1``).
 
     Returns the runner's verdict: {"errors", "thresholds", "passed", "pass", ...} over y,
     final_state, dx, d_initial_state (with_state) and every parameter gradient.

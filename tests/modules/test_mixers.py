@@ -25,7 +25,7 @@ def test_samu_init_follows_spec():
     assert 0.9 ** 2 <= float((r * r).min()) and float((r * r).max()) <= 0.999 ** 2 + 1e-9
     theta = torch.exp(m.theta_log.detach().double())
     assert 0 < float(theta.min()) and float(theta.max()) <= math.pi / 10 + 1e-7
-    # uniform, not merely in range: each mean within ~4 standard errors of 2048 draws
+    # each mean within ~4 standard errors of its distribution's (2048 draws): gross init errors, not fine ones
     assert abs(float(theta.mean()) / (math.pi / 20) - 1) < 0.05
     assert abs(float((r * r).mean()) - (0.9 ** 2 + 0.999 ** 2) / 2) < 0.005
     assert torch.equal(m.amplitudes, torch.zeros(2, 2))
@@ -39,9 +39,9 @@ def test_rglru_init_follows_spec():
     a0 = torch.exp(-torch.nn.functional.softplus(m.a_param.detach().double()))
     assert 0.9 ** 2 - 1e-6 <= float((a0 * a0).min()) and float((a0 * a0).max()) <= 0.999 ** 2 + 1e-6
     assert abs(float(m.w_a.detach().std()) - (1 / 64) ** 0.5) < 0.01
-    assert abs(float(m.w_x.detach().std()) - (1 / 64) ** 0.5) < 0.01
+    assert abs(float(m.w_x.detach().std()) - (1 / 64) ** 0.5) < 0.002
     assert abs(float(m.w_a.detach().mean())) < 0.002 and abs(float(m.w_x.detach().mean())) < 0.002
-    assert abs(float((a0 * a0).mean()) - (0.9 ** 2 + 0.999 ** 2) / 2) < 0.01
+    assert abs(float((a0 * a0).mean()) - (0.9 ** 2 + 0.999 ** 2) / 2) < 0.007
     assert torch.equal(m.b_a, torch.zeros(1024)) and torch.equal(m.b_x, torch.zeros(1024))
 
 

@@ -30,11 +30,14 @@ def test_torch_path_low_precision_gate(dtype):
     not dispatch.triton_available(), reason="triton is not installed"))])
 def test_gate_where_the_sqrt_derivative_is_bounded(backend):
     """Channels with a ~ 1 take Griffin's bound: softplus(-20) = 2.1e-9, so u = 1 - a^2 = 2 c gate_a softplus(a_param)
-    < 3.3e-8, below the 2.5e-7 where max(4u, 1e-6) stops being 4u (spec §4); every gradient within the gate."""
+    < 3.3e-8, below the 2.5e-7 where max(4u, 1e-6) stops being 4u (spec §4); every gradient within the gate. The
+    torch path takes its gates from the reference's own code, so its case checks the scan around them; the bound
+    itself is held by the Triton case and tests/test_reference.py's slow channels."""
     device = "cuda" if backend != "torch" and torch.cuda.is_available() else "cpu"
     params = rglru_params(16, 4, 22, device=device)
+    a_param = params[4]
     with torch.no_grad():
-        params[4][::2] = -20.0
+        a_param[::2] = -20.0
 
     def mixer(*args, **kw):
         return samu.rglru_mixer(*args, backend=backend, **kw)
