@@ -564,13 +564,18 @@ def _step_of(path: Path) -> int:
     return load_checkpoint(path, weights=False)["train"]["step"]
 
 
+def _log_of(path: Path) -> dict:
+    """The log of the run that wrote checkpoint ``path`` (a file or a sharded folder), as saved with it."""
+    return json.loads(load_checkpoint(path, weights=False)["train"]["log"])
+
+
 def _of_run(path: Path, log: dict) -> bool:
     """Whether ``path`` is a checkpoint (a file or a sharded folder) written by the run of ``log`` (never, for a run
     from before run ids)."""
     if log.get("run_id") is None:
         return False
     try:
-        return json.loads(load_checkpoint(path, weights=False)["train"]["log"]).get("run_id") == log["run_id"]
+        return _log_of(path).get("run_id") == log["run_id"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError, CheckpointError):
         return False
 
@@ -763,6 +768,15 @@ def train(config: TrainConfig, *, data: TokenData | None = None, resume: bool = 
         return _train(config, data, resume, overwrite, out, folder)
 
 
+def _read_log(path: Path) -> dict:
+    """A run's log.json as a dict ({} where it cannot be read as one: refused as a run's, not trusted)."""
+    try:
+        log = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return log if isinstance(log, dict) else {}
+
+
 def _check_fresh(out: Path, folder) -> None:
     """Before a new run in ``out``, which holds no current checkpoint: refuse what it would write over (kept
     checkpoints, a log of a run that saved checkpoints, a ``checkpoint`` that is not samu's link); the log of a run
@@ -783,15 +797,6 @@ def _check_fresh(out: Path, folder) -> None:
         aside = out / f"log-{log.get('run_id') or uuid.uuid4().hex}.json"
         os.replace(out / LOG, aside)
         warnings.warn(f"{out / LOG} of a run that saved no checkpoint is kept as {aside.name}; a new run starts")
-
-
-def _read_log(path: Path) -> dict:
-    """A run's log.json as a dict ({} where it cannot be read as one: refused as a run's, not trusted)."""
-    try:
-        log = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return log if isinstance(log, dict) else {}
 
 
 def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
@@ -843,8 +848,7 @@ def _train(config, data, resume, overwrite, out, folder) -> TrainResult:
                                   f"{counts['train_tokens']} and {counts['val_tokens']}; resume with the same data")
     if overwrite and payload is None and folder.owned and folder.rank == 0:
         # a run being replaced (samu demo) takes its checkpoints with it, its current one too: its own, by run id
-        old = (json.loads(load_checkpoint(ckpt_path, weights=False)["train"]["log"]) if ckpt_path.exists()
-               else _read_log(out / LOG))
+        old = _log_of(ckpt_path) if ckpt_path.exists() else _read_log(out / LOG)
         for old_kept in _kept_steps(out).values():
             if _of_run(old_kept, old):
                 _remove(old_kept)

@@ -31,14 +31,7 @@ if [ -f samu/gates/status.json ] && [ ! -f "$OUT/status.json" ]; then cp samu/ga
 . scripts/stage.sh
 
 main() {
-  local wheels
-  wheels=$(ls .whl/fla_core-*.whl .whl/accelerated_scan-*.whl .whl/einops-*.whl 2>/dev/null)
-  if [ -n "$wheels" ] && $PY -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/peers $wheels; then
-    export PYTHONPATH="$PYTHONPATH:/tmp/peers"
-    echo "peers installed:" $wheels
-  else
-    echo "peers: no fla-core / accelerated-scan wheels installed from .whl/; peer rows will be skipped"
-  fi
+  install_peers
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 

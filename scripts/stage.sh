@@ -26,3 +26,17 @@ workspace() {
 }
 
 save() { tar -czf "$OUT/results.tar.gz" -C "$W" .; }
+
+# `install_peers`: the peers' wheels carried in .whl/ (fla-core, accelerated-scan, einops) installed to /tmp/peers
+# and put on PYTHONPATH; without them a line says the peer rows will be skipped.
+install_peers() {
+  local wheels
+  wheels=$(ls .whl/fla_core-*.whl .whl/accelerated_scan-*.whl .whl/einops-*.whl 2>/dev/null)
+  if [ -n "$wheels" ] && ${PY:-python3} -m pip install -q --no-index --no-deps --no-compile --upgrade \
+      --target /tmp/peers $wheels; then
+    export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}/tmp/peers"
+    echo "peers installed:" $wheels
+  else
+    echo "peers: no fla-core / accelerated-scan wheels installed from .whl/; peer rows will be skipped"
+  fi
+}

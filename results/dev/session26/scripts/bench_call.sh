@@ -3,7 +3,7 @@
 # (the report's packed table), then the primary shapes beside the third-party peers (the README's ratios). Each
 # bench writes its JSON as it goes; the call packs them into results.tar.gz after each stage.
 # The peers travel as wheels in .whl/ (here: `pip download --no-deps -d .whl accelerated-scan einops fla-core`,
-# then the device call carries ".whl"), installed as scripts/gpu_suite.sh installs them; without them the peer rows
+# then the device call carries ".whl"), installed by scripts/stage.sh's install_peers; without them the peer rows
 # are skipped.
 #   COMMIT=<hex> bash results/dev/session26/scripts/bench_call.sh
 set -u
@@ -13,12 +13,8 @@ OUT=${OUT:-$PWD/out}
 W=$OUT/w; mkdir -p $W
 export PYTHONPATH=$PWD SAMU_GIT_COMMIT=$COMMIT PYTHONUNBUFFERED=1
 pack() { tar -czf $OUT/results.tar.gz -C $W .; }
-wheels=$(ls .whl/fla_core-*.whl .whl/accelerated_scan-*.whl .whl/einops-*.whl 2>/dev/null)
-if [ -n "$wheels" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/peers $wheels; then
-  export PYTHONPATH=$PYTHONPATH:/tmp/peers; echo "peers installed:" $wheels
-else
-  echo "peers: none installed from .whl/; the peer rows will be skipped"
-fi
+. scripts/stage.sh
+install_peers
 timeout 170 python3 -m samu.cli bench --quiet --scopes packed --shapes packed --impls auto --peers none \
   --out $W/bench-packed.json > $W/packed.log 2>&1; echo "packed exit $?"
 pack
