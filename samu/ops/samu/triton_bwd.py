@@ -29,8 +29,9 @@ import triton.language as tl
 
 from samu.ops.packing_triton import chunk_word, first_sequence, last_sequence, opens_in, sequence_after, sequence_before
 from samu.ops.samu.triton_fwd import (CTL, _both, _cfma, _clamp, _controls_of, _entering, _fetch_controls, _fetch_pair,
-                                      _fetch_token, _gamma, _gamma_squared, _input_of, _load_pair, _mode_row, _restart,
-                                      _prefix_tail, _store_pair, _store_quad, _transition, prefix_buffers)
+                                      _fetch_token, _gamma, _gamma_squared, _input_of, _load_modes, _load_pair,
+                                      _mode_row, _prefix_tail, _restart, _store_modes, _store_pair, _store_quad,
+                                      _transition, prefix_buffers)
 from samu.ops.triton_utils import cdiv, exp_flushed, launch, prefetch_l2, tanh
 
 
@@ -97,9 +98,9 @@ def _walk_words(words, i_c, n_chunks, K: tl.constexpr, VARLEN: tl.constexpr):
 
 
 @triton.jit
-def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, rck, rgroups, right, init, count, words, dfinal, L, D,
-                            N, n_chunks, G, K: tl.constexpr, BN: tl.constexpr, U: tl.constexpr, VARLEN: tl.constexpr,
-                            HAS_DF: tl.constexpr, HAS_INIT: tl.constexpr):
+def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, modes, rsum, rck, rgroups, right, init, count, words, dfinal,
+                            L, D, N, n_chunks, G, K: tl.constexpr, BN: tl.constexpr, U: tl.constexpr,
+                            VARLEN: tl.constexpr, HAS_DF: tl.constexpr, HAS_INIT: tl.constexpr):
     """Map (Q, F) from the adjoint entering chunk i_c from its right to the adjoint at its first token, then the
     prefix over the chunks from the right (triton_fwd._prefix_tail, REVERSE: rck, rgroups, right from the final
     state's cotangent ``init``).
@@ -110,11 +111,15 @@ def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, rck, rgroups, ri
     token 0: no walk of this kernel needs it, but the main backward and dx do (lambda_0), and only those lanes
     write it (the last chunk always has one, as n_chunks * K >= L). The programs of a chunk's mode tiles write
     the same values: the controller's functions on the same fp32 phi, so the values the forward used. The walk
-    also fetches tokens another program writes (its chunk's first token and the one before), never using them."""
+    also fetches tokens another program writes (its chunk's first token and the one before), never using them.
+    The mode table is not saved either: these programs evaluate their tile's modes (_mode_row), and the first
+    chunk's write them to ``modes`` for the main backward and dx (the forward's table, the same functions)."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
     b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
+    if (i_c == 0) & (i_b == 0):
+        _store_modes(modes, i_n, mask_n, N, b_rate, b_ch, b_cl, b_sh, b_sl)
     p_m = ctl + i_b.to(tl.int64) * CTL * L + 2 * L
     p_c = trig + i_b.to(tl.int64) * 2 * L
     i_t = i_c * K + 1 + tl.arange(0, K)
@@ -154,7 +159,7 @@ def _adjoint_summary_kernel(dy, ctl, trig, nu, theta_log, rsum, rck, rgroups, ri
 
 
 @triton.jit
-def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part, rows, dh0, words, dfinal, h0,
+def _main_kernel(x, dy, ctl, trig, modes, bound, rck, right, slots, part, rows, dh0, words, dfinal, h0,
                  L, D, N, n_chunks, n_groups, n_tiles, n_items,
                  K: tl.constexpr, BN: tl.constexpr, U: tl.constexpr, G, HAS_H0: tl.constexpr,
                  VARLEN: tl.constexpr, HAS_DF: tl.constexpr):
@@ -167,7 +172,7 @@ def _main_kernel(x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part
         i_b = item // (n_tiles * n_chunks)
         i_n = i_j * BN + tl.arange(0, BN)
         mask_n = i_n < N
-        b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
+        b_rate, b_ch, b_cl, b_sh, b_sl = _load_modes(modes, i_n, mask_n, N)
         p_m = ctl + i_b.to(tl.int64) * CTL * L + 2 * L
         p_c = trig + i_b.to(tl.int64) * 2 * L
         # delta, right to left, kept in this program's slot (it stays in cache)
@@ -300,14 +305,14 @@ def _controller_kernel(ctl, amplitudes, part, dp, dA_rows, L, n_tiles, kappa, BT
 
 
 @triton.jit
-def _dx_kernel(x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, dp, dx, rows, words, dfinal,
+def _dx_kernel(x, dy, ctl, trig, modes, directions, rnorm, rck, right, dp, dx, rows, words, dfinal,
                L, D, N, n_chunks, n_groups, K: tl.constexpr, BN: tl.constexpr, U: tl.constexpr, G,
                VARLEN: tl.constexpr, HAS_DF: tl.constexpr):
     """dx = gamma delta + sum_j dp_j u_hat_j, and partials of sum_t dp_j (x_t - p_j u_hat_j)."""
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
-    b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
+    b_rate, b_ch, b_cl, b_sh, b_sl = _load_modes(modes, i_n, mask_n, N)
     r0, r1 = tl.load(rnorm), tl.load(rnorm + 1)
     b_u0r, b_u0i = _load_pair(directions, i_n, N, mask_n)
     b_u1r, b_u1i = _load_pair(directions, D + i_n, N, mask_n)
@@ -439,11 +444,12 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     f32 = dict(device=x.device, dtype=torch.float32)
     rsum = empty(B, n_chunks, 2, D, **f32)
     trig = empty(B, 2, L, **f32)  # cos phi, sin phi, rebuilt by the adjoint summaries
+    modes = empty(5, N, **f32)  # the mode table, written by the adjoint summaries
     rck, rgroups, right = prefix_buffers(rsum, G, empty=empty)
     # the final-state cotangent is the adjoint entering from the right end (tokens past L are identity)
     has_init = not varlen and dfinal is not None
-    launch(_adjoint_summary_kernel, (n_chunks, n_tiles, B), dy, ctl, trig, nu, theta_log, rsum, rck, rgroups, right,
-           dfinal if has_init else rsum, count, words_arg, df_arg, L, D, N, n_chunks, G, K=K, BN=BN, U=unroll,
+    launch(_adjoint_summary_kernel, (n_chunks, n_tiles, B), dy, ctl, trig, nu, theta_log, modes, rsum, rck, rgroups,
+           right, dfinal if has_init else rsum, count, words_arg, df_arg, L, D, N, n_chunks, G, K=K, BN=BN, U=unroll,
            VARLEN=varlen, HAS_DF=has_df, HAS_INIT=has_init, num_warps=num_warps)
     n_groups = right.shape[1]
     main_BN = main_BN or BN
@@ -454,7 +460,7 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     n_items = B * n_chunks * main_tiles
     n_slots = _slots(x.device, n_items, slots_per_sm)
     slots = torch.empty(n_slots, K, 2 * main_BN, **f32)
-    launch(_main_kernel, (n_slots,), x, dy, ctl, trig, nu, theta_log, bound, rck, right, slots, part, rows,
+    launch(_main_kernel, (n_slots,), x, dy, ctl, trig, modes, bound, rck, right, slots, part, rows,
            dh0 if has_h0 else rows, words_arg, df_arg, h0 if varlen and has_h0 else rows, L, D, N, n_chunks, n_groups,
            main_tiles, n_items, K=K, BN=main_BN, U=unroll, G=G, HAS_H0=has_h0, VARLEN=varlen, HAS_DF=has_df,
            num_warps=num_warps)
@@ -464,7 +470,7 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     launch(_controller_kernel, (n_tb, B), ctl, amplitudes, part, dp, dA_rows, L, main_tiles, float(radial_bound),
            BT=CONTROLLER_TOKENS, num_warps=1)
     dx = empty(B, L, D, device=x.device, dtype=x.dtype)
-    launch(_dx_kernel, (n_chunks, n_tiles, B), x, dy, ctl, trig, nu, theta_log, directions, rnorm, rck, right, dp, dx,
+    launch(_dx_kernel, (n_chunks, n_tiles, B), x, dy, ctl, trig, modes, directions, rnorm, rck, right, dp, dx,
            rows, words_arg, df_arg, L, D, N, n_chunks, n_groups, K=K, BN=BN, U=unroll, G=G, VARLEN=varlen,
            HAS_DF=has_df, num_warps=num_warps)
     dnu, dtheta, ddir = empty(N, **f32), empty(N, **f32), empty(2, D, **f32)

@@ -63,6 +63,25 @@ def _mode_row(nu, theta_log, i_n, mask_n):
 
 
 @triton.jit
+def _store_modes(modes, i_n, mask_n, N, b_rate, b_ch, b_cl, b_sh, b_sl):
+    """_mode_row's five [BN] rows into a call's mode table ``modes`` [5, N] (rate, cos hi, cos lo, sin hi, sin lo):
+    one kernel evaluates the float64 functions once a call, and the walks load them (_load_modes)."""
+    tl.store(modes + i_n, b_rate, mask=mask_n)
+    tl.store(modes + N + i_n, b_ch, mask=mask_n)
+    tl.store(modes + 2 * N + i_n, b_cl, mask=mask_n)
+    tl.store(modes + 3 * N + i_n, b_sh, mask=mask_n)
+    tl.store(modes + 4 * N + i_n, b_sl, mask=mask_n)
+
+
+@triton.jit
+def _load_modes(modes, i_n, mask_n, N):
+    """_mode_row's values from the mode table (_store_modes)."""
+    return (tl.load(modes + i_n, mask=mask_n, other=0.0), tl.load(modes + N + i_n, mask=mask_n, other=0.0),
+            tl.load(modes + 2 * N + i_n, mask=mask_n, other=0.0), tl.load(modes + 3 * N + i_n, mask=mask_n, other=0.0),
+            tl.load(modes + 4 * N + i_n, mask=mask_n, other=0.0))
+
+
+@triton.jit
 def _clamp(t, L):
     """A token index inside [0, L): scalar loads stay in bounds without a mask."""
     return tl.minimum(tl.maximum(t, 0), L - 1)
@@ -260,10 +279,11 @@ def _prefix_tail(summ, ck, groups, start, init, count, i_c, i_j, i_b, n_chunks, 
 
 
 @triton.jit
-def _controller_kernel(x, directions, amplitudes, ctl, trig, rnorm, count, n_count, L, D, kappa,
-                       BT: tl.constexpr, BD: tl.constexpr):
+def _controller_kernel(x, directions, amplitudes, nu, theta_log, ctl, trig, rnorm, modes, count, n_count, L, D, N,
+                       kappa, BT: tl.constexpr, BD: tl.constexpr):
     """p = <u_j / ||u_j||, x_t>, c = A p, m = exp(k tanh(c0 / k)), phi = c1 for BT tokens; the first program also
-    zeroes the call's ``n_count`` prefix counters (prefix_counters)."""
+    zeroes the call's ``n_count`` prefix counters (prefix_counters), and the first batch row's programs write the
+    mode table (_store_modes), BD modes at a time."""
     i_tb, i_b = tl.program_id(0), tl.program_id(1)
     i_t = i_tb * BT + tl.arange(0, BT)
     mask_t = i_t < L
@@ -298,6 +318,11 @@ def _controller_kernel(x, directions, amplitudes, ctl, trig, rnorm, count, n_cou
     p_trig = trig + i_b.to(tl.int64) * 2 * L + i_t
     tl.store(p_trig, tl.cos(b_c1), mask=mask_t)
     tl.store(p_trig + L, tl.sin(b_c1), mask=mask_t)
+    if i_b == 0:
+        for i_m0 in range(i_tb * BD, N, tl.num_programs(0) * BD):
+            i_m = i_m0 + tl.arange(0, BD)
+            b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_m, i_m < N)
+            _store_modes(modes, i_m, i_m < N, N, b_rate, b_ch, b_cl, b_sh, b_sl)
     if (i_tb == 0) & (i_b == 0):
         tl.store(rnorm, b_r0)
         tl.store(rnorm + 1, b_r1)
@@ -307,7 +332,7 @@ def _controller_kernel(x, directions, amplitudes, ctl, trig, rnorm, count, n_cou
 
 
 @triton.jit
-def _summary_kernel(x, ctl, trig, nu, theta_log, csum, ck, groups, start, init, count, words, h0, L, D, N, n_chunks, G,
+def _summary_kernel(x, ctl, trig, modes, csum, ck, groups, start, init, count, words, h0, L, D, N, n_chunks, G,
                     K: tl.constexpr, BN: tl.constexpr, U: tl.constexpr, VARLEN: tl.constexpr, HAS_H0: tl.constexpr,
                     HAS_INIT: tl.constexpr):
     """(prod lambda, state reached from zero) of one chunk, for one mode tile, then the prefix over the chunks
@@ -316,7 +341,7 @@ def _summary_kernel(x, ctl, trig, nu, theta_log, csum, ck, groups, start, init, 
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
-    b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
+    b_rate, b_ch, b_cl, b_sh, b_sl = _load_modes(modes, i_n, mask_n, N)
     t = i_c * K
     p_m = ctl + i_b.to(tl.int64) * CTL * L + 2 * L
     p_c = trig + i_b.to(tl.int64) * 2 * L
@@ -362,7 +387,7 @@ def _entering(ck, start, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G):
 
 
 @triton.jit
-def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, words, h0, L, D, N, n_chunks, n_groups,
+def _replay_kernel(x, ctl, trig, modes, ck, start, y, bound, final, words, h0, L, D, N, n_chunks, n_groups,
                    K: tl.constexpr, BN: tl.constexpr, U: tl.constexpr, G, HAS_FINAL: tl.constexpr,
                    VARLEN: tl.constexpr, HAS_H0: tl.constexpr):
     """Rerun each chunk from its entering state and write y (and the final state; packed, each
@@ -370,7 +395,7 @@ def _replay_kernel(x, ctl, trig, nu, theta_log, ck, start, y, bound, final, word
     i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = i_j * BN + tl.arange(0, BN)
     mask_n = i_n < N
-    b_rate, b_ch, b_cl, b_sh, b_sl = _mode_row(nu, theta_log, i_n, mask_n)
+    b_rate, b_ch, b_cl, b_sh, b_sl = _load_modes(modes, i_n, mask_n, N)
     b_hr, b_hi = _entering(ck, start, i_b, i_c, D, N, n_chunks, n_groups, i_n, mask_n, G)
     off = (i_b.to(tl.int64) * n_chunks + i_c) * D + i_n
     tl.store(bound + off, b_hr, mask=mask_n)
@@ -449,10 +474,11 @@ def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *
     ctl = empty(B, CTL.value, L, **f32)
     trig = empty(B, 2, L, **f32)
     rnorm = empty(2, **f32)
+    modes = empty(5, N, **f32)
     count = prefix_counters(B, L, D, K=K, BN=BN, G=G, device=x.device, empty=empty)
     BT = 16
-    launch(_controller_kernel, (cdiv(L, BT), B), x, directions, amplitudes, ctl, trig, rnorm, count, count.numel(), L,
-           D, float(radial_bound), BT=BT, BD=min(256, next_power_of_2(D)), num_warps=4)
+    launch(_controller_kernel, (cdiv(L, BT), B), x, directions, amplitudes, nu, theta_log, ctl, trig, rnorm, modes,
+           count, count.numel(), L, D, N, float(radial_bound), BT=BT, BD=min(256, next_power_of_2(D)), num_warps=4)
     csum = empty(B, n_chunks, 2, D, **f32)
     ck, groups, start = prefix_buffers(csum, G, empty=empty)
     # packed, each sequence's initial state enters where it opens (in the walks), not at the left end
@@ -460,14 +486,14 @@ def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *
     has_init = not varlen and initial_state is not None
     h0 = initial_state if has_h0 else csum
     words_arg = words if varlen else csum
-    launch(_summary_kernel, (n_chunks, n_tiles, B), x, ctl, trig, nu, theta_log, csum, ck, groups, start,
+    launch(_summary_kernel, (n_chunks, n_tiles, B), x, ctl, trig, modes, csum, ck, groups, start,
            initial_state if has_init else csum, count, words_arg, h0, L, D, N, n_chunks, G, K=K, BN=BN, U=unroll,
            VARLEN=varlen, HAS_H0=has_h0, HAS_INIT=has_init, num_warps=num_warps)
     n_groups = start.shape[1]
     y = empty(B, L, D, device=x.device, dtype=x.dtype)
     bound = empty(B, n_chunks, D, **f32)
     final = empty(n_seqs if varlen else B, D, **f32) if want_final else None
-    launch(_replay_kernel, (n_chunks, n_tiles, B), x, ctl, trig, nu, theta_log, ck, start, y, bound,
+    launch(_replay_kernel, (n_chunks, n_tiles, B), x, ctl, trig, modes, ck, start, y, bound,
            final if want_final else bound, words_arg, h0, L, D, N, n_chunks, n_groups,
            K=K, BN=BN, U=unroll, G=G, HAS_FINAL=want_final, VARLEN=varlen, HAS_H0=has_h0, num_warps=num_warps)
     return y, final, ctl, rnorm, bound, count
