@@ -1,8 +1,7 @@
 """Where a decoding step's time goes: the 400m preset in bf16, one token per row through generate()'s
 Decoder, graphed and eager, with the kernels of one step and the weight-read floor.
 
-Usage: python scripts/gpu_gen.py [--out DIR] [--batches 1,8,64] [--mixers samu,rglru] [--no-kernels] [--whole-token]
-(--whole-token: decoders take the whole-token kernel where it applies, samu.models.generate.WHOLE_TOKEN)
+Usage: python scripts/gpu_gen.py [--out DIR] [--batches 1,8,64] [--mixers samu,rglru] [--no-kernels]
 Writes DIR/gen_profile.json and prints a table. Times are of a real decode: every step streams the weights
 from memory (a loop over one product alone would find them in L2).
 """
@@ -43,11 +42,9 @@ def main():
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--mixers", default="samu,rglru")
     ap.add_argument("--no-kernels", action="store_true")
-    ap.add_argument("--whole-token", action="store_true")
     args = ap.parse_args()
-    sys.modules[decoder.__module__].WHOLE_TOKEN = args.whole_token   # the module, not samu.models.generate()
     out = {"env": environment(torch.device("cuda")), "command": "python scripts/gpu_gen.py " + " ".join(sys.argv[1:]),
-           "whole_token": args.whole_token, "rows": []}
+           "rows": []}
     path = os.path.join(args.out, "gen_profile.json")
     for mixer in args.mixers.split(","):
         torch.manual_seed(0)

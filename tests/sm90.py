@@ -122,31 +122,3 @@ def compile_mixers(op: str):
                 run_case(op, variant, (1, 300, D), dtype, 0)
     print(op, len(compiler.rows), "kernels")
     print("compiled")
-
-
-
-
-def compile_token():
-    """The whole-token kernel (samu.ops.decode_triton) as a 400m-shaped model of two bf16 layers launches it: its
-    tensors' 16-byte alignment and the widths' divisibility reach the compiler as on the GPU (the weight loads are
-    16-byte vectors only then), the buffers never written (nothing runs)."""
-    import samu.ops.decode_triton as decode_triton
-
-    compiler = Compiler()
-    decode_triton.launch = compiler
-    W, E, F = 1664, 1664, 4992
-
-    def low(*shape):
-        return torch.empty(*shape, dtype=torch.bfloat16)
-
-    def fp(*shape):
-        return torch.empty(*shape, dtype=torch.float32)
-
-    layers = [(low(2 * E, W), low(2 * E), low(W), low(4, E), low(E), low(1, 3, E), low(W, E), low(W), low(W),
-               low(2 * F, W), low(2 * F), low(W, F), low(W), fp(E // 2), fp(E // 2), fp(2, E), fp(4), fp(1, E))
-              for _ in range(2)]
-    kernel = decode_triton.TokenKernel.make(low(256, W), layers, (1e-6, 1e-6), 2.0)
-    kernel(torch.zeros(1, dtype=torch.int64))
-    (row,) = compiler.rows.values()
-    print(row)
-    print("compiled")

@@ -32,9 +32,6 @@ CHUNK = 256
 STREAM = 8
 # decoders (CUDA graphs) kept per model, the most recently used
 KEEP = 4
-# whether a decoder takes the whole-token kernel where it applies (LanguageModel.decode_plan with the state): off
-# until it is timed against the per-layer launches on a GPU (docs/performance.md, "Decoding", v8)
-WHOLE_TOKEN = False
 
 _decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -71,7 +68,7 @@ class Decoder:
         self.device = device = model.embed.weight.device
         self.batch, self.temperature, self.top_k = batch, temperature, top_k
         self.state = model.init_state(batch)
-        self.plan = model.decode_plan(batch, self.state if WHOLE_TOKEN else None)
+        self.plan = model.decode_plan(batch)
         self.token = torch.zeros(batch, dtype=torch.int64, device=device)
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)
         self.bad = torch.zeros(1, dtype=torch.bool, device=device)   # a step saw logits not finite
@@ -174,8 +171,7 @@ def decoder(model: LanguageModel, batch: int, temperature: float, top_k: int | N
     if key in kept:
         kept.move_to_end(key)
         return kept[key]
-    # decoders over other tensors (parameters since replaced, moved or cast) serve no later call: they go, and with
-    # them what they hold (a whole-token kernel holds the tensors it was made with)
+    # decoders over other tensors (parameters since replaced, moved or cast) serve no later call: free their memory
     for stale in [k for k in kept if k[4] != key[4]]:
         del kept[stale]
     made = kept[key] = Decoder(model, batch, temperature, top_k, graph)

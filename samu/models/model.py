@@ -53,8 +53,7 @@ class LanguageModel(CausalLM):
         -> (logits [B, L, vocab_size], list[BlockState] | None); cu_seqlens packs sequences (samu.ops.packing)
     step(token [B] int64, state: list[BlockState] | None) -> (logits [B, vocab_size], a new list[BlockState])
     init_state(batch) -> a zero state; decode(token, state, plan=None) -> logits, updating the state in place
-    (decode_plan(batch): which layers take the one-row products, decided once for a decoding loop; with the
-    loop's state, the whole-token kernel where it applies)
+    (decode_plan(batch): which layers take the one-row products, decided once for a decoding loop)
 
     The state holds one BlockState per layer (conv window + mixer state), independent of L. ``step`` checks
     its arguments and leaves the given state alone; ``decode`` is the decoding loop's unchecked step over
@@ -142,48 +141,21 @@ class LanguageModel(CausalLM):
         """A zero state for ``batch`` rows (RecurrentBlock.init_state per layer), on the model's device."""
         return [layer.init_state(batch, device, dtype) for layer in self.layers]
 
-    def decode(self, token, state: list[BlockState], plan=None):
+    def decode(self, token, state: list[BlockState], plan: list[bool] | None = None):
         """logits [B, vocab_size] for token [B], updating ``state`` (from init_state) in place; unchecked.
-        ``plan``: decode_plan(B) (or decode_plan(B, state), for this ``state``) made under the same settings
-        (None: each layer decides at each call)."""
-        if plan is not None and not isinstance(plan, list):
-            if plan.state is not state:
-                raise ValueError("plan was made for another state: decode_plan(batch, state) for this one")
-            return self._head(plan(token))
+        ``plan``: decode_plan(B) made under the same settings (None: each layer decides at each call)."""
         x = embedding(token, self.embed.weight)
         for layer, s, one_row in zip(self.layers, state, [None] * len(self.layers) if plan is None else plan):
             x = layer.decode(x, s, one_row)
         return self._head(x)
 
-    def decode_plan(self, batch: int, state: list[BlockState] | None = None):
+    def decode_plan(self, batch: int) -> list[bool]:
         """Per layer, whether decode() of ``batch`` rows takes the one-row products (ResidualLayer.takes_one_row),
         decided once for a decoding loop: it depends on the batch, the weights' dtypes and layouts, the backends
         and the autocast state, none of which a loop changes. Every layer's input has the embedding's dtype and
-        layout (with autocast off, where alone the one-row products run). Given the loop's ``state``, where every
-        layer takes one row around SAMU's fused step, with one size and one eps and radial bound: instead the
-        whole-token kernel over that state (samu.ops.decode_triton.TokenKernel), the token's layers in one launch,
-        bound to the tensors it was made with (make another after replacing, moving or casting parameters)."""
+        layout (with autocast off, where alone the one-row products run)."""
         x_t = embedding(torch.zeros(batch, dtype=torch.int64, device=self.embed.weight.device), self.embed.weight)
-        plan = [layer.takes_one_row(x_t) for layer in self.layers]
-        if state is None:
-            return plan
-        if len(state) != len(self.layers) or any(s.mixer.shape[0] != batch for s in state):
-            raise ValueError(f"state must be init_state({batch}) of this model: {len(self.layers)} layers of {batch} "
-                             f"rows, got {len(state)} layers of {sorted({s.mixer.shape[0] for s in state})} rows")
-        if not all(plan):
-            return plan
-        fields = [layer.token_fields(s) for layer, s in zip(self.layers, state)]
-        if any(f is None for f in fields):
-            return plan
-        settings = {(layer.temporal_norm.eps, layer.mlp_norm.eps, layer.block.mixer.radial_bound)
-                    for layer in self.layers}
-        if len(settings) != 1:
-            return plan
-        from samu.ops.decode_triton import TokenKernel
-
-        eps_t, eps_m, radial_bound = settings.pop()
-        kernel = TokenKernel.make(self.embed.weight, fields, (eps_t, eps_m), radial_bound, state)
-        return plan if kernel is None else kernel
+        return [layer.takes_one_row(x_t) for layer in self.layers]
 
     def step(self, token, state=None):
         self._check_tokens("token", token, 1)

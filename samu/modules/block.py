@@ -237,27 +237,6 @@ class ResidualLayer(nn.Module):
             tensors += [linear.weight, linear.bias]
         return all(t is not None and t.dtype == x_t.dtype and t.is_contiguous() for t in tensors)
 
-    def token_fields(self, state: BlockState):
-        """This layer's tensors in the whole-token kernel's table order (samu.ops.decode_triton: the products'
-        weights and biases, the norms' weights, the Conv1D's weight, bias and state, SAMU's fp32 parameters and
-        state), or None where its step is not SAMU's fused kernel (TokenKernel.make checks the tensors' dtypes and
-        layouts)."""
-        from samu.ops.step import fuses_block_step
-
-        block = self.block
-        mixer, conv = block.mixer, block.conv1d
-        if not isinstance(mixer, SAMUMixer):
-            return None
-        params = mixer._params()
-        z = state.conv.new_empty(1, 2 * block.lru_width)
-        if not fuses_block_step("samu", z, conv.weight, conv.bias, state.conv, params, state.mixer,
-                                mixer._step_backend):
-            return None
-        linear_in, linear_out, gate_up, down = self._products()
-        return (linear_in.weight, linear_in.bias, self.temporal_norm.weight, conv.weight, conv.bias, state.conv,
-                linear_out.weight, linear_out.bias, self.mlp_norm.weight, gate_up.weight, gate_up.bias, down.weight,
-                down.bias, *params, state.mixer)
-
     def _decode_row(self, x_t, state: BlockState):
         """decode() at batch 1 in five launches: the in-projection with the temporal norm in its prologue, the
         block's step, the out-projection onto x_t, gate_up with the MLP's norm, down with the GeGLU gate onto

@@ -26,8 +26,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import cuda as tlc
 
-from samu.ops.triton_utils import (_COUNT_WAIT, _PDL_WAIT, NO_WAIT, PDL_WAIT, cast_to, cdiv, gelu_gate, inv_rms, launch,
-                                   next_power_of_2, pdl, wait_for)
+from samu.ops.triton_utils import (_PDL_WAIT, NO_WAIT, PDL_WAIT, cast_to, cdiv, gelu_gate, inv_rms, launch,
+                                   next_power_of_2, pdl)
 
 WARPS = 4
 PLAIN, NORM, GEGLU = 0, 1, 2
@@ -35,11 +35,10 @@ PLAIN, NORM, GEGLU = 0, 1, 2
 
 @triton.jit
 def row_tile(w, b, x, res, nw, y, tile, N, K, eps, BN: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr,
-             PRO: tl.constexpr, HAS_RES: tl.constexpr, WAIT: tl.constexpr, count, need):
+             PRO: tl.constexpr, HAS_RES: tl.constexpr, WAIT: tl.constexpr):
     """y[rows] = W[rows] @ pro(x) + b[rows] (+ res[rows]) for the BN rows of ``tile``. PRO: PLAIN x [K]; NORM
     RMSNorm(x) * nw, x [K]; GEGLU gelu_tanh(gate) * up, x = [gate | up] [2K]. What x and res come from is waited
-    for after the first weight tile's load (WAIT: triton_utils.NO_WAIT, PDL_WAIT, or COUNT_WAIT until the int32
-    counter ``count`` reaches ``need``, as the whole-token kernel of decode_triton waits)."""
+    for after the first weight tile's load (WAIT: triton_utils.NO_WAIT or PDL_WAIT)."""
     rows = tile * BN + tl.arange(0, BN)
     mask_n = rows < N
     p_w = w + rows[:, None].to(tl.int64) * K
@@ -49,8 +48,6 @@ def row_tile(w, b, x, res, nw, y, tile, N, K, eps, BN: tl.constexpr, BK: tl.cons
     if WAIT == _PDL_WAIT:
         tlc.gdc_wait()               # the kernel before this one has finished and its writes are seen
         tlc.gdc_launch_dependents()  # the next one may launch now (it waits the same way)
-    elif WAIT == _COUNT_WAIT:
-        wait_for(count, need)
     dt = y.dtype.element_ty
     rstd = 1.0
     if PRO == 1:
@@ -83,7 +80,7 @@ def row_tile(w, b, x, res, nw, y, tile, N, K, eps, BN: tl.constexpr, BK: tl.cons
 @triton.jit
 def _row_product(w, b, x, res, nw, y, N, K, eps, BN: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr,
                  PRO: tl.constexpr, HAS_RES: tl.constexpr, WAIT: tl.constexpr):
-    row_tile(w, b, x, res, nw, y, tl.program_id(0), N, K, eps, BN, BK, KP, PRO, HAS_RES, WAIT, None, 0)
+    row_tile(w, b, x, res, nw, y, tl.program_id(0), N, K, eps, BN, BK, KP, PRO, HAS_RES, WAIT)
 
 
 def tiles(N: int, K: int, pro: int) -> tuple:

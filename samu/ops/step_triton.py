@@ -22,8 +22,8 @@ import triton.language as tl
 from triton.language.extra import cuda as tlc
 
 from samu.ops.rglru.triton_fwd import _sigmoid_channel, _softplus, math_mode
-from samu.ops.triton_utils import (_COUNT_WAIT, _PDL_WAIT, NO_WAIT, PDL_WAIT, cast_to, cdiv, gelu_gate, launch,
-                                   next_power_of_2, one_minus_exp_neg, pdl, tanh, wait_for)
+from samu.ops.triton_utils import (_PDL_WAIT, NO_WAIT, PDL_WAIT, cast_to, cdiv, gelu_gate, launch, next_power_of_2,
+                                   one_minus_exp_neg, pdl, tanh)
 
 # input rows of the RG-LRU gate matrices one program of the matvec reads; warps of a program (a decoding step
 # at batch 1 is latency-bound: SAMU takes at most one warp per 32 modes, so no thread holds a copy)
@@ -87,24 +87,6 @@ def _shifted(row, s1, s2, v, ok, D, K: tl.constexpr):
 
 
 @triton.jit
-def conv_shift(x, state, b, ch, ok, D, K: tl.constexpr):
-    """Shift the block's Conv1D state for batch row b, channels ch, by x[ch] (x offset to the row), as _conv_in's
-    SHIFT does: for a step split over programs, none of which may shift what another still reads."""
-    if K > 1:
-        row = state + b * (K - 1) * D + ch
-        v = tl.load(x + ch, mask=ok, other=0.0)
-        s1 = v
-        s2 = v
-        if K > 2:
-            s1 = tl.load(row + D, mask=ok, other=0.0)
-        if K > 3:
-            s2 = tl.load(row + 2 * D, mask=ok, other=0.0)
-        # threads holding copies of one element: every one has read before any writes
-        tl.debug_barrier()
-        _shifted(row, s1, s2, v, ok, D, K)
-
-
-@triton.jit
 def _store_out(y, new, x, ch, ok, D, K: tl.constexpr):
     """y[ch] = new in y's dtype, times GeLU(z_y[ch]) after the block's roundings when K > 0."""
     out = cast_to(new, y.dtype.element_ty)
@@ -116,13 +98,10 @@ def _store_out(y, new, x, ch, ok, D, K: tl.constexpr):
 
 @triton.jit
 def samu_row_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, state, b, N, sx, radial_bound,
-                  BN: tl.constexpr, K: tl.constexpr, WAIT: tl.constexpr, count, need, k0, MB: tl.constexpr,
-                  SHIFT: tl.constexpr):
-    """SAMU's step for batch row b: its controller over all BN modes, the update of the MB modes from k0 (the
-    whole-token kernel splits a step over programs), and with SHIFT (MB = BN only) the Conv1D state shifted. x is
-    waited for after the parameters' loads as rowprod_triton.row_tile waits (WAIT: triton_utils.NO_WAIT, PDL_WAIT
-    or COUNT_WAIT, with ``count`` and ``need``)."""
-    tl.static_assert(MB == BN or not SHIFT)
+                  BN: tl.constexpr, K: tl.constexpr, WAIT: tl.constexpr):
+    """SAMU's step for batch row b over its N modes (BN >= N of them a program), the Conv1D state shifted. x is
+    waited for after the parameters' loads as rowprod_triton.row_tile waits (WAIT: triton_utils.NO_WAIT or
+    PDL_WAIT)."""
     k = tl.arange(0, BN)   # [BN] modes
     ok = k < N
     D = 2 * N
@@ -132,23 +111,14 @@ def samu_row_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb,
     u0_im = tl.load(directions + N + k, mask=ok, other=0.0)
     u1_re = tl.load(directions + D + k, mask=ok, other=0.0)
     u1_im = tl.load(directions + D + N + k, mask=ok, other=0.0)
-    km = k0 + tl.arange(0, MB)   # [MB] the modes updated here
-    okm = km < N
-    nu_k = tl.load(nu + km, mask=okm, other=0.0)
-    theta_k = tl.load(theta_log + km, mask=okm, other=0.0)
+    nu_k = tl.load(nu + k, mask=ok, other=0.0)
+    theta_k = tl.load(theta_log + k, mask=ok, other=0.0)
     if WAIT == _PDL_WAIT:
         tlc.gdc_wait()               # the kernel before this one has finished and its writes are seen
         tlc.gdc_launch_dependents()
-    elif WAIT == _COUNT_WAIT:
-        wait_for(count, need)
     xb = x + b * sx
-    x_re = _conv_in(xb, cw, cb, state, b, k, ok, D, K, SHIFT)
-    x_im = _conv_in(xb, cw, cb, state, b, N + k, ok, D, K, SHIFT)
-    if MB == BN:
-        xm_re, xm_im = x_re, x_im
-    else:
-        xm_re = _conv_in(xb, cw, cb, state, b, km, okm, D, K, False)
-        xm_im = _conv_in(xb, cw, cb, state, b, N + km, okm, D, K, False)
+    x_re = _conv_in(xb, cw, cb, state, b, k, ok, D, K, True)
+    x_im = _conv_in(xb, cw, cb, state, b, N + k, ok, D, K, True)
     # p = x . (u / |u|) for the two directions; c = A p; m = exp(kappa tanh(c0 / kappa)); phi = c1
     p0 = tl.sum(x_re * u0_re + x_im * u0_im, axis=0) / tl.sqrt(tl.sum(u0_re * u0_re + u0_im * u0_im, axis=0))
     p1 = tl.sum(x_re * u1_re + x_im * u1_im, axis=0) / tl.sqrt(tl.sum(u1_re * u1_re + u1_im * u1_im, axis=0))
@@ -161,14 +131,14 @@ def samu_row_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb,
     psi = tl.exp(theta_k) + phi
     lam_re, lam_im = rho * tl.cos(psi), rho * tl.sin(psi)
     gamma = tl.sqrt(one_minus_exp_neg(2.0 * w))
-    h_re = tl.load(h + b * D + km, mask=okm, other=0.0)
-    h_im = tl.load(h + b * D + N + km, mask=okm, other=0.0)
-    new_re = lam_re * h_re - lam_im * h_im + gamma * xm_re
-    new_im = lam_re * h_im + lam_im * h_re + gamma * xm_im
-    tl.store(h_out + b * D + km, new_re, mask=okm)
-    tl.store(h_out + b * D + N + km, new_im, mask=okm)
-    _store_out(y + b * D, new_re, xb, km, okm, D, K)
-    _store_out(y + b * D, new_im, xb, N + km, okm, D, K)
+    h_re = tl.load(h + b * D + k, mask=ok, other=0.0)
+    h_im = tl.load(h + b * D + N + k, mask=ok, other=0.0)
+    new_re = lam_re * h_re - lam_im * h_im + gamma * x_re
+    new_im = lam_re * h_im + lam_im * h_re + gamma * x_im
+    tl.store(h_out + b * D + k, new_re, mask=ok)
+    tl.store(h_out + b * D + N + k, new_im, mask=ok)
+    _store_out(y + b * D, new_re, xb, k, ok, D, K)
+    _store_out(y + b * D, new_im, xb, N + k, ok, D, K)
 
 
 @triton.jit
@@ -176,7 +146,7 @@ def _samu_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, st
                BN: tl.constexpr, K: tl.constexpr, WAIT: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     samu_row_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, state, b, N, sx, radial_bound, BN,
-                  K, WAIT, None, 0, 0, BN, True)
+                  K, WAIT)
 
 
 @triton.jit

@@ -267,27 +267,6 @@ def arrive(count, members):
 
 
 # how a program waits for the work its input comes from (rowprod_triton.row_tile's and step_triton.samu_row_step's
-# WAIT): not at all, programmatic dependent launch's gdc_wait (``pdl``), or wait_for on a counter
-NO_WAIT, PDL_WAIT, COUNT_WAIT = 0, 1, 2
-_PDL_WAIT, _COUNT_WAIT = tl.constexpr(PDL_WAIT), tl.constexpr(COUNT_WAIT)
-
-
-@triton.jit
-def signal(count):
-    """Count one piece of work done at the int32 counter ``count``: this program's stores before are seen by any
-    program that then waits for the count (``wait_for``; the stores fenced, the program's threads met, one add with
-    release semantics)."""
-    fence_gpu()
-    tl.debug_barrier()
-    tl.atomic_add(count, 1, sem="release", scope="gpu")
-
-
-@triton.jit
-def wait_for(count, need):
-    """Spin until the int32 counter ``count`` holds at least ``need`` (``signal``), then fence: this program's loads
-    after see every store made before those signals. In the interpreter, whose programs run one after another, the
-    count is already there (work is waited for only by work handed out after it)."""
-    seen = tl.atomic_add(count, 0, sem="acquire", scope="gpu")
-    while seen < need:
-        seen = tl.atomic_add(count, 0, sem="acquire", scope="gpu")
-    fence_gpu()
+# WAIT): not at all, or programmatic dependent launch's gdc_wait (``pdl``)
+NO_WAIT, PDL_WAIT = 0, 1
+_PDL_WAIT = tl.constexpr(PDL_WAIT)

@@ -215,102 +215,6 @@ def test_batch_one_decoding_through_the_one_row_products_follows_the_forward(con
         assert not calls
 
 
-def _poison(kernel):
-    """NaN in the whole-token kernel's buffers of a layer's pieces (not the embedded token's row, which it writes
-    first): a task that read one before its producer wrote it would spread NaN."""
-    for buf in (kernel.xs[1:], kernel.zs, kernel.gs, kernel.xas, kernel.hs):
-        buf.fill_(float("nan"))
-
-
-def _whole_against_layered(config, dtype, n=6):
-    """A SAMU model decoding n tokens through the per-layer launches and through the whole-token kernel, to the bit
-    (logits and states); returns (model, the per-layer plan, the kernel, both states)."""
-    from samu.ops.decode_triton import TokenKernel
-
-    model = _model(config, 5, DEVICE, backend=sorted(dispatch.variants("samu"))[0]).to(dtype)
-    tokens = torch.randint(0, config.vocab_size, (1, n), generator=torch.Generator().manual_seed(5)).to(DEVICE)
-    layered, whole = model.init_state(1), model.init_state(1)
-    per_layer, kernel = model.decode_plan(1), model.decode_plan(1, whole)
-    assert per_layer == [True] * config.num_layers and isinstance(kernel, TokenKernel)
-    for t in range(n):
-        _poison(kernel)
-        a = model.decode(tokens[:, t], layered, per_layer)
-        b = model.decode(tokens[:, t], whole, kernel)
-        assert torch.equal(a, b), t
-        assert all(torch.equal(x.conv, y.conv) and torch.equal(x.mixer, y.mixer) for x, y in zip(layered, whole))
-    assert not kernel.counts.any()   # the last program out zeroed them for the next launch
-    return model, per_layer, kernel, layered, whole
-
-
-@pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("step_modes", [128, 2])
-def test_the_whole_token_kernel_decodes_as_the_one_row_launches(dtype, step_modes, monkeypatch):
-    # at batch 1 a SAMU model's layers run in one launch a token over the loop's state (samu.ops.decode_triton): the
-    # same logits and states as the per-layer launches token after token, to the bit (the interpreter on CPU; on
-    # the GPU the step's sums over the modes may split over other warps: test_bf16_batch_one_decoding_... there);
-    # the step in one task, or in tasks of 2 modes
-    from samu.ops import decode_triton, rowprod_triton
-
-    monkeypatch.setattr(decode_triton, "STEP_MODES", step_modes)
-    launches, rows = [], []
-    real, products = decode_triton.launch, rowprod_triton.row_product
-    monkeypatch.setattr(decode_triton, "launch", lambda *a, **kw: launches.append(1) or real(*a, **kw))
-    monkeypatch.setattr(rowprod_triton, "row_product", lambda *a, **kw: rows.append(1) or products(*a, **kw))
-    config = LMConfig(vocab_size=19, width=12, num_layers=3, mixer="samu", lru_width=10)
-    with torch.no_grad():
-        model, per_layer, kernel, layered, whole = _whole_against_layered(config, dtype)
-        assert len(launches) == 6 and len(rows) == 4 * config.num_layers * 6
-        # lru_width below width, a Conv1D of 3, an out-projection task with no channel of the state to shift
-        _whole_against_layered(LMConfig(vocab_size=19, width=20, num_layers=2, mixer="samu", lru_width=14,
-                                        conv_width=3), dtype, 4)
-        token = torch.tensor([3], device=DEVICE)
-        with pytest.raises(ValueError, match="plan was made for another state"):
-            model.decode(token, layered, kernel)
-        with pytest.raises(ValueError, match=r"state must be init_state\(1\)"):
-            model.decode_plan(1, model.init_state(2))
-        # where a layer differs (another eps), a tensor sits off a 16-byte boundary, the mixer is RG-LRU, or at
-        # batch 2: the per-layer plan
-        model.layers[1].mlp_norm.eps = 1e-5
-        assert model.decode_plan(1, whole) == per_layer
-        model.layers[1].mlp_norm.eps = model.layers[0].mlp_norm.eps
-        assert not isinstance(model.decode_plan(1, whole), list)
-        bias = model.layers[2].mlp.down.bias
-        bias.data = torch.cat([bias.new_zeros(1), bias.data])[1:]
-        assert model.decode_plan(1, whole) == per_layer
-        other = _model(CONFIGS[1], 5, DEVICE, backend=sorted(dispatch.variants("rglru"))[0]).to(dtype)
-        assert isinstance(other.decode_plan(1, other.init_state(1)), list)
-        assert model.decode_plan(2, model.init_state(2)) == [False] * config.num_layers
-
-
-@pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
-def test_every_wait_of_the_whole_token_kernel_is_for_all_its_inputs(monkeypatch):
-    # the interpreter's one program never waits, so a count too small would pass the test above and race on the
-    # GPU: here each wait reads its counter (every earlier task done) and asks for exactly that many, or for none
-    # (layer 0's in-projection, whose input is the embedded token)
-    import triton.language as tl
-
-    from samu.ops import decode_triton, rowprod_triton, step_triton
-
-    asked = []
-
-    def wait_for(count, need):
-        # the interpreter's tensors hold numpy arrays: the counter's value now and the count asked for
-        now = tl.atomic_add(count, 0, sem="acquire", scope="gpu").handle.data.item()
-        asked.append((int(now), int(need.handle.data.item() if hasattr(need, "handle") else need)))
-
-    monkeypatch.setattr(rowprod_triton, "wait_for", wait_for)
-    monkeypatch.setattr(step_triton, "wait_for", wait_for)
-    monkeypatch.setattr(decode_triton, "STEP_MODES", 2)
-    config = LMConfig(vocab_size=19, width=12, num_layers=2, mixer="samu", lru_width=10)
-    model = _model(config, 5, DEVICE, backend=sorted(dispatch.variants("samu"))[0])
-    with torch.no_grad():
-        state = model.init_state(1)
-        model.decode(torch.tensor([3], device=DEVICE), state, model.decode_plan(1, state))
-    waits = [(now, need) for now, need in asked if need]
-    assert len(waits) > len(asked) // 2 and all(now == need for now, need in waits), asked
-
-
 @pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
 def test_a_decoder_decides_the_one_row_path_once(monkeypatch):
     # the one-row decision is made once per decoding loop, not per layer and token: each layer is asked once,
@@ -333,29 +237,16 @@ def test_a_decoder_decides_the_one_row_path_once(monkeypatch):
         assert decoder(model, 1, 0.0, None, False).plan == [False] * config.num_layers
     assert len(asked) == config.num_layers
     assert decoder(model, 2, 0.0, None, False).plan == [False] * config.num_layers   # one row only
-    # with the whole-token kernel switched on, SAMU's layers at batch 1 are one launch over the decoder's state
-    from samu.ops.decode_triton import TokenKernel
-
-    module = importlib.import_module("samu.models.generate")
-    layered = generate(model, prompt, 5, temperature=0, graph=False)
-    monkeypatch.setattr(module, "WHOLE_TOKEN", True)
-    module._decoders.pop(model)
-    dec = decoder(model, 1, 0.0, None, False)
-    assert isinstance(dec.plan, TokenKernel) and dec.plan.state is dec.state
-    assert torch.equal(generate(model, prompt, 5, temperature=0, graph=False), layered)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.mixer)
-@pytest.mark.parametrize("rows", ["one", "one-whole", "several"])
-def test_graphed_decoding_equals_eager_decoding_bit_for_bit(config, dtype, rows, monkeypatch):
-    # one prompt: batch 1, the one-row products (with programmatic dependent launch on sm_90), or for SAMU the
-    # whole-token kernel switched on; several prompts of their own lengths
-    if rows == "one-whole":
-        monkeypatch.setattr(importlib.import_module("samu.models.generate"), "WHOLE_TOKEN", True)
-        rows = "one"
+@pytest.mark.parametrize("rows", ["one", "several"])
+def test_graphed_decoding_equals_eager_decoding_bit_for_bit(config, dtype, rows):
+    # one prompt: batch 1, the one-row products (with programmatic dependent launch on sm_90); several prompts of
+    # their own lengths
     model = _model(config, 6, device="cuda").to(dtype)
     prompts = (torch.tensor([5, 1, 2]) if rows == "one"
                else [torch.tensor([5, 1, 2]), torch.tensor([7]), torch.tensor([3, 3, 3, 3, 3, 3])])
@@ -377,37 +268,6 @@ def test_graphed_decoding_equals_eager_decoding_bit_for_bit(config, dtype, rows,
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_the_whole_token_kernel_on_the_gpu_equals_one_program_taking_every_task():
-    # the interpreter never makes a task wait; here the whole grid runs at the 400m preset's widths, and one
-    # program taking the tasks in order (every input ready when read) is the oracle, to the bit, with the
-    # pieces' buffers NaN before every token; the grid again gives the same bits
-    from samu.ops.decode_triton import TokenKernel
-
-    config = LMConfig.preset("400m", num_layers=3)
-    model = _model(config, 4, device="cuda").to(torch.bfloat16)
-    tokens = torch.randint(0, config.vocab_size, (1, 12), device="cuda",
-                           generator=torch.Generator("cuda").manual_seed(4))
-    runs = []
-    with torch.no_grad():
-        for grid in (None, 1, None):
-            state = model.init_state(1)
-            kernel = model.decode_plan(1, state)
-            assert isinstance(kernel, TokenKernel) and kernel.grid > 100
-            kernel.grid = grid or kernel.grid
-            logits = []
-            for t in range(tokens.shape[1]):
-                _poison(kernel)
-                logits.append(model.decode(tokens[:, t], state, kernel))
-            runs.append((torch.stack(logits), [torch.cat([s.conv.flatten().float(), s.mixer.flatten()])
-                                               for s in state]))
-            assert not kernel.counts.any()
-    for logits, states in runs[1:]:
-        assert torch.equal(logits, runs[0][0]) and all(map(torch.equal, states, runs[0][1]))
-    assert torch.isfinite(runs[0][0]).all()
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("mixer", ["samu", "rglru"])
 def test_bf16_batch_one_decoding_follows_the_forward_on_gpu(mixer):
     # bf16 decoding (token by token through the one-row products) rounds the same quantities to bf16 as the bf16
@@ -423,12 +283,7 @@ def test_bf16_batch_one_decoding_follows_the_forward_on_gpu(mixer):
         forward, _ = model(tokens)
         plan = model.decode_plan(1)
         assert plan == [True] * config.num_layers   # the one-row products
-        plans = [(plan, model.init_state(1))]
-        if mixer == "samu":   # and the whole-token kernel (samu.ops.decode_triton)
-            whole = model.init_state(1)
-            plans.append((model.decode_plan(1, whole), whole))
-            assert not isinstance(plans[-1][0], list)
-        for plan, state in plans:
-            decoded = torch.stack([model.decode(tokens[:, t], state, plan) for t in range(tokens.shape[1])], 1)
-            decoding, ref = rel_err(decoded.float(), exact), rel_err(forward.float(), exact)
-            assert decoding <= 3 * ref + 1e-3, (type(plan).__name__, decoding, ref)
+        state = model.init_state(1)
+        decoded = torch.stack([model.decode(tokens[:, t], state, plan) for t in range(tokens.shape[1])], 1)
+    decoding, forward = rel_err(decoded.float(), exact), rel_err(forward.float(), exact)
+    assert decoding <= 3 * forward + 1e-3, (decoding, forward)
