@@ -1,7 +1,9 @@
 """Where a decoding step's time goes: the 400m preset in bf16, one token per row through generate()'s
 Decoder, graphed and eager, with the kernels of one step and the weight-read floor.
 
-Usage: python scripts/gpu_gen.py [--out DIR] [--batches 1,8,64] [--mixers samu,rglru] [--no-kernels]
+Usage: python scripts/gpu_gen.py [--out DIR] [--batches 1,8,64] [--mixers samu,rglru] [--no-kernels] [--row-prefetch]
+(--row-prefetch: the one-row products ask L2 for their weight rows before their wait, samu.ops.rowprod_triton.PREFETCH).
+The weight floor is the weights' bytes at this GPU's measured copy bandwidth (samu.bench.timing.copy_bandwidth).
 Writes DIR/gen_profile.json and prints a table. Times are of a real decode: every step streams the weights
 from memory (a loop over one product alone would find them in L2).
 """
@@ -19,9 +21,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 from gpu_profile import kernel_table  # noqa: E402
+from samu.bench.timing import copy_bandwidth  # noqa: E402
 from samu.environment import environment  # noqa: E402
 from samu.models import LanguageModel, LMConfig  # noqa: E402
 from samu.models.generate import decoder  # noqa: E402
+from samu.ops import rowprod_triton  # noqa: E402
 
 
 def replay_ms(fn, iters):
@@ -42,9 +46,12 @@ def main():
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--mixers", default="samu,rglru")
     ap.add_argument("--no-kernels", action="store_true")
+    ap.add_argument("--row-prefetch", action="store_true")
     args = ap.parse_args()
+    rowprod_triton.PREFETCH = args.row_prefetch
+    bandwidth = copy_bandwidth("cuda")
     out = {"env": environment(torch.device("cuda")), "command": "python scripts/gpu_gen.py " + " ".join(sys.argv[1:]),
-           "rows": []}
+           "row_prefetch": args.row_prefetch, "copy_bandwidth": bandwidth, "rows": []}
     path = os.path.join(args.out, "gen_profile.json")
     for mixer in args.mixers.split(","):
         torch.manual_seed(0)
@@ -61,7 +68,7 @@ def main():
                     dec.load(rows, state)
                     dec.run(model, logits[:, -1], 2, None)
                     dec.counter.zero_()   # the steps below index the chunk's buffers by it: fewer than CHUNK
-                    step = dec.graph.replay if graph else (lambda d=dec: d._step(model))
+                    step = dec.graph.replay if graph else (lambda d=dec, m=model: d._step(m))
                     iters = 200 if graph else 30
                     assert iters + 10 < dec.chunk   # the timed steps, one untimed, 3 + 5 profiled
                     row["graph_ms" if graph else "eager_ms"] = replay_ms(step, iters)
@@ -69,7 +76,7 @@ def main():
                         row["kernels"] = kernel_table(step, [])
                         row["kernel_ms"] = sum(k[2] for k in row["kernels"]) / 1e3
                 row["graph_tokens_per_s"] = B / row["graph_ms"] * 1e3
-                row["weight_floor_ms"] = weight_bytes / 4.2e12 * 1e3
+                row["weight_floor_ms"] = weight_bytes / bandwidth["bytes_per_s"] * 1e3
             out["rows"].append(row)
             with open(path, "w") as f:
                 json.dump(out, f, indent=1)

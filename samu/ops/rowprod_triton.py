@@ -27,24 +27,34 @@ import triton.language as tl
 from triton.language.extra import cuda as tlc
 
 from samu.ops.triton_utils import (_PDL_WAIT, NO_WAIT, PDL_WAIT, cast_to, cdiv, gelu_gate, inv_rms, launch,
-                                   next_power_of_2, pdl)
+                                   next_power_of_2, pdl, prefetch_l2)
 
 WARPS = 4
 PLAIN, NORM, GEGLU = 0, 1, 2
+# whether a program asks L2 for all its weight rows before the wait (row_tile's PF): off until timed on a GPU
+PREFETCH = False
+LINE_BYTES = 128   # an L2 cache line
 
 
 @triton.jit
 def row_tile(w, b, x, res, nw, y, tile, N, K, eps, BN: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr,
-             PRO: tl.constexpr, HAS_RES: tl.constexpr, WAIT: tl.constexpr):
+             PRO: tl.constexpr, HAS_RES: tl.constexpr, WAIT: tl.constexpr, PF: tl.constexpr, LINE: tl.constexpr):
     """y[rows] = W[rows] @ pro(x) + b[rows] (+ res[rows]) for the BN rows of ``tile``. PRO: PLAIN x [K]; NORM
     RMSNorm(x) * nw, x [K]; GEGLU gelu_tanh(gate) * up, x = [gate | up] [2K]. What x and res come from is waited
-    for after the first weight tile's load (WAIT: triton_utils.NO_WAIT or PDL_WAIT)."""
+    for after the first weight tile's load (WAIT: triton_utils.NO_WAIT or PDL_WAIT). With PF > 0 the program
+    first asks L2 for its rows' PF cache lines of LINE elements each (a power of two >= the lines of a row),
+    so that under PDL its whole share of the weights streams in while the kernel before finishes: no value
+    changes."""
     rows = tile * BN + tl.arange(0, BN)
     mask_n = rows < N
     p_w = w + rows[:, None].to(tl.int64) * K
     # the first weight tile before the wait: weights do not depend on the work before, so their loads overlap it
     cols = tl.arange(0, BK)
     wt = tl.load(p_w + cols[None, :], mask=mask_n[:, None] & (cols < K)[None, :], other=0.0)
+    if PF > 0:
+        # one address a line, clamped to the rows' last element and to the last row (a prefetch is not masked)
+        lines = tl.minimum(tl.arange(0, PF) * LINE, K - 1)
+        prefetch_l2(w + tl.minimum(rows, N - 1)[:, None].to(tl.int64) * K + lines[None, :])
     if WAIT == _PDL_WAIT:
         tlc.gdc_wait()               # the kernel before this one has finished and its writes are seen
         tlc.gdc_launch_dependents()  # the next one may launch now (it waits the same way)
@@ -79,8 +89,8 @@ def row_tile(w, b, x, res, nw, y, tile, N, K, eps, BN: tl.constexpr, BK: tl.cons
 
 @triton.jit
 def _row_product(w, b, x, res, nw, y, N, K, eps, BN: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr,
-                 PRO: tl.constexpr, HAS_RES: tl.constexpr, WAIT: tl.constexpr):
-    row_tile(w, b, x, res, nw, y, tl.program_id(0), N, K, eps, BN, BK, KP, PRO, HAS_RES, WAIT)
+                 PRO: tl.constexpr, HAS_RES: tl.constexpr, WAIT: tl.constexpr, PF: tl.constexpr, LINE: tl.constexpr):
+    row_tile(w, b, x, res, nw, y, tl.program_id(0), N, K, eps, BN, BK, KP, PRO, HAS_RES, WAIT, PF, LINE)
 
 
 def tiles(N: int, K: int, pro: int) -> tuple:
@@ -106,7 +116,9 @@ def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, no
     nw, eps = norm if norm is not None else (None, 0.0)
     BN, BK = tiles(N, K, pro)
     options = pdl(x.device)
+    line = LINE_BYTES // weight.element_size()
     launch(_row_product, (cdiv(N, BN),), w=weight, b=bias, x=x, res=residual, nw=nw, y=y, N=N, K=K, eps=float(eps),
            BN=BN, BK=BK, KP=next_power_of_2(K) if pro == NORM else 1, PRO=pro, HAS_RES=residual is not None,
-           WAIT=PDL_WAIT if options else NO_WAIT, num_warps=WARPS, **options)
+           WAIT=PDL_WAIT if options else NO_WAIT, PF=next_power_of_2(cdiv(K, line)) if PREFETCH else 0, LINE=line,
+           num_warps=WARPS, **options)
     return y

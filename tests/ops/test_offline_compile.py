@@ -94,7 +94,10 @@ def _cases():
         for res in (False, True):
             KP = next_power_of_2(K) if pro == rp.NORM else 1   # as row_product, which passes None for absent pointers
             absent = {n: None for n, there in (("res", res), ("nw", pro == rp.NORM)) if not there}
-            yield (rp._row_product, ("eps",), dict(BN=BN, BK=BK, KP=KP, PRO=pro, HAS_RES=res, WAIT=PDL_WAIT, **absent),
+            # the L2 prefetch of a program's rows (rp.PREFETCH) with the residual only: it is off as shipped
+            PF = next_power_of_2(-(-K // 64)) if res else 0
+            yield (rp._row_product, ("eps",), dict(BN=BN, BK=BK, KP=KP, PRO=pro, HAS_RES=res, WAIT=PDL_WAIT, PF=PF,
+                                                   LINE=64, **absent),
                    rp.WARPS, {**rows, **{n: "constexpr" for n in absent}})
     # SAMU's sequence-parallel correction (float64 sums and turns)
     sums = {"mass": "*fp64", "drift": "*fp64", "omega": "*fp64", "n_ttiles": "i32", "n_ntiles": "i32"}

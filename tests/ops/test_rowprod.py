@@ -88,3 +88,22 @@ def test_row_product_leaves_its_inputs_alone():
     y = row_product(x, w, b, residual=res)
     assert torch.equal(x, before[0]) and torch.equal(res, before[1])
     assert rel_err(y[0], (w.double() @ x.double()[0] + b.double() + res.double()[0])) < 1e-6
+
+
+@pytest.mark.parametrize("mode", ["plain", "norm", "geglu"])
+def test_the_l2_prefetch_changes_no_bits(mode, monkeypatch):
+    # rowprod_triton.PREFETCH asks L2 for a program's weight rows before its wait: a hint, never a value
+    from samu.ops import rowprod_triton
+    from samu.ops.rowprod_triton import row_product
+
+    torch.manual_seed(5)
+    N, K = 37, 600
+    w, b = torch.randn(N, K, device=DEVICE).to(torch.bfloat16), torch.randn(N, device=DEVICE).to(torch.bfloat16)
+    x = torch.randn(1, 2 * K if mode == "geglu" else K, device=DEVICE).to(torch.bfloat16)
+    norm = (torch.rand(K, device=DEVICE).add(0.5).to(torch.bfloat16), 1e-6) if mode == "norm" else None
+    res = torch.randn(1, N, device=DEVICE).to(torch.bfloat16)
+    ys = []
+    for prefetch in (False, True):
+        monkeypatch.setattr(rowprod_triton, "PREFETCH", prefetch)
+        ys.append(row_product(x, w, b, norm=norm, geglu=mode == "geglu", residual=res))
+    assert torch.equal(ys[0], ys[1]) and not ys[0].isnan().any()
