@@ -2,7 +2,9 @@
 Decoder, graphed and eager, with the kernels of one step and the weight-read floor.
 
 Usage: python scripts/gpu_gen.py [--out DIR] [--batches 1,8,64] [--mixers samu,rglru] [--no-kernels] [--row-prefetch]
-(--row-prefetch: the one-row products ask L2 for their weight rows before their wait, samu.ops.rowprod_triton.PREFETCH).
+       [--max-rows N]
+(--row-prefetch: the one-row products ask L2 for their weight rows before their wait, samu.ops.rowprod_triton.PREFETCH;
+--max-rows: decoding takes the row products up to N rows, rowprod_triton.MAX_ROWS, tensor cores above one).
 The weight floor is the weights' bytes at this GPU's measured copy bandwidth (samu.bench.timing.copy_bandwidth).
 Writes DIR/gen_profile.json and prints a table. Times are of a real decode: every step streams the weights
 from memory (a loop over one product alone would find them in L2).
@@ -47,11 +49,13 @@ def main():
     ap.add_argument("--mixers", default="samu,rglru")
     ap.add_argument("--no-kernels", action="store_true")
     ap.add_argument("--row-prefetch", action="store_true")
+    ap.add_argument("--max-rows", type=int, default=rowprod_triton.MAX_ROWS)
     args = ap.parse_args()
     rowprod_triton.PREFETCH = args.row_prefetch
+    rowprod_triton.MAX_ROWS = args.max_rows
     bandwidth = copy_bandwidth("cuda")
     out = {"env": environment(torch.device("cuda")), "command": "python scripts/gpu_gen.py " + " ".join(sys.argv[1:]),
-           "row_prefetch": args.row_prefetch, "copy_bandwidth": bandwidth, "rows": []}
+           "row_prefetch": args.row_prefetch, "max_rows": args.max_rows, "copy_bandwidth": bandwidth, "rows": []}
     path = os.path.join(args.out, "gen_profile.json")
     for mixer in args.mixers.split(","):
         torch.manual_seed(0)
@@ -66,6 +70,7 @@ def main():
                 for graph in (True, False):
                     dec = decoder(model, B, 0.0, None, graph)
                     dec.load(rows, state)
+                    row["row_products"] = all(dec.plan)
                     dec.run(model, logits[:, -1], 2, None)
                     dec.counter.zero_()   # the steps below index the chunk's buffers by it: fewer than CHUNK
                     step = dec.graph.replay if graph else (lambda d=dec, m=model: d._step(m))
@@ -82,7 +87,8 @@ def main():
                 json.dump(out, f, indent=1)
             print(f"{mixer:6} B={B:3} graph {row['graph_ms']:.3f} ms/step ({row['graph_tokens_per_s']:,.0f} tok/s) "
                   f"eager {row['eager_ms']:.3f} ms/step  weight floor {row['weight_floor_ms']:.3f} ms"
-                  + (f"  kernels (eager) {row['kernel_ms']:.3f} ms" if "kernel_ms" in row else ""), flush=True)
+                  + (f"  kernels (eager) {row['kernel_ms']:.3f} ms" if "kernel_ms" in row else "")
+                  + ("  row products" if row["row_products"] else ""), flush=True)
         del model
         torch.cuda.empty_cache()
     for row in out["rows"]:

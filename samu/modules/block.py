@@ -170,7 +170,7 @@ class ResidualLayer(nn.Module):
 
     forward(x [B, L, width], state: BlockState | None, return_state) -> (x [B, L, width], BlockState | None)
     step(x_t [B, width], state: BlockState | None) -> (x_t [B, width], a new BlockState)
-    init_state(batch) -> a zero BlockState; decode(x_t, state, one_row=None) -> x_t, updating the state in place
+    init_state(batch) -> a zero BlockState; decode(x_t, state, row_products=None) -> x_t, updating the state in place
     """
 
     def __init__(self, width: int, mixer: str = "samu", lru_width: int | None = None,
@@ -199,14 +199,14 @@ class ResidualLayer(nn.Module):
     def init_state(self, batch: int, device=None, dtype=None) -> BlockState:
         return self.block.init_state(batch, device, dtype)
 
-    def decode(self, x_t, state: BlockState, one_row: bool | None = None):
-        """x_t [B, width] -> x_t, updating ``state`` in place (unchecked; RecurrentBlock.decode). ``one_row``:
-        whether to take the one-row products, as ``takes_one_row(x_t)`` said for this x_t's kind (None: ask it
+    def decode(self, x_t, state: BlockState, row_products: bool | None = None):
+        """x_t [B, width] -> x_t, updating ``state`` in place (unchecked; RecurrentBlock.decode). ``row_products``:
+        whether to take the row products, as ``takes_row_products(x_t)`` said for this x_t's kind (None: ask it
         now; a decoding loop asks once, LanguageModel.decode_plan)."""
-        if one_row is None:
-            one_row = self.takes_one_row(x_t)
-        if one_row:
-            return self._decode_row(x_t, state)
+        if row_products is None:
+            row_products = self.takes_row_products(x_t)
+        if row_products:
+            return self._decode_rows(x_t, state)
         # each norm also writes x_t + the next product's bias, which adds the residual in its epilogue
         u_t, residual = self.temporal_norm.decode(x_t, self.block.linear_out.bias)
         x_t = self.block.decode(u_t, state, residual)
@@ -217,28 +217,29 @@ class ResidualLayer(nn.Module):
         block, mlp = self.block, self.mlp
         return (block.linear_in, block.linear_out, mlp.gate_up, mlp.down)
 
-    def takes_one_row(self, x_t) -> bool:
-        """Whether a decoding step of x_t runs on samu.ops.rowprod_triton's one-row products: one row, the fused
-        kernels' backend for every part, no autocast, every product's weight and bias and both norms' weights in
-        x_t's dtype, and on CUDA programmatic dependent launch (where they were timed faster than cuBLAS's
-        products; without it, unmeasured)."""
-        if x_t.shape[0] != 1 or not x_t.is_contiguous() or autocast_dtype(x_t.device.type) is not None:
+    def takes_row_products(self, x_t) -> bool:
+        """Whether a decoding step of x_t runs on samu.ops.rowprod_triton's row products: one row (up to its
+        MAX_ROWS, 1 until the tensor-core tiles are timed), the fused kernels' backend for every part, no autocast,
+        every product's weight and bias and both norms' weights in x_t's dtype, and on CUDA programmatic dependent
+        launch (where one row was timed faster than cuBLAS's products; without it, unmeasured)."""
+        if x_t.shape[0] < 1 or not x_t.is_contiguous() or autocast_dtype(x_t.device.type) is not None:
             return False
         if not all(fused_kernels(x_t, b) for b in (self.temporal_norm.backend, self.mlp_norm.backend,
                                                    self.mlp.backend)):
             return False
-        if x_t.device.type == "cuda":
-            from samu.ops.triton_utils import pdl   # Triton is there: fused_kernels said so
+        from samu.ops import rowprod_triton   # Triton is there: fused_kernels said so
 
-            if not pdl(x_t.device):
-                return False
+        if x_t.shape[0] > min(rowprod_triton.MAX_ROWS, rowprod_triton.ROWS_LIMIT):
+            return False
+        if x_t.device.type == "cuda" and not rowprod_triton.pdl(x_t.device):
+            return False
         tensors = [self.temporal_norm.weight, self.mlp_norm.weight]
         for linear in self._products():
             tensors += [linear.weight, linear.bias]
         return all(t is not None and t.dtype == x_t.dtype and t.is_contiguous() for t in tensors)
 
-    def _decode_row(self, x_t, state: BlockState):
-        """decode() at batch 1 in five launches: the in-projection with the temporal norm in its prologue, the
+    def _decode_rows(self, x_t, state: BlockState):
+        """decode() on the row products in five launches: the in-projection with the temporal norm in its prologue, the
         block's step, the out-projection onto x_t, gate_up with the MLP's norm, down with the GeGLU gate onto
         the sum (samu.ops.rowprod_triton)."""
         from samu.ops.rowprod_triton import row_product

@@ -1,4 +1,5 @@
-"""Decoding's one-row products in Triton: y = W pro(x) + b (+ residual) for a single row x, one launch each.
+"""Decoding's row products in Triton: y = pro(x) W^T + b (+ residual) for one row x, or a few (up to 64), one
+launch each.
 
 At batch 1 a decoding step is ~100 small kernels, each bound by its fixed cost (launch, ramp, tail) rather than
 by the bytes it reads. These products fold the work between them into their prologues and epilogues, so a
@@ -17,6 +18,10 @@ weights: decoding's products follow other decoding kernels), and each later tile
 used; the prologue's values are rounded to x's dtype where the unfused ops round (the norm's output, GeLU and
 the gate's product), and the sum, bias and residual are rounded once. No PDL in Triton's interpreter, which runs
 the same code.
+
+Above one row (``rows_tile``) a program owns BN outputs of every row and multiplies on tensor cores: the prologue's
+values and the weights in their dtype, the products summed in fp32. Decoding takes it up to MAX_ROWS rows, 1 as
+committed: it is exact in the interpreter and compiles for sm_90 without a spill, but is untimed on a GPU.
 """
 
 from __future__ import annotations
@@ -26,14 +31,18 @@ import triton
 import triton.language as tl
 from triton.language.extra import cuda as tlc
 
-from samu.ops.triton_utils import (_PDL_WAIT, NO_WAIT, PDL_WAIT, cast_to, cdiv, gelu_gate, inv_rms, launch,
-                                   next_power_of_2, pdl, prefetch_l2)
+from samu.ops.triton_utils import (_PDL_WAIT, NO_WAIT, PDL_WAIT, cast_to, cdiv, dot_exact, gelu_gate, inv_rms,
+                                   launch, next_power_of_2, pdl, prefetch_l2)
 
 WARPS = 4
 PLAIN, NORM, GEGLU = 0, 1, 2
 # whether a program asks L2 for all its weight rows before the wait (row_tile's PF): off until timed on a GPU
 PREFETCH = False
 LINE_BYTES = 128   # an L2 cache line
+# the most rows decoding runs on these products (ResidualLayer.takes_row_products): above one row, rows_tile on tensor
+# cores, which is untimed on a GPU, so 1 until a run shows it faster than cuBLAS's products at 8 and 64 rows
+MAX_ROWS = 1
+ROWS_LIMIT = 64    # what rows_tile is built and tested for (its [BM, BK] tiles of x)
 
 
 @triton.jit
@@ -93,6 +102,74 @@ def _row_product(w, b, x, res, nw, y, N, K, eps, BN: tl.constexpr, BK: tl.conste
     row_tile(w, b, x, res, nw, y, tl.program_id(0), N, K, eps, BN, BK, KP, PRO, HAS_RES, WAIT, PF, LINE)
 
 
+@triton.jit
+def rows_tile(w, b, x, res, nw, y, tile, M, N, K, eps, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+              PRO: tl.constexpr, HAS_RES: tl.constexpr, WAIT: tl.constexpr):
+    """row_tile for M <= BM rows on tensor cores: y[:M, cols] = pro(x) W[cols]^T + b[cols] (+ res[:M, cols]) for
+    the BN outputs ``cols`` of ``tile``, x [M, K] ([M, 2K] with GEGLU), res and y [M, N]. The same waits, prologues
+    and roundings; each row's RMSNorm scale from a first pass over its K entries."""
+    cols = tile * BN + tl.arange(0, BN)
+    mask_n = cols < N
+    p_w = w + cols[:, None].to(tl.int64) * K
+    ks = tl.arange(0, BK)
+    wt = tl.load(p_w + ks[None, :], mask=mask_n[:, None] & (ks < K)[None, :], other=0.0)
+    if WAIT == _PDL_WAIT:
+        tlc.gdc_wait()
+        tlc.gdc_launch_dependents()
+    dt = y.dtype.element_ty
+    r = tl.arange(0, BM)
+    mask_m = r < M
+    p_x = x + r[:, None] * (2 * K if PRO == 2 else K)
+    rstd = tl.full([BM], 1.0, tl.float32)
+    if PRO == 1:
+        squares = tl.zeros([BM], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            c = k0 + ks
+            v = tl.load(p_x + c[None, :], mask=mask_m[:, None] & (c < K)[None, :], other=0.0).to(tl.float32)
+            squares += tl.sum(v * v, axis=1)
+        rstd = 1.0 / tl.sqrt(squares / K + eps)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        c = k0 + ks
+        mk = c < K
+        m2 = mask_m[:, None] & mk[None, :]
+        w_cur = wt
+        wt = tl.load(p_w + (c + BK)[None, :], mask=mask_n[:, None] & (c + BK < K)[None, :], other=0.0)
+        if PRO == 2:
+            gate = tl.load(p_x + c[None, :], mask=m2, other=0.0).to(tl.float32)
+            up = tl.load(p_x + K + c[None, :], mask=m2, other=0.0).to(tl.float32)
+            xv = gelu_gate(gate, up, dt).to(dt)
+        elif PRO == 1:
+            v = tl.load(p_x + c[None, :], mask=m2, other=0.0).to(tl.float32)
+            xv = cast_to(v * rstd[:, None] * tl.load(nw + c, mask=mk, other=0.0).to(tl.float32)[None, :], dt)
+        else:
+            xv = tl.load(p_x + c[None, :], mask=m2, other=0.0)
+        # x' and W in their dtype, products summed in fp32 (exact products: no rounding beyond row_tile's)
+        acc = dot_exact(xv, tl.trans(w_cur), acc)
+    out = acc + tl.load(b + cols, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    at = r[:, None] * N + cols[None, :]
+    m_out = mask_m[:, None] & mask_n[None, :]
+    if HAS_RES:
+        out += tl.load(res + at, mask=m_out, other=0.0).to(tl.float32)
+    tl.store(y + at, cast_to(out, dt), mask=m_out)
+
+
+@triton.jit
+def _rows_product(w, b, x, res, nw, y, M, N, K, eps, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                  PRO: tl.constexpr, HAS_RES: tl.constexpr, WAIT: tl.constexpr):
+    rows_tile(w, b, x, res, nw, y, tl.program_id(0), M, N, K, eps, BM, BN, BK, PRO, HAS_RES, WAIT)
+
+
+def rows_tiles(M: int, N: int, K: int) -> tuple:
+    """(BM, BN, BK, warps) of a product of M rows (2 to ROWS_LIMIT), N outputs, K inputs on tensor cores: all the
+    rows in one tile of at least 16, then outputs so that x's re-reads from L2 (one [M, K] a program) stay below
+    the weights' bytes where the programs still fill the GPU; 8 warps at 64 rows (255 registers at 4, sm_90). A
+    first guess, untimed."""
+    BM = max(16, next_power_of_2(M))
+    BN = 16 if BM <= 16 or N < 4096 else 32
+    return BM, BN, 64 if BM >= 64 else 128, 8 if BM >= 64 else WARPS
+
+
 def tiles(N: int, K: int, pro: int) -> tuple:
     """(BN, BK) of a product of N outputs over K inputs with prologue ``pro``. Timed in a graphed batch-1 decode
     of the 400m preset, each product's 9 tilings with the others at [8, 512] (results/dev/session11/call4,
@@ -107,15 +184,22 @@ def tiles(N: int, K: int, pro: int) -> tuple:
 
 def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, norm=None, geglu: bool = False,
                 residual: torch.Tensor | None = None) -> torch.Tensor:
-    """[1, N] = W pro(x) + bias (+ residual) for one row x [1, K] ([1, 2K] with ``geglu``), weight [N, K]:
-    ``norm`` = (norm weight [K], eps) applies RMSNorm to x first, ``geglu`` GeLU_tanh(gate) * up of x's two
-    halves; everything contiguous and in one dtype (unchecked: ResidualLayer.takes_one_row decides)."""
+    """[M, N] = pro(x) W^T + bias (+ residual) for M <= ROWS_LIMIT rows x [M, K] ([M, 2K] with ``geglu``), weight
+    [N, K]: ``norm`` = (norm weight [K], eps) applies RMSNorm to each row first, ``geglu`` GeLU_tanh(gate) * up of
+    x's two halves; everything contiguous and in one dtype (unchecked: ResidualLayer.takes_row_products decides)."""
     N, K = weight.shape
-    y = x.new_empty(1, N)
+    M = x.shape[0]
+    y = x.new_empty(M, N)
     pro = GEGLU if geglu else NORM if norm is not None else PLAIN
     nw, eps = norm if norm is not None else (None, 0.0)
-    BN, BK = tiles(N, K, pro)
     options = pdl(x.device)
+    if M > 1:
+        BM, BN, BK, warps = rows_tiles(M, N, K)
+        launch(_rows_product, (cdiv(N, BN),), w=weight, b=bias, x=x, res=residual, nw=nw, y=y, M=M, N=N, K=K,
+               eps=float(eps), BM=BM, BN=BN, BK=BK, PRO=pro, HAS_RES=residual is not None,
+               WAIT=PDL_WAIT if options else NO_WAIT, num_warps=warps, **options)
+        return y
+    BN, BK = tiles(N, K, pro)
     line = LINE_BYTES // weight.element_size()
     launch(_row_product, (cdiv(N, BN),), w=weight, b=bias, x=x, res=residual, nw=nw, y=y, N=N, K=K, eps=float(eps),
            BN=BN, BK=BK, KP=next_power_of_2(K) if pro == NORM else 1, PRO=pro, HAS_RES=residual is not None,

@@ -213,6 +213,16 @@ def gelu_gate(gate, up, dtype: tl.constexpr):
 
 
 @triton.jit
+def dot_exact(a, b, acc):
+    """acc + a @ b with a and b in one dtype, products summed in fp32 (IEEE fp32 products for fp32 inputs). The
+    interpreter multiplies bf16 matrices as raw integers: there both are upcast first, exactly."""
+    if _INTERPRETED:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, input_precision="ieee")
+
+
+@triton.jit
 def inv_rms(v, n, eps):
     """1 / sqrt(mean(v^2) + eps) over the n entries of the row v (fp32; entries past n are zero): RMSNorm's
     scale, as its kernel and the normed one-row products compute it."""

@@ -209,10 +209,34 @@ def test_batch_one_decoding_through_the_one_row_products_follows_the_forward(con
         kept = x_t.clone()
         layer.step(x_t)
         assert torch.equal(x_t, kept)
-        # at batch 2 the layers keep the products of the forward (cuBLAS on CUDA)
+        # at batch 2 the layers keep the products of the forward (cuBLAS on CUDA): rowprod_triton.MAX_ROWS is 1
         calls.clear()
         model.decode(tokens[:, 0].repeat(2), model.init_state(2))
         assert not calls
+
+
+@pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.mixer)
+def test_decoding_several_rows_through_the_row_products_follows_the_forward(config, monkeypatch):
+    # with rowprod_triton.MAX_ROWS raised (as a GPU run that finds them faster would), several rows decode on the
+    # tensor-core row products, each row as the forward of its own sequence; above MAX_ROWS the forward's products
+    from samu.ops import rowprod_triton
+
+    monkeypatch.setattr(rowprod_triton, "MAX_ROWS", 3)
+    calls = []
+    kernel = rowprod_triton.row_product
+    monkeypatch.setattr(rowprod_triton, "row_product",
+                        lambda x, *a, **kw: calls.append(x.shape[0]) or kernel(x, *a, **kw))
+    model = _model(config, 8, DEVICE, backend=sorted(dispatch.variants(config.mixer))[0])
+    tokens = torch.randint(0, 19, (3, 5), device=DEVICE)
+    with torch.no_grad():
+        logits, _ = model(tokens)
+        state = model.init_state(3)
+        for t in range(5):
+            assert rel_err(model.decode(tokens[:, t], state), logits[:, t]) < 1e-5, t
+        assert calls == [3] * (4 * config.num_layers * 5)
+        assert model.decode_plan(3) == [True] * config.num_layers
+        assert model.decode_plan(4) == [False] * config.num_layers
 
 
 @pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
@@ -222,8 +246,9 @@ def test_a_decoder_decides_the_one_row_path_once(monkeypatch):
     from samu.modules.block import ResidualLayer
 
     asked = []
-    takes = ResidualLayer.takes_one_row
-    monkeypatch.setattr(ResidualLayer, "takes_one_row", lambda self, x_t: asked.append(x_t.shape) or takes(self, x_t))
+    takes = ResidualLayer.takes_row_products
+    monkeypatch.setattr(ResidualLayer, "takes_row_products",
+                        lambda self, x_t: asked.append(x_t.shape) or takes(self, x_t))
     config = CONFIGS[0]
     model = _model(config, 3, DEVICE, backend=sorted(dispatch.variants(config.mixer))[0])
     prompt = torch.tensor([3, 1, 4])
@@ -236,7 +261,7 @@ def test_a_decoder_decides_the_one_row_path_once(monkeypatch):
     with torch.autocast(torch.device(DEVICE).type, dtype=torch.bfloat16):
         assert decoder(model, 1, 0.0, None, False).plan == [False] * config.num_layers
     assert len(asked) == config.num_layers
-    assert decoder(model, 2, 0.0, None, False).plan == [False] * config.num_layers   # one row only
+    assert decoder(model, 2, 0.0, None, False).plan == [False] * config.num_layers   # one row only (MAX_ROWS)
 
 
 @pytest.mark.gpu

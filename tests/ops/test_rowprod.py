@@ -1,4 +1,5 @@
-"""Decoding's one-row products (samu.ops.rowprod_triton) against the same maths in float64.
+"""Decoding's row products (samu.ops.rowprod_triton: one row, and 2 to 64 rows on tensor cores) against the same maths
+in float64.
 
 The kernel runs in the interpreter on CPU (compiled, with programmatic dependent launch on sm_90, on CUDA).
 Rule, declared before any run: the float64 reference rounds where the kernel rounds (the RMSNorm's output, GeLU
@@ -34,48 +35,71 @@ def _exact(x, w, b, norm, geglu, res, dtype):
     """(float64 result, sum |w x'| + |b| + |residual|, sum |w x'|) with x' the prologue's output rounded to dtype,
     as the kernel."""
     K = w.shape[1]
-    xd = x.double()[0]
+    xd = x.double()
     if geglu:
-        gate, up = xd[:K], xd[K:]
+        gate, up = xd[:, :K], xd[:, K:]
         xp = (_gelu64(gate).to(dtype).double() * up).to(dtype).double()
     elif norm is not None:
         nw, eps = norm
-        xp = (xd / torch.sqrt((xd * xd).mean() + eps) * nw.double()).to(dtype).double()
+        xp = (xd / torch.sqrt((xd * xd).mean(-1, keepdim=True) + eps) * nw.double()).to(dtype).double()
     else:
         xp = xd
-    out = w.double() @ xp + b.double()
-    scale = w.double().abs() @ xp.abs() + b.double().abs()
+    out = xp @ w.double().T + b.double()
+    scale = xp.abs() @ w.double().abs().T + b.double().abs()
     if res is not None:
-        out = out + res.double()[0]
-        scale = scale + res.double()[0].abs()
-    return out, scale, w.double().abs() @ xp.abs()
+        out = out + res.double()
+        scale = scale + res.double().abs()
+    return out, scale, xp.abs() @ w.double().abs().T
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("mode", ["plain", "norm", "geglu"])
 @pytest.mark.parametrize("with_residual", [False, True])
-@pytest.mark.parametrize("tiling", [None, (8, 128), (16, 256)])
-def test_row_product_matches_float64(dtype, mode, with_residual, tiling, monkeypatch):
+@pytest.mark.parametrize("rows_tiling", [(1, None), (1, (8, 128)), (1, (16, 256)), (3, None), (20, None),
+                                         (64, None), (5, (16, 32, 64, 4))])
+def test_row_product_matches_float64(dtype, mode, with_residual, rows_tiling, monkeypatch):
     from samu.ops import rowprod_triton
     from samu.ops.rowprod_triton import row_product
 
+    M, tiling = rows_tiling
     if tiling is not None:   # the tiles rowprod_triton.tiles gives the 400m preset's shapes, and more column blocks
-        monkeypatch.setattr(rowprod_triton, "tiles", lambda N, K, pro: tiling)
+        name = "tiles" if M == 1 else "rows_tiles"
+        monkeypatch.setattr(rowprod_triton, name, lambda *shape: tiling)
     torch.manual_seed(3)
     N, K = 37, 600   # a partial last program of rows; column blocks: 1 or 2 as shipped, 5 and 3 with a partial last
     w = (torch.randn(N, K, device=DEVICE) / K ** 0.5).to(dtype)
     b = torch.randn(N, device=DEVICE).to(dtype)
-    x = torch.randn(1, 2 * K if mode == "geglu" else K, device=DEVICE).to(dtype)
+    x = torch.randn(M, 2 * K if mode == "geglu" else K, device=DEVICE).to(dtype)
     norm = (torch.rand(K, device=DEVICE).add(0.5).to(dtype), 1e-6) if mode == "norm" else None
-    res = torch.randn(1, N, device=DEVICE).to(dtype) if with_residual else None
+    res = torch.randn(M, N, device=DEVICE).to(dtype) if with_residual else None
     y = row_product(x, w, b, norm=norm, geglu=mode == "geglu", residual=res)
-    assert y.shape == (1, N) and y.dtype == dtype
+    assert y.shape == (M, N) and y.dtype == dtype
     exact, scale, rounded = _exact(x, w, b, norm, mode == "geglu", res, dtype)
     if dtype == torch.float32:
-        assert rel_err(y[0], exact) < 1e-6
+        assert rel_err(y, exact) < 1e-6
     else:
         bound = EPS * exact.abs() + K * 2.0 ** -24 * scale + (EPS * rounded if mode != "plain" else 0.0)
-        assert ((y[0].double() - exact).abs() <= bound).all()
+        assert ((y.double() - exact).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("mode", ["plain", "norm", "geglu"])
+def test_each_row_of_several_is_its_own_product(mode):
+    # rows_tile's rows are independent: a row's result does not depend on the rows beside it (up to the fp32 sums'
+    # order, which the tensor-core tiles may change against the one-row kernel, so held to the bf16 rule's scale)
+    from samu.ops.rowprod_triton import row_product
+
+    torch.manual_seed(6)
+    N, K = 40, 300
+    w = (torch.randn(N, K, device=DEVICE) / K ** 0.5).to(torch.bfloat16)
+    b = torch.randn(N, device=DEVICE).to(torch.bfloat16)
+    x = torch.randn(9, 2 * K if mode == "geglu" else K, device=DEVICE).to(torch.bfloat16)
+    norm = (torch.rand(K, device=DEVICE).add(0.5).to(torch.bfloat16), 1e-6) if mode == "norm" else None
+    together = row_product(x, w, b, norm=norm, geglu=mode == "geglu")
+    for i in (0, 4, 8):
+        alone = row_product(x[i:i + 1].contiguous(), w, b, norm=norm, geglu=mode == "geglu")
+        assert rel_err(together[i], alone[0]) < 2.0 ** -7
+    shuffled = row_product(x.flip(0).contiguous(), w, b, norm=norm, geglu=mode == "geglu")
+    assert torch.equal(shuffled.flip(0), together)
 
 
 def test_row_product_leaves_its_inputs_alone():
