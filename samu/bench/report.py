@@ -40,7 +40,9 @@ class Unit:
 
 
 def collect(records) -> tuple[dict, list, list]:
-    """(bench units by (scope, shape, dtype), newest gate rows, records used)."""
+    """(bench units by (scope, shape, dtype), newest gate rows per platform the gates speak for, records used)."""
+    from samu.gates.runner import record_platform
+
     units: dict = {}
     gates: dict = {}
     for path, record in records:
@@ -55,10 +57,11 @@ def collect(records) -> tuple[dict, list, list]:
                     unit.rows[row["candidate"]] = row
         else:
             for row in record["rows"]:
-                key = (row["op"], row["backend"], tuple(row["shape"]), row["dtype"], row.get("documents") or 0)
+                key = (record_platform(record), row["op"], row["backend"], tuple(row["shape"]), row["dtype"],
+                       row.get("documents") or 0)
                 if key not in gates or stamp > gates[key][0]:
                     gates[key] = (stamp, row)
-    gate_rows = [dict(row, _record=stamp[1]) for key, (stamp, row) in sorted(gates.items())]
+    gate_rows = [dict(row, _record=stamp[1], _platform=key[0]) for key, (stamp, row) in sorted(gates.items())]
     used = sorted({u.path for u in units.values()} | {r["_record"] for r in gate_rows})
     return units, gate_rows, [(p, r) for p, r in records if p in used]
 
@@ -300,28 +303,30 @@ def gate_tables(gate_rows) -> list[str]:
         if "exception" in row:
             failing.append("crashed: " + row["exception"].splitlines()[0][:80])
         shape = shape_str(row["shape"]) + (f" in {row['documents']} sequences" if row.get("documents") else "")
-        summary.append([OP_LABEL[row["op"]], row["backend"], row["variant"], shape, row["dtype"],
+        summary.append([row["_platform"], OP_LABEL[row["op"]], row["backend"], row["variant"], shape, row["dtype"],
                         row["shape_class"], "pass" if row["pass"] else "**FAIL**",
                         "n/a" if worst is None else f"{worst[0]:.3f} ({worst[1]})", ", ".join(failing) or "-",
                         _link(row["_record"])])
         cells = [f"{q} {row['errors'][q]:.2e} / {row['thresholds'][q]:.2e}"
                  if row["errors"].get(q) is not None and row["thresholds"].get(q) is not None else f"{q} n/a"
                  for q in row["passed"]]
-        detail.append([OP_LABEL[row["op"]], row["backend"], shape, row["dtype"], "<br>".join(cells)])
-    lines = _table(["mixer", "backend", "variant", "shape", "dtype", "shape class", "result",
+        detail.append([row["_platform"], OP_LABEL[row["op"]], row["backend"], shape, row["dtype"], "<br>".join(cells)])
+    lines = _table(["platform", "mixer", "backend", "variant", "shape", "dtype", "shape class", "result",
                     "worst error / threshold", "failing", "record"], summary)
     lines += ["Each result's relative Frobenius error against the float64 reference, and its threshold:", ""]
-    return lines + _table(["mixer", "backend", "shape", "dtype", "error / threshold"], detail)
+    return lines + _table(["platform", "mixer", "backend", "shape", "dtype", "error / threshold"], detail)
 
 
 def status_lines(gate_records) -> list[str]:
-    from samu.gates.runner import status_from_records
+    """What the gate records block from dispatch, platform by platform (a GPU and Triton release each)."""
+    from samu.gates.runner import record_platform, status_from_records
 
-    status = status_from_records(gate_records)
-    if not status["blocked"]:
-        return ["No (op, variant, shape class) is blocked by the gate records.", ""]
+    blocked = [(platform, key) for platform in sorted({record_platform(r) for _, r in gate_records})
+               for key in status_from_records(gate_records, platform=platform)["blocked"]]
+    if not blocked:
+        return ["No (op, variant, shape class) is blocked by the gate records on any platform.", ""]
     return ["Blocked from dispatch (latest gate failed):", ""] + [
-        f"* {OP_LABEL[op]} `{variant}` in `{cls}`" for op, variant, cls in status["blocked"]] + [""]
+        f"* {platform}: {OP_LABEL[op]} `{variant}` in `{cls}`" for platform, (op, variant, cls) in blocked] + [""]
 
 
 def notes_lines(records) -> list[str]:

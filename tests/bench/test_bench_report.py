@@ -244,3 +244,22 @@ def test_the_committed_report_is_what_its_records_make(tmp_path):
     results = Path(__file__).parents[2] / "results"
     out, _ = build_report(results, tmp_path / "REPORT.md")
     assert out.read_text() == (results / "REPORT.md").read_text(), "results/REPORT.md is stale: run `samu report`"
+
+
+def test_each_platform_keeps_its_own_gate_rows(tmp_path):
+    # a newer gate record from another GPU lists beside the first platform's rows, never over them, and what it
+    # fails blocks that platform alone
+    write_fixtures(tmp_path)
+    other = dict(ENV, gpu="NVIDIA H100 80GB HBM3")
+    (tmp_path / "gates" / "2026-01-05-h100-gates.json").write_text(json.dumps(record(
+        "gate", "2026-01-05T00:00:00Z", [gate_row("samu", "triton_x", (1, 8192, 1024), True),
+                                         gate_row("rglru", "torch", (1, 8192, 1024), False, worst_q="dx")],
+        gates_version=1, env=other)))
+    text = build_report(tmp_path, figures=False)[0].read_text()
+    h200 = "| NVIDIA H200\\|triton 3.6 | SAMU | triton_x | triton_x | 1x8192x1024 | bfloat16 |"
+    h100 = "| NVIDIA H100 80GB HBM3\\|triton 3.6 | SAMU | triton_x | triton_x | 1x8192x1024 | bfloat16 |"
+    assert h200 in text and h100 in text
+    assert "**FAIL**" in text.split(h200)[1].splitlines()[0] and "| pass |" in text.split(h100)[1].splitlines()[0]
+    assert "* NVIDIA H100 80GB HBM3|triton 3.6: RG-LRU `torch`" in text
+    assert "* NVIDIA H200|triton 3.6: SAMU `triton_x`" in text
+    assert "* NVIDIA H200|triton 3.6: RG-LRU" not in text and "H100 80GB HBM3|triton 3.6: SAMU" not in text
