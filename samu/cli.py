@@ -587,14 +587,16 @@ def _run(args) -> int:
     try:
         return args.func(args) or 0
     except TrainingInterrupted as stop:
-        if int(os.environ.get("RANK", "0")) == 0:
-            resume = f"--out {stop.out} --resume"
-            # the study's folder resumes every arm, this one from its checkpoint
-            how = ("the same `samu compare` command" if args.command == "compare"
-                   else f"the same torchrun command with `{resume}`" if int(os.environ.get("WORLD_SIZE", "1")) > 1
-                   else f"`samu train {resume}`")
-            print(f"samu {args.command}: stopped by {stop}; the checkpoint is saved: resume with {how}",
-                  file=sys.stderr)
+        if int(os.environ.get("RANK", "0")) != 0:
+            # the main rank says how to resume and carries the stop's status: a failing status here would have
+            # torchrun end the main rank, maybe before it says so
+            return 0
+        resume = f"--out {stop.out} --resume"
+        # the study's folder resumes every arm, this one from its checkpoint
+        how = ("the same `samu compare` command" if args.command == "compare"
+               else f"the same torchrun command with `{resume}`" if int(os.environ.get("WORLD_SIZE", "1")) > 1
+               else f"`samu train {resume}`")
+        print(f"samu {args.command}: stopped by {stop}; the checkpoint is saved: resume with {how}", file=sys.stderr)
         return 128 + stop.signum
     except TrainingDiverged as e:
         print(f"samu {args.command}: error: {with_flags(str(e))}", file=sys.stderr)
