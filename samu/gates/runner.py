@@ -533,6 +533,8 @@ def _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, o
         if worker is not None:
             worker.close()
     record["complete"] = True
+    if out is not None:
+        write_record(record, out)
     return record
 
 

@@ -119,6 +119,14 @@ def test_failing_variant_is_recorded_and_never_dispatched_for_its_shape_class(du
     assert dispatch.choose("samu", *SHAPE, torch.float32, "cpu", "test_gate_bad").name == "test_gate_bad"
 
 
+def test_a_finished_run_leaves_its_record_file_complete(tmp_path):
+    # the file rewritten after each unit says complete once the last unit is done, as the returned record does
+    out = tmp_path / "gates.json"
+    record = run_gates(["samu"], [(1, 9, 4)], [torch.float32], ["torch"], "cpu", progress=False, out=out)
+    saved = json.loads(out.read_text())
+    assert record["complete"] and saved["complete"] and saved["rows"] == record["rows"]
+
+
 def test_torch_backend_passes_its_gates_for_both_mixers_and_dtypes():
     record = run_gates(["samu", "rglru"], [(2, 37, 10)], [torch.float32, torch.bfloat16], ["torch"], "cpu",
                        progress=False)
