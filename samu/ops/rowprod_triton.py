@@ -162,12 +162,13 @@ def _rows_product(w, b, x, res, nw, y, M, N, K, eps, BM: tl.constexpr, BN: tl.co
 
 def rows_tiles(M: int, N: int, K: int) -> tuple:
     """(BM, BN, BK, warps) of a product of M rows (2 to ROWS_LIMIT), N outputs, K inputs on tensor cores: all the
-    rows in one tile of at least 16, then outputs so that x's re-reads from L2 (one [M, K] a program) stay below
-    the weights' bytes where the programs still fill the GPU; 8 warps at 64 rows (255 registers at 4, sm_90). A
-    first guess, untimed."""
+    rows in one tile of at least 16, BN = 16 outputs a program (32 for the widest products at 64 rows), BK = 64 at
+    64 rows. At the 400m preset's products they take 40-108 registers and no stack on sm_90
+    (results/dev/session27/offline/rowprod_regs.txt). A first guess, untimed: every program re-reads x from L2
+    (one [M, K] each), which at 64 rows outweighs the weights it streams."""
     BM = max(16, next_power_of_2(M))
     BN = 16 if BM <= 16 or N < 4096 else 32
-    return BM, BN, 64 if BM >= 64 else 128, 8 if BM >= 64 else WARPS
+    return BM, BN, 64 if BM >= 64 else 128, WARPS
 
 
 def tiles(N: int, K: int, pro: int) -> tuple:
