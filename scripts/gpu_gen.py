@@ -51,6 +51,8 @@ def main():
     ap.add_argument("--row-prefetch", action="store_true")
     ap.add_argument("--max-rows", type=int, default=rowprod_triton.MAX_ROWS)
     args = ap.parse_args()
+    if not 1 <= args.max_rows <= rowprod_triton.ROWS_LIMIT:
+        ap.error(f"--max-rows must be 1 to {rowprod_triton.ROWS_LIMIT}, got {args.max_rows}")
     rowprod_triton.PREFETCH = args.row_prefetch
     rowprod_triton.MAX_ROWS = args.max_rows
     bandwidth = copy_bandwidth("cuda")

@@ -19,7 +19,7 @@ used; the prologue's values are rounded to x's dtype where the unfused ops round
 the gate's product), and the sum, bias and residual are rounded once. No PDL in Triton's interpreter, which runs
 the same code.
 
-Above one row (``rows_tile``) a program owns BN outputs of every row and multiplies on tensor cores: the prologue's
+Above one row (``_rows_product``) a program owns BN outputs of every row and multiplies on tensor cores: the prologue's
 values and the weights in their dtype, the products summed in fp32. Decoding takes it up to MAX_ROWS rows, 1 as
 committed: it is exact in the interpreter and compiles for sm_90 without a spill, but is untimed on a GPU.
 """
@@ -36,34 +36,40 @@ from samu.ops.triton_utils import (_PDL_WAIT, NO_WAIT, PDL_WAIT, cast_to, cdiv, 
 
 WARPS = 4
 PLAIN, NORM, GEGLU = 0, 1, 2
-# whether a program asks L2 for all its weight rows before the wait (row_tile's PF): off until timed on a GPU
+# whether a program asks L2 for all its weight rows before the wait (_row_product's PF): off until timed on a GPU
 PREFETCH = False
 LINE_BYTES = 128   # an L2 cache line
-# the most rows decoding runs on these products (ResidualLayer.takes_row_products): above one row, rows_tile on tensor
+# the most rows decoding runs on these products (ResidualLayer.takes_row_products): above one row, _rows_product on tensor
 # cores, which is untimed on a GPU, so 1 until a run shows it faster than cuBLAS's products at 8 and 64 rows
 MAX_ROWS = 1
-ROWS_LIMIT = 64    # what rows_tile is built and tested for (its [BM, BK] tiles of x)
+ROWS_LIMIT = 64    # what _rows_product is built and tested for (its [BM, BK] tiles of x)
 
 
 @triton.jit
-def row_tile(w, b, x, res, nw, y, tile, N, K, eps, BN: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr,
-             PRO: tl.constexpr, HAS_RES: tl.constexpr, WAIT: tl.constexpr, PF: tl.constexpr, LINE: tl.constexpr):
-    """y[rows] = W[rows] @ pro(x) + b[rows] (+ res[rows]) for the BN rows of ``tile``. PRO: PLAIN x [K]; NORM
+def line_offsets(rows, N, K, PF: tl.constexpr, LINE: tl.constexpr):
+    """[BN, PF] int64 offsets into an [N, K] weight of one element in each LINE-element cache line of ``rows``, for
+    a prefetch, which takes no mask: clamped to each row's last element and to the last row."""
+    lines = tl.minimum(tl.arange(0, PF) * LINE, K - 1)
+    return tl.minimum(rows, N - 1)[:, None].to(tl.int64) * K + lines[None, :]
+
+
+@triton.jit
+def _row_product(w, b, x, res, nw, y, N, K, eps, BN: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr,
+                 PRO: tl.constexpr, HAS_RES: tl.constexpr, WAIT: tl.constexpr, PF: tl.constexpr, LINE: tl.constexpr):
+    """y[rows] = W[rows] @ pro(x) + b[rows] (+ res[rows]) for one row x and this program's BN rows of W. PRO: PLAIN x [K]; NORM
     RMSNorm(x) * nw, x [K]; GEGLU gelu_tanh(gate) * up, x = [gate | up] [2K]. What x and res come from is waited
     for after the first weight tile's load (WAIT: triton_utils.NO_WAIT or PDL_WAIT). With PF > 0 the program
     first asks L2 for its rows' PF cache lines of LINE elements each (a power of two >= the lines of a row),
     so that under PDL its whole share of the weights streams in while the kernel before finishes: no value
     changes."""
-    rows = tile * BN + tl.arange(0, BN)
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
     mask_n = rows < N
     p_w = w + rows[:, None].to(tl.int64) * K
     # the first weight tile before the wait: weights do not depend on the work before, so their loads overlap it
     cols = tl.arange(0, BK)
     wt = tl.load(p_w + cols[None, :], mask=mask_n[:, None] & (cols < K)[None, :], other=0.0)
     if PF > 0:
-        # one address a line, clamped to the rows' last element and to the last row (a prefetch is not masked)
-        lines = tl.minimum(tl.arange(0, PF) * LINE, K - 1)
-        prefetch_l2(w + tl.minimum(rows, N - 1)[:, None].to(tl.int64) * K + lines[None, :])
+        prefetch_l2(w + line_offsets(rows, N, K, PF, LINE))
     if WAIT == _PDL_WAIT:
         tlc.gdc_wait()               # the kernel before this one has finished and its writes are seen
         tlc.gdc_launch_dependents()  # the next one may launch now (it waits the same way)
@@ -97,29 +103,24 @@ def row_tile(w, b, x, res, nw, y, tile, N, K, eps, BN: tl.constexpr, BK: tl.cons
 
 
 @triton.jit
-def _row_product(w, b, x, res, nw, y, N, K, eps, BN: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr,
-                 PRO: tl.constexpr, HAS_RES: tl.constexpr, WAIT: tl.constexpr, PF: tl.constexpr, LINE: tl.constexpr):
-    row_tile(w, b, x, res, nw, y, tl.program_id(0), N, K, eps, BN, BK, KP, PRO, HAS_RES, WAIT, PF, LINE)
-
-
-@triton.jit
-def rows_tile(w, b, x, res, nw, y, tile, M, N, K, eps, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-              PRO: tl.constexpr, HAS_RES: tl.constexpr, WAIT: tl.constexpr):
-    """row_tile for M <= BM rows on tensor cores: y[:M, cols] = pro(x) W[cols]^T + b[cols] (+ res[:M, cols]) for
-    the BN outputs ``cols`` of ``tile``, x [M, K] ([M, 2K] with GEGLU), res and y [M, N]. The same waits, prologues
-    and roundings; each row's RMSNorm scale from a first pass over its K entries."""
-    cols = tile * BN + tl.arange(0, BN)
+def _rows_product(w, b, x, res, nw, y, M, N, K, eps, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                  PRO: tl.constexpr, HAS_RES: tl.constexpr, WAIT: tl.constexpr):
+    """_row_product for M <= BM rows on tensor cores: y[:M, cols] = pro(x) W[cols]^T + b[cols] (+ res[:M, cols]) for
+    this program's BN outputs ``cols``, x [M, K] ([M, 2K] with GEGLU), res and y [M, N]. The same waits, prologues
+    and roundings, but each row's RMSNorm scale is summed in BK-wide pieces (a first pass over its K entries), so
+    a row's bits may differ from the one-row kernel's by the order of that sum."""
+    cols = tl.program_id(0) * BN + tl.arange(0, BN)
     mask_n = cols < N
     p_w = w + cols[:, None].to(tl.int64) * K
     ks = tl.arange(0, BK)
-    wt = tl.load(p_w + ks[None, :], mask=mask_n[:, None] & (ks < K)[None, :], other=0.0)
+    wt = tl.load(p_w + ks[None, :], mask=mask_n[:, None] & (ks < K)[None, :], other=0.0)   # [BN, BK]
     if WAIT == _PDL_WAIT:
         tlc.gdc_wait()
         tlc.gdc_launch_dependents()
     dt = y.dtype.element_ty
     r = tl.arange(0, BM)
     mask_m = r < M
-    p_x = x + r[:, None] * (2 * K if PRO == 2 else K)
+    p_x = x + r[:, None].to(tl.int64) * (2 * K if PRO == 2 else K)   # [BM, 1]
     rstd = tl.full([BM], 1.0, tl.float32)
     if PRO == 1:
         squares = tl.zeros([BM], dtype=tl.float32)
@@ -138,26 +139,20 @@ def rows_tile(w, b, x, res, nw, y, tile, M, N, K, eps, BM: tl.constexpr, BN: tl.
         if PRO == 2:
             gate = tl.load(p_x + c[None, :], mask=m2, other=0.0).to(tl.float32)
             up = tl.load(p_x + K + c[None, :], mask=m2, other=0.0).to(tl.float32)
-            xv = gelu_gate(gate, up, dt).to(dt)
+            xv = gelu_gate(gate, up, dt).to(dt)   # [BM, BK]
         elif PRO == 1:
             v = tl.load(p_x + c[None, :], mask=m2, other=0.0).to(tl.float32)
             xv = cast_to(v * rstd[:, None] * tl.load(nw + c, mask=mk, other=0.0).to(tl.float32)[None, :], dt)
         else:
             xv = tl.load(p_x + c[None, :], mask=m2, other=0.0)
-        # x' and W in their dtype, products summed in fp32 (exact products: no rounding beyond row_tile's)
-        acc = dot_exact(xv, tl.trans(w_cur), acc)
+        # x' and W in their dtype, their products summed in fp32
+        acc = dot_exact(xv, tl.trans(w_cur), acc)   # [BM, BN]
     out = acc + tl.load(b + cols, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    at = r[:, None] * N + cols[None, :]
+    at = r[:, None].to(tl.int64) * N + cols[None, :]   # [BM, BN]
     m_out = mask_m[:, None] & mask_n[None, :]
     if HAS_RES:
         out += tl.load(res + at, mask=m_out, other=0.0).to(tl.float32)
     tl.store(y + at, cast_to(out, dt), mask=m_out)
-
-
-@triton.jit
-def _rows_product(w, b, x, res, nw, y, M, N, K, eps, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                  PRO: tl.constexpr, HAS_RES: tl.constexpr, WAIT: tl.constexpr):
-    rows_tile(w, b, x, res, nw, y, tl.program_id(0), M, N, K, eps, BM, BN, BK, PRO, HAS_RES, WAIT)
 
 
 def rows_tiles(M: int, N: int, K: int) -> tuple:
@@ -190,6 +185,8 @@ def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, no
     x's two halves; everything contiguous and in one dtype (unchecked: ResidualLayer.takes_row_products decides)."""
     N, K = weight.shape
     M = x.shape[0]
+    if not 1 <= M <= ROWS_LIMIT:
+        raise ValueError(f"x must have 1 to {ROWS_LIMIT} rows, got {M}")
     y = x.new_empty(M, N)
     pro = GEGLU if geglu else NORM if norm is not None else PLAIN
     nw, eps = norm if norm is not None else (None, 0.0)

@@ -100,7 +100,7 @@ def _store_out(y, new, x, ch, ok, D, K: tl.constexpr):
 def samu_row_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, state, b, N, sx, radial_bound,
                   BN: tl.constexpr, K: tl.constexpr, WAIT: tl.constexpr):
     """SAMU's step for batch row b over its N modes (BN >= N of them a program), the Conv1D state shifted. x is
-    waited for after the parameters' loads as rowprod_triton.row_tile waits (WAIT: triton_utils.NO_WAIT or
+    waited for after the parameters' loads as rowprod_triton._row_product waits (WAIT: triton_utils.NO_WAIT or
     PDL_WAIT)."""
     k = tl.arange(0, BN)   # [BN] modes
     ok = k < N

@@ -240,7 +240,7 @@ def test_decoding_several_rows_through_the_row_products_follows_the_forward(conf
 
 
 @pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
-def test_a_decoder_decides_the_one_row_path_once(monkeypatch):
+def test_a_decoder_decides_the_row_products_path_once(monkeypatch):
     # the one-row decision is made once per decoding loop, not per layer and token: each layer is asked once,
     # when the decoder is made, and a kept decoder is not asked again; the autocast state is part of its key
     from samu.modules.block import ResidualLayer
@@ -262,6 +262,11 @@ def test_a_decoder_decides_the_one_row_path_once(monkeypatch):
         assert decoder(model, 1, 0.0, None, False).plan == [False] * config.num_layers
     assert len(asked) == config.num_layers
     assert decoder(model, 2, 0.0, None, False).plan == [False] * config.num_layers   # one row only (MAX_ROWS)
+    # the row products' switches are part of a decoder's key: raising MAX_ROWS makes a new decoder, which takes them
+    from samu.ops import rowprod_triton
+
+    monkeypatch.setattr(rowprod_triton, "MAX_ROWS", 2)
+    assert decoder(model, 2, 0.0, None, False).plan == [True] * config.num_layers
 
 
 @pytest.mark.gpu
@@ -294,21 +299,25 @@ def test_graphed_decoding_equals_eager_decoding_bit_for_bit(config, dtype, rows)
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("mixer", ["samu", "rglru"])
-def test_bf16_batch_one_decoding_follows_the_forward_on_gpu(mixer):
-    # bf16 decoding (token by token through the one-row products) rounds the same quantities to bf16 as the bf16
-    # forward does, in another order: its error against the fp32 forward of the same weights may be of the same size
-    # as the bf16 forward's, not larger (3x allows for the other order)
+@pytest.mark.parametrize("batch", [1, 4])
+def test_bf16_batch_one_decoding_follows_the_forward_on_gpu(mixer, batch, monkeypatch):
+    # bf16 decoding (token by token through the row products: one row, and 4 on tensor cores with MAX_ROWS raised)
+    # rounds the same quantities to bf16 as the bf16 forward does, in another order: its error against the fp32
+    # forward of the same weights may be of the same size as the bf16 forward's, not larger (3x allows for the order)
+    from samu.ops import rowprod_triton
+
+    monkeypatch.setattr(rowprod_triton, "MAX_ROWS", batch)
     config = LMConfig(vocab_size=256, width=256, num_layers=2, mixer=mixer, num_heads=4)
     model = _model(config, 9, device="cuda")
-    tokens = torch.randint(0, config.vocab_size, (1, 40), device="cuda",
+    tokens = torch.randint(0, config.vocab_size, (batch, 40), device="cuda",
                            generator=torch.Generator("cuda").manual_seed(9))
     with torch.no_grad():
         exact, _ = model(tokens)
         model = model.to(torch.bfloat16)
         forward, _ = model(tokens)
-        plan = model.decode_plan(1)
-        assert plan == [True] * config.num_layers   # the one-row products
-        state = model.init_state(1)
+        plan = model.decode_plan(batch)
+        assert plan == [True] * config.num_layers   # the row products
+        state = model.init_state(batch)
         decoded = torch.stack([model.decode(tokens[:, t], state, plan) for t in range(tokens.shape[1])], 1)
     decoding, forward = rel_err(decoded.float(), exact), rel_err(forward.float(), exact)
     assert decoding <= 3 * forward + 1e-3, (decoding, forward)

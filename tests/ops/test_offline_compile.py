@@ -100,7 +100,7 @@ def _cases():
             yield (rp._row_product, ("eps",), dict(BN=BN, BK=BK, KP=KP, PRO=pro, HAS_RES=res, WAIT=PDL_WAIT, PF=PF,
                                                    LINE=64, **absent),
                    rp.WARPS, {**rows, **{n: "constexpr" for n in absent}})
-    # the same products at 8 and 64 rows on tensor cores (rows_tile), as decoding would launch them above one row
+    # the same products at 8 and 64 rows on tensor cores (_rows_product), as decoding would launch them above one row
     for (pro, N, K), M in itertools.product(((rp.PLAIN, 1664, 1664), (rp.GEGLU, 1664, 4992), (rp.NORM, 9984, 1664)),
                                             (8, 64)):
         BM, BN, BK, warps = rp.rows_tiles(M, N, K)

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # For the next device session (written in session 27, not yet run): two decoding changes, both off as committed,
-# judged in one call on the 400m preset in bf16 (scripts/gpu_gen.py), each alternating with the committed setting in
-# one tree (OFF ON OFF ON; the first round with the kernel tables):
+# judged in one call on the 400m preset in bf16 (scripts/gpu_gen.py), each against the committed setting in one tree,
+# counterbalanced (OFF ON, then ON OFF; the first round with the kernel tables):
 #   1. the one-row products' L2 prefetch (samu.ops.rowprod_triton.PREFETCH, --row-prefetch) at batch 1;
 #   2. the row products on tensor cores above one row (rowprod_triton.MAX_ROWS, --max-rows 64) at batches 8 and 64,
 #      against the forward's cuBLAS products.
 # Then the products' tests compiled on the GPU (tests/ops/test_rowprod.py: 1 to 64 rows against float64; the prefetch
-# changes no bits) and the decoding GPU tests with both switched on in the pytest process. Each stage packs what it
-# wrote into results.tar.gz. ~6 minutes warm (estimated: session 27's four gen runs and tests took 210 s).
+# changes no bits), their bf16 cases again under compute-sanitizer's memcheck (no out-of-bounds load), and the
+# decoding GPU tests with both switched on in the pytest process (bf16 decoding at 1 and 4 rows against the forward).
+# Each stage packs what it wrote into results.tar.gz. ~8 minutes warm (estimated: session 27's four gen runs and
+# tests took 210 s; memcheck's slowdown is a guess: its stage has its own timeout).
 #   COMMIT=<hex> bash results/dev/session27/scripts/decode_call.sh
 # Keep a change (PREFETCH = True, or MAX_ROWS = 64, in samu/ops/rowprod_triton.py; then `samu bench --scopes gen` for
 # the record) if ON is faster than OFF in both rounds for both mixers and the tests pass.
@@ -25,19 +27,23 @@ gen() {   # name, batches, flags...
     > $W/$name.log 2>&1; echo "$name exit $?"
   pack
 }
-for i in 1 2; do
-  extra=""; [ $i = 2 ] && extra=--no-kernels
-  gen prefetch-off-$i 1 $extra
-  gen prefetch-on-$i 1 --row-prefetch $extra
-  gen rows-off-$i 8,64 $extra
-  gen rows-on-$i 8,64 --max-rows 64 $extra
-done
+gen prefetch-off-1 1
+gen prefetch-on-1 1 --row-prefetch
+gen rows-off-1 8,64
+gen rows-on-1 8,64 --max-rows 64
+gen rows-on-2 8,64 --max-rows 64 --no-kernels
+gen rows-off-2 8,64 --no-kernels
+gen prefetch-on-2 1 --row-prefetch --no-kernels
+gen prefetch-off-2 1 --no-kernels
 timeout 150 python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short tests/ops/test_rowprod.py \
   > $W/rowprod.log 2>&1; echo "rowprod tests exit $?"
 pack
-timeout 240 python3 -c "import sys, pytest, samu.ops.rowprod_triton as r; r.PREFETCH = True; r.MAX_ROWS = 64; sys.exit(
+timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider -x \
+  tests/ops/test_rowprod.py -k "matches_float64 and dtype0" > $W/memcheck.log 2>&1; echo "memcheck exit $?"
+pack
+timeout 200 python3 -c "import sys, pytest, samu.ops.rowprod_triton as r; r.PREFETCH = True; r.MAX_ROWS = 64; sys.exit(
   pytest.main(['-m', 'gpu', '-q', '-p', 'no:cacheprovider', '-rfEs', '--tb=short', 'tests/models/test_generate.py']))" \
   > $W/tests.log 2>&1; echo "decoding tests (both on) exit $?"
 pack
-tail -n 3 $W/rowprod.log $W/tests.log
+tail -n 3 $W/rowprod.log $W/memcheck.log $W/tests.log
 for f in $W/*-[12].log; do echo "== $(basename $f)"; grep "B=" $f | grep -v "^---"; done
