@@ -291,6 +291,11 @@ def scratch_lines(units) -> list[str]:
     return [f"* {OP_LABEL[op]} `{choice}`: `{formula}`" for op, choice, formula in formulas] + [""]
 
 
+def _platform(platform: str) -> str:
+    """A platform key (gate_status.platform: "GPU|triton X.Y") as the report writes it."""
+    return platform.replace("|triton ", ", Triton ")
+
+
 def gate_tables(gate_rows) -> list[str]:
     if not gate_rows:
         return ["No gate records.", ""]
@@ -303,14 +308,14 @@ def gate_tables(gate_rows) -> list[str]:
         if "exception" in row:
             failing.append("crashed: " + row["exception"].splitlines()[0][:80])
         shape = shape_str(row["shape"]) + (f" in {row['documents']} sequences" if row.get("documents") else "")
-        summary.append([row["_platform"], OP_LABEL[row["op"]], row["backend"], row["variant"], shape, row["dtype"],
+        summary.append([_platform(row["_platform"]), OP_LABEL[row["op"]], row["backend"], row["variant"], shape, row["dtype"],
                         row["shape_class"], "pass" if row["pass"] else "**FAIL**",
                         "n/a" if worst is None else f"{worst[0]:.3f} ({worst[1]})", ", ".join(failing) or "-",
                         _link(row["_record"])])
         cells = [f"{q} {row['errors'][q]:.2e} / {row['thresholds'][q]:.2e}"
                  if row["errors"].get(q) is not None and row["thresholds"].get(q) is not None else f"{q} n/a"
                  for q in row["passed"]]
-        detail.append([row["_platform"], OP_LABEL[row["op"]], row["backend"], shape, row["dtype"], "<br>".join(cells)])
+        detail.append([_platform(row["_platform"]), OP_LABEL[row["op"]], row["backend"], shape, row["dtype"], "<br>".join(cells)])
     lines = _table(["platform", "mixer", "backend", "variant", "shape", "dtype", "shape class", "result",
                     "worst error / threshold", "failing", "record"], summary)
     lines += ["Each result's relative Frobenius error against the float64 reference, and its threshold:", ""]
@@ -326,7 +331,7 @@ def status_lines(gate_records) -> list[str]:
     if not blocked:
         return ["No (op, variant, shape class) is blocked by the gate records on any platform.", ""]
     return ["Blocked from dispatch (latest gate failed):", ""] + [
-        f"* {platform}: {OP_LABEL[op]} `{variant}` in `{cls}`" for platform, (op, variant, cls) in blocked] + [""]
+        f"* {_platform(platform)}: {OP_LABEL[op]} `{variant}` in `{cls}`" for platform, (op, variant, cls) in blocked] + [""]
 
 
 def notes_lines(records) -> list[str]:

@@ -256,10 +256,10 @@ def test_each_platform_keeps_its_own_gate_rows(tmp_path):
                                          gate_row("rglru", "torch", (1, 8192, 1024), False, worst_q="dx")],
         gates_version=1, env=other)))
     text = build_report(tmp_path, figures=False)[0].read_text()
-    h200 = "| NVIDIA H200\\|triton 3.6 | SAMU | triton_x | triton_x | 1x8192x1024 | bfloat16 |"
-    h100 = "| NVIDIA H100 80GB HBM3\\|triton 3.6 | SAMU | triton_x | triton_x | 1x8192x1024 | bfloat16 |"
+    h200 = "| NVIDIA H200, Triton 3.6 | SAMU | triton_x | triton_x | 1x8192x1024 | bfloat16 |"
+    h100 = "| NVIDIA H100 80GB HBM3, Triton 3.6 | SAMU | triton_x | triton_x | 1x8192x1024 | bfloat16 |"
     assert h200 in text and h100 in text
     assert "**FAIL**" in text.split(h200)[1].splitlines()[0] and "| pass |" in text.split(h100)[1].splitlines()[0]
-    assert "* NVIDIA H100 80GB HBM3|triton 3.6: RG-LRU `torch`" in text
-    assert "* NVIDIA H200|triton 3.6: SAMU `triton_x`" in text
-    assert "* NVIDIA H200|triton 3.6: RG-LRU" not in text and "H100 80GB HBM3|triton 3.6: SAMU" not in text
+    assert "* NVIDIA H100 80GB HBM3, Triton 3.6: RG-LRU `torch`" in text
+    assert "* NVIDIA H200, Triton 3.6: SAMU `triton_x`" in text
+    assert "* NVIDIA H200, Triton 3.6: RG-LRU" not in text and "H100 80GB HBM3, Triton 3.6: SAMU" not in text
