@@ -308,14 +308,15 @@ def gate_tables(gate_rows) -> list[str]:
         if "exception" in row:
             failing.append("crashed: " + row["exception"].splitlines()[0][:80])
         shape = shape_str(row["shape"]) + (f" in {row['documents']} sequences" if row.get("documents") else "")
-        summary.append([_platform(row["_platform"]), OP_LABEL[row["op"]], row["backend"], row["variant"], shape, row["dtype"],
-                        row["shape_class"], "pass" if row["pass"] else "**FAIL**",
+        summary.append([_platform(row["_platform"]), OP_LABEL[row["op"]], row["backend"], row["variant"], shape,
+                        row["dtype"], row["shape_class"], "pass" if row["pass"] else "**FAIL**",
                         "n/a" if worst is None else f"{worst[0]:.3f} ({worst[1]})", ", ".join(failing) or "-",
                         _link(row["_record"])])
         cells = [f"{q} {row['errors'][q]:.2e} / {row['thresholds'][q]:.2e}"
                  if row["errors"].get(q) is not None and row["thresholds"].get(q) is not None else f"{q} n/a"
                  for q in row["passed"]]
-        detail.append([_platform(row["_platform"]), OP_LABEL[row["op"]], row["backend"], shape, row["dtype"], "<br>".join(cells)])
+        detail.append([_platform(row["_platform"]), OP_LABEL[row["op"]], row["backend"], shape, row["dtype"],
+                       "<br>".join(cells)])
     lines = _table(["platform", "mixer", "backend", "variant", "shape", "dtype", "shape class", "result",
                     "worst error / threshold", "failing", "record"], summary)
     lines += ["Each result's relative Frobenius error against the float64 reference, and its threshold:", ""]
@@ -330,8 +331,9 @@ def status_lines(gate_records) -> list[str]:
                for key in status_from_records(gate_records, platform=platform)["blocked"]]
     if not blocked:
         return ["No (op, variant, shape class) is blocked by the gate records on any platform.", ""]
-    return ["Blocked from dispatch (latest gate failed):", ""] + [
-        f"* {_platform(platform)}: {OP_LABEL[op]} `{variant}` in `{cls}`" for platform, (op, variant, cls) in blocked] + [""]
+    lines = [f"* {_platform(platform)}: {OP_LABEL[op]} `{variant}` in `{cls}`"
+             for platform, (op, variant, cls) in blocked]
+    return ["Blocked from dispatch (latest gate failed):", ""] + lines + [""]
 
 
 def notes_lines(records) -> list[str]:

@@ -19,9 +19,10 @@ used; the prologue's values are rounded to x's dtype where the unfused ops round
 the gate's product), and the sum, bias and residual are rounded once. No PDL in Triton's interpreter, which runs
 the same code.
 
-Above one row (``_rows_product``) a program owns BN outputs of every row and multiplies on tensor cores: the prologue's
-values and the weights in their dtype, the products summed in fp32. Decoding takes it up to MAX_ROWS rows, 1 as
-committed: it is exact in the interpreter and compiles for sm_90 without a spill, but is untimed on a GPU.
+Above one row (``_rows_product``) a program owns BN outputs of every row and multiplies on tensor cores: the
+prologue's values and the weights in their dtype, the products summed in fp32. Decoding takes it up to MAX_ROWS
+rows, 1 as committed: it is exact in the interpreter and compiles for sm_90 without a spill, but is untimed on a
+GPU.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ PLAIN, NORM, GEGLU = 0, 1, 2
 # whether a program asks L2 for all its weight rows before the wait (_row_product's PF): off until timed on a GPU
 PREFETCH = False
 LINE_BYTES = 128   # an L2 cache line
-# the most rows decoding runs on these products (ResidualLayer.takes_row_products): above one row, _rows_product on tensor
-# cores, which is untimed on a GPU, so 1 until a run shows it faster than cuBLAS's products at 8 and 64 rows
+# the most rows decoding runs on these products (ResidualLayer.takes_row_products): above one row, _rows_product
+# on tensor cores, which is untimed on a GPU, so 1 until a run shows it faster than cuBLAS's products at 8 and 64 rows
 MAX_ROWS = 1
 ROWS_LIMIT = 64    # what _rows_product is built and tested for (its [BM, BK] tiles of x)
 
@@ -56,12 +57,12 @@ def line_offsets(rows, N, K, PF: tl.constexpr, LINE: tl.constexpr):
 @triton.jit
 def _row_product(w, b, x, res, nw, y, N, K, eps, BN: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr,
                  PRO: tl.constexpr, HAS_RES: tl.constexpr, WAIT: tl.constexpr, PF: tl.constexpr, LINE: tl.constexpr):
-    """y[rows] = W[rows] @ pro(x) + b[rows] (+ res[rows]) for one row x and this program's BN rows of W. PRO: PLAIN x [K]; NORM
-    RMSNorm(x) * nw, x [K]; GEGLU gelu_tanh(gate) * up, x = [gate | up] [2K]. What x and res come from is waited
-    for after the first weight tile's load (WAIT: triton_utils.NO_WAIT or PDL_WAIT). With PF > 0 the program
-    first asks L2 for its rows' PF cache lines of LINE elements each (a power of two >= the lines of a row),
-    so that under PDL its whole share of the weights streams in while the kernel before finishes: no value
-    changes."""
+    """y[rows] = W[rows] @ pro(x) + b[rows] (+ res[rows]) for one row x and this program's BN rows of W. PRO:
+    PLAIN x [K]; NORM RMSNorm(x) * nw, x [K]; GEGLU gelu_tanh(gate) * up, x = [gate | up] [2K]. What x and res
+    come from is waited for after the first weight tile's load (WAIT: triton_utils.NO_WAIT or PDL_WAIT). With
+    PF > 0 the program first asks L2 for its rows' PF cache lines of LINE elements each (a power of two >= the
+    lines of a row), so that under PDL its whole share of the weights streams in while the kernel before
+    finishes: no value changes."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     mask_n = rows < N
     p_w = w + rows[:, None].to(tl.int64) * K
