@@ -97,11 +97,12 @@ def _store_out(y, new, x, ch, ok, D, K: tl.constexpr):
 
 
 @triton.jit
-def samu_row_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, state, b, N, sx, radial_bound,
-                  BN: tl.constexpr, K: tl.constexpr, WAIT: tl.constexpr):
-    """SAMU's step for batch row b over its N modes (BN >= N of them a program), the Conv1D state shifted. x is
+def _samu_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, state, N, sx, radial_bound,
+               BN: tl.constexpr, K: tl.constexpr, WAIT: tl.constexpr):
+    """SAMU's step for this program's batch row over its N modes (BN >= N of them), the Conv1D state shifted. x is
     waited for after the parameters' loads as rowprod_triton._row_product waits (WAIT: triton_utils.NO_WAIT or
     PDL_WAIT)."""
+    b = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, BN)   # [BN] modes
     ok = k < N
     D = 2 * N
@@ -139,14 +140,6 @@ def samu_row_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb,
     tl.store(h_out + b * D + N + k, new_im, mask=ok)
     _store_out(y + b * D, new_re, xb, k, ok, D, K)
     _store_out(y + b * D, new_im, xb, N + k, ok, D, K)
-
-
-@triton.jit
-def _samu_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, state, N, sx, radial_bound,
-               BN: tl.constexpr, K: tl.constexpr, WAIT: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
-    samu_row_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, state, b, N, sx, radial_bound, BN,
-                  K, WAIT)
 
 
 @triton.jit

@@ -276,7 +276,7 @@ def arrive(count, members):
     return seen == members - 1
 
 
-# how a program waits for the work its input comes from (rowprod_triton._row_product's and step_triton.samu_row_step's
+# how a program waits for the work its input comes from (rowprod_triton._row_product's and step_triton._samu_step's
 # WAIT): not at all, or programmatic dependent launch's gdc_wait (``pdl``)
 NO_WAIT, PDL_WAIT = 0, 1
 _PDL_WAIT = tl.constexpr(PDL_WAIT)
