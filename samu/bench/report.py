@@ -56,9 +56,9 @@ def collect(records) -> tuple[dict, list, list]:
                 if (unit.created, unit.path) == stamp:
                     unit.rows[row["candidate"]] = row
         else:
+            platform = record_platform(record)
             for row in record["rows"]:
-                key = (record_platform(record), row["op"], row["backend"], tuple(row["shape"]), row["dtype"],
-                       row.get("documents") or 0)
+                key = (platform, row["op"], row["backend"], tuple(row["shape"]), row["dtype"], row.get("documents") or 0)
                 if key not in gates or stamp > gates[key][0]:
                     gates[key] = (stamp, row)
     gate_rows = [dict(row, _record=stamp[1], _platform=key[0]) for key, (stamp, row) in sorted(gates.items())]
@@ -325,10 +325,10 @@ def gate_tables(gate_rows) -> list[str]:
 
 def status_lines(gate_records) -> list[str]:
     """What the gate records block from dispatch, platform by platform (a GPU and Triton release each)."""
-    from samu.gates.runner import record_platform, status_from_records
+    from samu.gates.runner import status_by_platform
 
-    blocked = [(platform, key) for platform in sorted({record_platform(r) for _, r in gate_records})
-               for key in status_from_records(gate_records, platform=platform)["blocked"]]
+    blocked = [(platform, key) for platform, section in status_by_platform(gate_records).items()
+               for key in section["blocked"]]
     if not blocked:
         return ["No (op, variant, shape class) is blocked by the gate records on any platform.", ""]
     lines = [f"* {_platform(platform)}: {OP_LABEL[op]} `{variant}` in `{cls}`"

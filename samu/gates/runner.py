@@ -584,6 +584,12 @@ def status_from_records(records: list, version: "int | None" = None, platform: "
             "platforms": sorted(platforms), "sources": sorted({stamp[1] for stamp, _ in latest.values()})}
 
 
+def status_by_platform(records: list, version: "int | None" = None) -> dict:
+    """status_from_records for each platform the records were made on, by platform."""
+    return {platform: status_from_records(records, version, platform)
+            for platform in sorted({record_platform(r) for _, r in records})}
+
+
 def update_status(results, extra: "list | None" = None, path: "Path | None" = None) -> tuple[Path, dict]:
     """Rebuild the status file from every non-quarantined gate record under ``results`` (plus ``extra``), one
     section per platform the records were made on (samu.ops.gate_status): the records alone decide."""
@@ -591,12 +597,9 @@ def update_status(results, extra: "list | None" = None, path: "Path | None" = No
         raise ValueError("a dispatch status needs the Triton variants' registry (their gated_since): install triton")
     records = load_records(results, kind="gate")
     records += [(p, r) for p, r in extra or [] if all(r != known for _, known in records)]
-    version = load_rules().version
-    by_platform = {}
-    for platform in sorted({record_platform(r) for _, r in records}):
-        section = status_from_records(records, version, platform)
-        if section["passed"] or section["blocked"]:
-            by_platform[platform] = {k: section[k] for k in ("passed", "blocked", "sources")}
+    by_platform = {platform: {k: section[k] for k in ("passed", "blocked", "sources")}
+                   for platform, section in status_by_platform(records, load_rules().version).items()
+                   if section["passed"] or section["blocked"]}
     status = {"by_platform": by_platform}
     path = Path(path) if path else status_path()
     path.parent.mkdir(parents=True, exist_ok=True)
