@@ -58,7 +58,8 @@ def collect(records) -> tuple[dict, list, list]:
         else:
             platform = record_platform(record)
             for row in record["rows"]:
-                key = (platform, row["op"], row["backend"], tuple(row["shape"]), row["dtype"], row.get("documents") or 0)
+                key = (platform, row["op"], row["backend"], tuple(row["shape"]), row["dtype"],
+                       row.get("documents") or 0)
                 if key not in gates or stamp > gates[key][0]:
                     gates[key] = (stamp, row)
     gate_rows = [dict(row, _record=stamp[1], _platform=key[0]) for key, (stamp, row) in sorted(gates.items())]
