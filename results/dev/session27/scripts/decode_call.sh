@@ -8,24 +8,24 @@
 # Then the products' tests compiled on the GPU (tests/ops/test_rowprod.py: 1 to 64 rows against float64; the prefetch
 # changes no bits), their bf16 cases again under compute-sanitizer's memcheck (no out-of-bounds load), and the
 # decoding GPU tests with both switched on in the pytest process (bf16 decoding at 1 and 4 rows against the forward).
-# Each stage packs what it wrote into results.tar.gz. ~8 minutes warm (estimated: session 27's four gen runs and
-# tests took 210 s; memcheck's slowdown is a guess: its stage has its own timeout).
+# Each stage packs what it wrote into results.tar.gz (scripts/stage.sh's workspace and save; the call's output is
+# also in decode.log). ~8 minutes warm (estimated: session 27's four gen runs and tests took 210 s; memcheck's
+# slowdown is a guess: its stage has its own timeout).
 #   COMMIT=<hex> bash results/dev/session27/scripts/decode_call.sh
 # Keep a change (PREFETCH = True, or MAX_ROWS = 64, in samu/ops/rowprod_triton.py; then `samu bench --scopes gen` for
 # the record) if ON is faster than OFF in both rounds for both mixers and the tests pass.
 set -u
 cd "$(dirname "$0")/../../../.."
 : "${COMMIT:?}"
-OUT=${OUT:-$PWD/out}
-W=$OUT/w; mkdir -p $W
-export PYTHONPATH=$PWD SAMU_GIT_COMMIT=$COMMIT
-pack() { tar -czf $OUT/results.tar.gz -C $W .; }
+. scripts/stage.sh
+workspace decode.log
+export SAMU_GIT_COMMIT=$COMMIT
 gen() {   # name, batches, flags...
   local name=$1 batches=$2; shift 2
   mkdir -p $W/$name
-  timeout 150 python3 scripts/gpu_gen.py --batches $batches --mixers samu,rglru --out $W/$name "$@" \
+  timeout 150 $PY scripts/gpu_gen.py --batches $batches --mixers samu,rglru --out $W/$name "$@" \
     > $W/$name.log 2>&1; echo "$name exit $?"
-  pack
+  save
 }
 gen prefetch-off-1 1
 gen prefetch-on-1 1 --row-prefetch
@@ -35,15 +35,15 @@ gen rows-on-2 8,64 --max-rows 64 --no-kernels
 gen rows-off-2 8,64 --no-kernels
 gen prefetch-on-2 1 --row-prefetch --no-kernels
 gen prefetch-off-2 1 --no-kernels
-timeout 150 python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short tests/ops/test_rowprod.py \
+timeout 150 $PY -m pytest -q -p no:cacheprovider -rfEs --tb=short tests/ops/test_rowprod.py \
   > $W/rowprod.log 2>&1; echo "rowprod tests exit $?"
-pack
-timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider -x \
+save
+timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 $PY -m pytest -q -p no:cacheprovider -x \
   tests/ops/test_rowprod.py -k "matches_float64 and dtype0" > $W/memcheck.log 2>&1; echo "memcheck exit $?"
-pack
-timeout 200 python3 -c "import sys, pytest, samu.ops.rowprod_triton as r; r.PREFETCH = True; r.MAX_ROWS = 64; sys.exit(
+save
+timeout 200 $PY -c "import sys, pytest, samu.ops.rowprod_triton as r; r.PREFETCH = True; r.MAX_ROWS = 64; sys.exit(
   pytest.main(['-m', 'gpu', '-q', '-p', 'no:cacheprovider', '-rfEs', '--tb=short', 'tests/models/test_generate.py']))" \
   > $W/tests.log 2>&1; echo "decoding tests (both on) exit $?"
-pack
+save
 tail -n 3 $W/rowprod.log $W/memcheck.log $W/tests.log
 for f in $W/*-[12].log; do echo "== $(basename $f)"; grep "B=" $f | grep -v "^---"; done
