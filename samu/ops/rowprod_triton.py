@@ -55,6 +55,23 @@ def line_offsets(rows, N, K, PF: tl.constexpr, LINE: tl.constexpr):
 
 
 @triton.jit
+def _prologue(x, c, mask, nw, c_nw, mask_nw, rstd, K, PRO: tl.constexpr, dt: tl.constexpr):
+    """pro(x) in fp32 at offsets c from x (GEGLU: the gate half, the up half K further on), rounded to dt where
+    the unfused ops round: PLAIN x; NORM RMSNorm(x) * nw (scale rstd, the norm weight nw at offsets c_nw); GEGLU
+    gelu_tanh(gate) * up (gelu_gate). Any shape: the one-row kernel's [BK] tile, or [BM, BK] rows (x a [BM, 1]
+    pointer) with c_nw and rstd broadcast."""
+    if PRO == 2:
+        gate = tl.load(x + c, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x + K + c, mask=mask, other=0.0).to(tl.float32)
+        return gelu_gate(gate, up, dt)
+    elif PRO == 1:
+        v = tl.load(x + c, mask=mask, other=0.0).to(tl.float32)
+        return cast_to(v * rstd * tl.load(nw + c_nw, mask=mask_nw, other=0.0).to(tl.float32), dt).to(tl.float32)
+    else:
+        return tl.load(x + c, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _row_product(w, b, x, res, nw, y, N, K, eps, BN: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr,
                  PRO: tl.constexpr, HAS_RES: tl.constexpr, WAIT: tl.constexpr, PF: tl.constexpr, LINE: tl.constexpr):
     """y[rows] = W[rows] @ pro(x) + b[rows] (+ res[rows]) for one row x and this program's BN rows of W. PRO:
@@ -87,15 +104,7 @@ def _row_product(w, b, x, res, nw, y, N, K, eps, BN: tl.constexpr, BK: tl.conste
         # the next weight tile in flight while this one is used (past K: masked, no traffic)
         w_cur = wt
         wt = tl.load(p_w + (cols + BK)[None, :], mask=mask_n[:, None] & (cols + BK < K)[None, :], other=0.0)
-        if PRO == 2:
-            gate = tl.load(x + cols, mask=mk, other=0.0).to(tl.float32)
-            up = tl.load(x + K + cols, mask=mk, other=0.0).to(tl.float32)
-            xv = gelu_gate(gate, up, dt)
-        elif PRO == 1:
-            v = tl.load(x + cols, mask=mk, other=0.0).to(tl.float32)
-            xv = cast_to(v * rstd * tl.load(nw + cols, mask=mk, other=0.0).to(tl.float32), dt).to(tl.float32)
-        else:
-            xv = tl.load(x + cols, mask=mk, other=0.0).to(tl.float32)
+        xv = _prologue(x, cols, mk, nw, cols, mk, rstd, K, PRO, dt)
         acc += w_cur.to(tl.float32) * xv[None, :]
     out = tl.sum(acc, axis=1) + tl.load(b + rows, mask=mask_n, other=0.0).to(tl.float32)
     if HAS_RES:
@@ -137,15 +146,7 @@ def _rows_product(w, b, x, res, nw, y, M, N, K, eps, BM: tl.constexpr, BN: tl.co
         m2 = mask_m[:, None] & mk[None, :]
         w_cur = wt
         wt = tl.load(p_w + (c + BK)[None, :], mask=mask_n[:, None] & (c + BK < K)[None, :], other=0.0)
-        if PRO == 2:
-            gate = tl.load(p_x + c[None, :], mask=m2, other=0.0).to(tl.float32)
-            up = tl.load(p_x + K + c[None, :], mask=m2, other=0.0).to(tl.float32)
-            xv = gelu_gate(gate, up, dt).to(dt)   # [BM, BK]
-        elif PRO == 1:
-            v = tl.load(p_x + c[None, :], mask=m2, other=0.0).to(tl.float32)
-            xv = cast_to(v * rstd[:, None] * tl.load(nw + c, mask=mk, other=0.0).to(tl.float32)[None, :], dt)
-        else:
-            xv = tl.load(p_x + c[None, :], mask=m2, other=0.0)
+        xv = _prologue(p_x, c[None, :], m2, nw, c[None, :], mk[None, :], rstd[:, None], K, PRO, dt).to(dt)
         # x' and W in their dtype, their products summed in fp32
         acc = dot_exact(xv, tl.trans(w_cur), acc)   # [BM, BN]
     out = acc + tl.load(b + cols, mask=mask_n, other=0.0).to(tl.float32)[None, :]
