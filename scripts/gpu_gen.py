@@ -1,10 +1,7 @@
 """Where a decoding step's time goes: the 400m preset in bf16, one token per row through generate()'s
 Decoder, graphed and eager, with the kernels of one step and the weight-read floor.
 
-Usage: python scripts/gpu_gen.py [--out DIR] [--batches 1,8,64] [--mixers samu,rglru] [--no-kernels] [--row-prefetch]
-       [--max-rows N]
-(--row-prefetch: the one-row products ask L2 for their weight rows before their wait, samu.ops.rowprod_triton.PREFETCH;
---max-rows: decoding takes the row products up to N rows, rowprod_triton.MAX_ROWS, tensor cores above one).
+Usage: python scripts/gpu_gen.py [--out DIR] [--batches 1,8,64] [--mixers samu,rglru] [--no-kernels]
 The weight floor is the weights' bytes at this GPU's measured copy bandwidth (samu.bench.timing.copy_bandwidth).
 Writes DIR/gen_profile.json and prints a table. Times are of a real decode: every step streams the weights
 from memory (a loop over one product alone would find them in L2).
@@ -27,7 +24,6 @@ from samu.bench.timing import copy_bandwidth  # noqa: E402
 from samu.environment import environment  # noqa: E402
 from samu.models import LanguageModel, LMConfig  # noqa: E402
 from samu.models.generate import decoder  # noqa: E402
-from samu.ops import rowprod_triton  # noqa: E402
 
 
 def replay_ms(fn, iters):
@@ -48,16 +44,10 @@ def main():
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--mixers", default="samu,rglru")
     ap.add_argument("--no-kernels", action="store_true")
-    ap.add_argument("--row-prefetch", action="store_true")
-    ap.add_argument("--max-rows", type=int, default=rowprod_triton.MAX_ROWS)
     args = ap.parse_args()
-    if not 1 <= args.max_rows <= rowprod_triton.ROWS_LIMIT:
-        ap.error(f"--max-rows must be 1 to {rowprod_triton.ROWS_LIMIT}, got {args.max_rows}")
-    rowprod_triton.PREFETCH = args.row_prefetch
-    rowprod_triton.MAX_ROWS = args.max_rows
     bandwidth = copy_bandwidth("cuda")
     out = {"env": environment(torch.device("cuda")), "command": "python scripts/gpu_gen.py " + " ".join(sys.argv[1:]),
-           "row_prefetch": args.row_prefetch, "max_rows": args.max_rows, "copy_bandwidth": bandwidth, "rows": []}
+           "copy_bandwidth": bandwidth, "rows": []}
     path = os.path.join(args.out, "gen_profile.json")
     for mixer in args.mixers.split(","):
         torch.manual_seed(0)

@@ -15,7 +15,6 @@ finite (a model producing nan or inf) raise an error at the end of the chunk ins
 from __future__ import annotations
 
 import itertools
-import sys
 import time
 import weakref
 from collections import OrderedDict
@@ -155,16 +154,14 @@ class Decoder:
 def _key(model, batch, temperature, top_k, graph):
     """What a decoder's captured graph and its plan (LanguageModel.decode_plan) depend on: the batch, the
     sampling, every tensor's address, shape, strides and dtype (a moved or cast model gets a new decoder), every
-    backend choice and every module's settings (eps, radial_bound, c, ...: their extra_repr), the autocast
-    state on the model's device, and the row products' switches (samu.ops.rowprod_triton, where it is loaded)."""
+    backend choice and every module's settings (eps, radial_bound, c, ...: their extra_repr), and the autocast
+    state on the model's device."""
     tensors = tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
                     for t in (*model.parameters(), *model.buffers()))
     settings = tuple((m.extra_repr(), *(getattr(m, name, None) for name in ("backend", "glue_backend")))
                      for m in model.modules())
     autocast = autocast_dtype(model.embed.weight.device.type)
-    rows = sys.modules.get("samu.ops.rowprod_triton")
-    switches = (rows.MAX_ROWS, rows.PREFETCH) if rows is not None else None
-    return batch, float(temperature), top_k, graph, tensors, settings, autocast, switches
+    return batch, float(temperature), top_k, graph, tensors, settings, autocast
 
 
 def decoder(model: LanguageModel, batch: int, temperature: float, top_k: int | None, graph: bool) -> Decoder:

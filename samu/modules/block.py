@@ -206,7 +206,7 @@ class ResidualLayer(nn.Module):
         if row_products is None:
             row_products = self.takes_row_products(x_t)
         if row_products:
-            return self._decode_rows(x_t, state)
+            return self._decode_row(x_t, state)
         # each norm also writes x_t + the next product's bias, which adds the residual in its epilogue
         u_t, residual = self.temporal_norm.decode(x_t, self.block.linear_out.bias)
         x_t = self.block.decode(u_t, state, residual)
@@ -218,19 +218,17 @@ class ResidualLayer(nn.Module):
         return (block.linear_in, block.linear_out, mlp.gate_up, mlp.down)
 
     def takes_row_products(self, x_t) -> bool:
-        """Whether a decoding step of x_t runs on samu.ops.rowprod_triton's row products: one row (up to its
-        MAX_ROWS, 1 until the tensor-core tiles are timed), the fused kernels' backend for every part, no autocast,
-        every product's weight and bias and both norms' weights in x_t's dtype, and on CUDA programmatic dependent
-        launch (where one row was timed faster than cuBLAS's products; without it, unmeasured)."""
-        if x_t.shape[0] < 1 or not x_t.is_contiguous() or autocast_dtype(x_t.device.type) is not None:
+        """Whether a decoding step of x_t runs on samu.ops.rowprod_triton's one-row products: one row, the fused
+        kernels' backend for every part, no autocast, every product's weight and bias and both norms' weights in
+        x_t's dtype, and on CUDA programmatic dependent launch (where they were timed faster than cuBLAS's
+        products; without it, unmeasured)."""
+        if x_t.shape[0] != 1 or not x_t.is_contiguous() or autocast_dtype(x_t.device.type) is not None:
             return False
         if not all(fused_kernels(x_t, b) for b in (self.temporal_norm.backend, self.mlp_norm.backend,
                                                    self.mlp.backend)):
             return False
         from samu.ops import rowprod_triton   # Triton is there: fused_kernels said so
 
-        if x_t.shape[0] > min(rowprod_triton.MAX_ROWS, rowprod_triton.ROWS_LIMIT):
-            return False
         if x_t.device.type == "cuda" and not rowprod_triton.pdl(x_t.device):
             return False
         tensors = [self.temporal_norm.weight, self.mlp_norm.weight]
@@ -238,8 +236,8 @@ class ResidualLayer(nn.Module):
             tensors += [linear.weight, linear.bias]
         return all(t is not None and t.dtype == x_t.dtype and t.is_contiguous() for t in tensors)
 
-    def _decode_rows(self, x_t, state: BlockState):
-        """decode() on the row products in five launches: the in-projection with the temporal norm in its prologue, the
+    def _decode_row(self, x_t, state: BlockState):
+        """decode() at batch 1 in five launches: the in-projection with the temporal norm in its prologue, the
         block's step, the out-projection onto x_t, gate_up with the MLP's norm, down with the GeGLU gate onto
         the sum (samu.ops.rowprod_triton)."""
         from samu.ops.rowprod_triton import row_product

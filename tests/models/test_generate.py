@@ -209,34 +209,10 @@ def test_batch_one_decoding_through_the_one_row_products_follows_the_forward(con
         kept = x_t.clone()
         layer.step(x_t)
         assert torch.equal(x_t, kept)
-        # at batch 2 the layers keep the products of the forward (cuBLAS on CUDA): rowprod_triton.MAX_ROWS is 1
+        # at batch 2 the layers keep the products of the forward (cuBLAS on CUDA)
         calls.clear()
         model.decode(tokens[:, 0].repeat(2), model.init_state(2))
         assert not calls
-
-
-@pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.mixer)
-def test_decoding_several_rows_through_the_row_products_follows_the_forward(config, monkeypatch):
-    # with rowprod_triton.MAX_ROWS raised (as a GPU run that finds them faster would), several rows decode on the
-    # tensor-core row products, each row as the forward of its own sequence; above MAX_ROWS the forward's products
-    from samu.ops import rowprod_triton
-
-    monkeypatch.setattr(rowprod_triton, "MAX_ROWS", 3)
-    calls = []
-    kernel = rowprod_triton.row_product
-    monkeypatch.setattr(rowprod_triton, "row_product",
-                        lambda x, *a, **kw: calls.append(x.shape[0]) or kernel(x, *a, **kw))
-    model = _model(config, 8, DEVICE, backend=sorted(dispatch.variants(config.mixer))[0])
-    tokens = torch.randint(0, 19, (3, 5), device=DEVICE)
-    with torch.no_grad():
-        logits, _ = model(tokens)
-        state = model.init_state(3)
-        for t in range(5):
-            assert rel_err(model.decode(tokens[:, t], state), logits[:, t]) < 1e-5, t
-        assert calls == [3] * (4 * config.num_layers * 5)
-        assert model.decode_plan(3) == [True] * config.num_layers
-        assert model.decode_plan(4) == [False] * config.num_layers
 
 
 @pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
@@ -261,12 +237,7 @@ def test_a_decoder_decides_the_row_products_path_once(monkeypatch):
     with torch.autocast(torch.device(DEVICE).type, dtype=torch.bfloat16):
         assert decoder(model, 1, 0.0, None, False).plan == [False] * config.num_layers
     assert len(asked) == config.num_layers
-    assert decoder(model, 2, 0.0, None, False).plan == [False] * config.num_layers   # one row only (MAX_ROWS)
-    # the row products' switches are part of a decoder's key: raising MAX_ROWS makes a new decoder, which takes them
-    from samu.ops import rowprod_triton
-
-    monkeypatch.setattr(rowprod_triton, "MAX_ROWS", 2)
-    assert decoder(model, 2, 0.0, None, False).plan == [True] * config.num_layers
+    assert decoder(model, 2, 0.0, None, False).plan == [False] * config.num_layers   # one row only
 
 
 @pytest.mark.gpu
@@ -299,25 +270,21 @@ def test_graphed_decoding_equals_eager_decoding_bit_for_bit(config, dtype, rows)
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("mixer", ["samu", "rglru"])
-@pytest.mark.parametrize("batch", [1, 4])
-def test_bf16_batch_one_decoding_follows_the_forward_on_gpu(mixer, batch, monkeypatch):
-    # bf16 decoding (token by token through the row products: one row, and 4 on tensor cores with MAX_ROWS raised)
-    # rounds the same quantities to bf16 as the bf16 forward does, in another order: its error against the fp32
-    # forward of the same weights may be of the same size as the bf16 forward's, not larger (3x allows for the order)
-    from samu.ops import rowprod_triton
-
-    monkeypatch.setattr(rowprod_triton, "MAX_ROWS", batch)
+def test_bf16_batch_one_decoding_follows_the_forward_on_gpu(mixer):
+    # bf16 decoding (token by token through the one-row products) rounds the same quantities to bf16 as the bf16
+    # forward does, in another order: its error against the fp32 forward of the same weights may be of the same size
+    # as the bf16 forward's, not larger (3x allows for the other order)
     config = LMConfig(vocab_size=256, width=256, num_layers=2, mixer=mixer, num_heads=4)
     model = _model(config, 9, device="cuda")
-    tokens = torch.randint(0, config.vocab_size, (batch, 40), device="cuda",
+    tokens = torch.randint(0, config.vocab_size, (1, 40), device="cuda",
                            generator=torch.Generator("cuda").manual_seed(9))
     with torch.no_grad():
         exact, _ = model(tokens)
         model = model.to(torch.bfloat16)
         forward, _ = model(tokens)
-        plan = model.decode_plan(batch)
-        assert plan == [True] * config.num_layers   # the row products
-        state = model.init_state(batch)
+        plan = model.decode_plan(1)
+        assert plan == [True] * config.num_layers   # the one-row products
+        state = model.init_state(1)
         decoded = torch.stack([model.decode(tokens[:, t], state, plan) for t in range(tokens.shape[1])], 1)
     decoding, forward = rel_err(decoded.float(), exact), rel_err(forward.float(), exact)
     assert decoding <= 3 * forward + 1e-3, (decoding, forward)

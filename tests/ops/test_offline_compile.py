@@ -1,11 +1,10 @@
-"""The fused glue, GeGLU, RMSNorm, decoding-step, row product, sequence-parallel correction and AdamW kernels
+"""The fused glue, GeGLU, RMSNorm, decoding-step, one-row product, sequence-parallel correction and AdamW kernels
 compile for sm_90 (H100/H200) on any machine, no GPU needed.
 
 The Triton interpreter runs kernels as Python, so it accepts some code the compiler refuses (a plain
 global read inside a kernel, say); compiling each specialisation the block launches catches that on CPU.
 """
 
-import itertools
 import os
 import subprocess
 import sys
@@ -95,19 +94,8 @@ def _cases():
         for res in (False, True):
             KP = next_power_of_2(K) if pro == rp.NORM else 1   # as row_product, which passes None for absent pointers
             absent = {n: None for n, there in (("res", res), ("nw", pro == rp.NORM)) if not there}
-            # the L2 prefetch of a program's rows (rp.PREFETCH) with the residual only: it is off as shipped
-            PF = next_power_of_2(-(-K // 64)) if res else 0
-            yield (rp._row_product, ("eps",), dict(BN=BN, BK=BK, KP=KP, PRO=pro, HAS_RES=res, WAIT=PDL_WAIT, PF=PF,
-                                                   LINE=64, **absent),
+            yield (rp._row_product, ("eps",), dict(BN=BN, BK=BK, KP=KP, PRO=pro, HAS_RES=res, WAIT=PDL_WAIT, **absent),
                    rp.WARPS, {**rows, **{n: "constexpr" for n in absent}})
-    # the same products at 8 and 64 rows on tensor cores (_rows_product), as decoding would launch them above one row
-    for (pro, N, K), M in itertools.product(((rp.PLAIN, 1664, 1664), (rp.GEGLU, 1664, 4992), (rp.NORM, 9984, 1664)),
-                                            (8, 64)):
-        BM, BN, BK, warps = rp.rows_tiles(M, N, K)
-        absent = {n: None for n, there in (("res", pro != rp.NORM), ("nw", pro == rp.NORM)) if not there}
-        yield (rp._rows_product, ("eps",), dict(BM=BM, BN=BN, BK=BK, PRO=pro, HAS_RES=pro != rp.NORM, WAIT=PDL_WAIT,
-                                                **absent),
-               warps, {**rows, "M": "i32", **{n: "constexpr" for n in absent}})
     # SAMU's sequence-parallel correction (float64 sums and turns)
     sums = {"mass": "*fp64", "drift": "*fp64", "omega": "*fp64", "n_ttiles": "i32", "n_ntiles": "i32"}
     yield sh._shift_fwd, (), dict(BT=sh.BT, BN=sh.BN), 4, {**sums, "y0": "*bf16"}
