@@ -110,6 +110,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--shape", default="1,8192,1024")
     args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
     shape = tuple(int(v) for v in args.shape.split(","))
     record = {"shape": shape, "launch": launch_costs(), "ops": {}}
     for op in ("samu", "rglru"):

@@ -80,6 +80,7 @@ _VARIANTS: dict[str, dict[str, Variant]] = {op: {} for op in OPS}
 def register(variant: Variant) -> Variant:
     _VARIANTS[variant.op][variant.name] = variant
     _classes.clear()
+    _chosen.clear()
     return variant
 
 
@@ -241,23 +242,47 @@ def triton_unusable(device: torch.device) -> "str | None":
     return None
 
 
+# (op, B, L, D, dtype, device, backend, heads, gate, packed) -> (gate_status.generation(), Choice): the Triton
+# choices of eager calls on a CUDA device where no ungated variant was in play (so no gating, warning or trace
+# could have changed them), remembered because an eager mixer call cannot afford choose's ~20-35 us each time
+_chosen: dict = {}
+
+
 def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend: str = "auto",
            heads: int = 16, gate: bool = True, packed: bool = False) -> Choice:
     """Resolve ``backend`` for one call; raises ValueError for an unknown or unusable backend.
     ``heads``: RG-LRU's head count (its head dim is part of the gate class). ``gate``: gate a class
     no record covers (False: only say so). ``packed``: a packed call (B = 1), module docstring."""
+    if torch.compiler.is_compiling():
+        # a trace resolves afresh: a lookup in _chosen would add a guard on it
+        return _choose(op, B, L, D, dtype, device, backend, heads, gate, packed)[0]
+    key = (op, B, L, D, dtype, device, backend, heads, gate, packed)
+    hit = _chosen.get(key)
+    if hit is not None and hit[0] == gate_status.generation():
+        return hit[1]
+    choice, settled = _choose(op, B, L, D, dtype, device, backend, heads, gate, packed)
+    # a CUDA device with its index: "cuda" alone would mean whichever device is current
+    if settled and isinstance(device, torch.device) and device.type == "cuda" and device.index is not None:
+        if len(_chosen) > 4096:
+            _chosen.clear()
+        _chosen[key] = (gate_status.generation(), choice)
+    return choice
+
+
+def _choose(op, B, L, D, dtype, device, backend, heads, gate, packed) -> "tuple[Choice, bool]":
+    """choose's work: the choice, and whether the same arguments give it again until the status is read again."""
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     device = torch.device(device)
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a string, got {type(backend).__name__}")
     if backend in ("reference", "torch"):
-        return Choice(backend, None, f"backend={backend!r} requested")
+        return Choice(backend, None, f"backend={backend!r} requested"), True
     if backend == "auto" and device.type != "cuda":
-        return Choice("torch", None, f"auto: {device.type} device, using the chunked PyTorch path")
+        return Choice("torch", None, f"auto: {device.type} device, using the chunked PyTorch path"), True
     unusable = triton_unusable(device)
     if backend == "auto" and unusable:
-        return Choice("torch", None, f"auto: {unusable}, using the chunked PyTorch path")
+        return Choice("torch", None, f"auto: {unusable}, using the chunked PyTorch path"), True
     named = variants(op) if triton_available() else {}
     if backend not in BASE_BACKENDS and backend not in named:
         options = ", ".join(repr(b) for b in (*BASE_BACKENDS, *sorted(named)))
@@ -266,12 +291,12 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
         raise ValueError(f"backend={backend!r} cannot run: {unusable}")
     if dtype == torch.float64:
         if backend == "auto":
-            return Choice("torch", None, "auto: float64 input, using the chunked PyTorch path")
+            return Choice("torch", None, "auto: float64 input, using the chunked PyTorch path"), True
         raise TypeError(f"backend={backend!r} supports bf16, fp16 and fp32 inputs, not float64")
     if backend in named:
         if packed and not named[backend].packs:
-            return Choice("per_sequence", None, f"variant {backend!r} does not pack: one call per sequence")
-        return Choice("triton", named[backend], f"variant {backend!r} requested")
+            return Choice("per_sequence", None, f"variant {backend!r} does not pack: one call per sequence"), True
+        return Choice("triton", named[backend], f"variant {backend!r} requested"), True
     applicable = [v for v in named.values() if v.preference(B, L, D, heads) is not None and (v.packs or not packed)]
     classes = {v.name: gate_class(v, B, L, D, heads, dtype, packed) for v in applicable}
 
@@ -288,6 +313,8 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
     # an ungated variant matters where none has passed, or where it would rank before the best that has
     ungated = [n for n, s in status.items() if s is None
                and (not ranked or (named[n].preference(B, L, D, heads), n) < ranked[0][:2])]
+    # with an ungated variant in play, the same call may gate, warn or (traced) refuse: not remembered
+    settled = not ungated
     tracing = _in_trace_or_capture()
     passed_over = ungated if ranked and (tracing or not gate) else []
     if passed_over:
@@ -306,7 +333,7 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
         if not gate:
             return Choice("torch", None, f"{backend}: no gate record covers this class ({where}); the first call "
                                          f"gates it (`{command}`)" + ("" if why_not is None else
-                                                                      f", unless {why_not}"))
+                                                                      f", unless {why_not}")), settled
         if can_gate:
             _gate_now(op, B, L, D, heads, dtype, device, ungated, packed, ranked[0][1] if ranked else None)
             status = verdicts()
@@ -328,14 +355,14 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
                               f"{_dname(dtype)} ({wanted}), so its packed calls run one call per sequence, far "
                               f"slower for many short sequences; `{command}` gates it", stacklevel=3)
             return Choice("per_sequence", None, f"{backend}: no Triton variant has passed its packed gate here "
-                                                f"({wanted}; `{command}` gates it); one call per sequence")
+                                                f"({wanted}; `{command}` gates it); one call per sequence"), settled
         if backend == "triton":
             raise ValueError(f"no Triton variant of {op} has passed its gate here ({wanted}); run "
                              f"`{command}`, or name a variant")
         torch_failed = gate_status.verdict(op, "torch", shape_class(L, D, dtype), device) == "blocked"
         return Choice("torch", None, f"auto: no Triton variant has passed its gate here ({wanted}; "
                                      f"`{command}` gates it); using the chunked PyTorch path"
-                                     + ("; it failed its own gate in this class" if torch_failed else ""))
+                                     + ("; it failed its own gate in this class" if torch_failed else "")), settled
     score, name, v = ranked[0]
     others = ", ".join(n for _, n, _ in ranked[1:]) or "none"
     before = ""
@@ -344,7 +371,7 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
         before = "".join(f"; {n} would rank before it but no record covers {classes[n]} (an eager call gates it"
                          + (f", unless {why_not})" if why_not else ")") for n in passed_over)
     return Choice("triton", v, f"{backend}: {name} ranks first for (B={B}, L={L}, D={D}) "
-                               f"in {classes[name]}; gated alternatives: {others}{before}")
+                               f"in {classes[name]}; gated alternatives: {others}{before}"), settled
 
 
 def explain(shape, op: str = "samu", dtype: torch.dtype = torch.bfloat16, device="cuda",

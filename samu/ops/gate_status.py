@@ -87,12 +87,19 @@ def _by_platform(status: dict, path) -> dict:
 
 
 _STATUS: dict = {}
+_generation = [0]   # one more at every reload: what dispatch's remembered choices were made under
+
+
+def generation() -> int:
+    """How many times the status was read: a choice made from an older reading is stale."""
+    return _generation[0]
 
 
 def reload() -> None:
     """Read the status files again (after ``samu gate`` rewrote one, or SAMU_GATE_STATUS changed)."""
     one = override()
     _STATUS.clear()
+    _generation[0] += 1
     _STATUS["triton"] = triton_version()
     _STATUS["release"] = platform(None, _STATUS["triton"]).split("|")[1]
     if one is not None:

@@ -101,6 +101,30 @@ def pdl(device: torch.device) -> dict:
     return {"launch_pdl": True} if _PDL[key] else {}
 
 
+_layouts: dict = {}   # carve's shapes -> (words, [(shape, strides, start)])
+
+
+def carve(empty, device, *shapes) -> list:
+    """Contiguous fp32 views of ``shapes`` cut from one buffer of ``empty`` (torch.empty's signature), each from a
+    512-byte boundary as a buffer of its own would start: a pass's scratch in one allocation (an allocation costs an
+    eager call ~3 us of host time on CUDA, a view half that)."""
+    layout = _layouts.get(shapes)
+    if layout is None:
+        views, total = [], 0
+        for shape in shapes:
+            strides, n = [], 1
+            for s in reversed(shape):
+                strides.append(n)
+                n *= s
+            views.append((shape, strides[::-1], total))
+            total += -(-n // 128) * 128
+        if len(_layouts) > 4096:
+            _layouts.clear()
+        layout = _layouts[shapes] = (total, views)
+    buf = empty(layout[0], device=device, dtype=torch.float32)
+    return [buf.as_strided(shape, strides, start) for shape, strides, start in layout[1]]
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for positive integers (host code)."""
     return -(-a // b)
@@ -210,16 +234,6 @@ def gelu_gate(gate, up, dtype: tl.constexpr):
     then the product (the GeGLU kernel, the block step's gate, the down product's prologue)."""
     g = cast_to(gelu_tanh(gate), dtype).to(tl.float32)
     return cast_to(g * up, dtype).to(tl.float32)
-
-
-@triton.jit
-def dot_exact(a, b, acc):
-    """acc + a @ b with a and b in one dtype, products summed in fp32 (IEEE fp32 products for fp32 inputs). The
-    interpreter multiplies bf16 matrices as raw integers: there both are upcast first, exactly."""
-    if _INTERPRETED:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc, input_precision="ieee")
 
 
 @triton.jit

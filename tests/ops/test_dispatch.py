@@ -359,3 +359,40 @@ def test_a_caller_that_drops_the_final_state_tells_the_variants_that_can_skip_it
     finally:
         for name in names:
             dispatch._VARIANTS["samu"].pop(name, None)
+
+
+def test_an_eager_choice_on_a_cuda_device_is_remembered_until_the_status_is_read_again(monkeypatch):
+    """choose costs an eager call 20-35 us on the host: a settled choice (no ungated variant in play) for a CUDA
+    device with its index is remembered per argument set, and forgotten when the gate status is read again."""
+    from samu.ops import gate_status
+
+    calls, settled = [], {"value": True}
+    choice = dispatch.Choice("triton", None, "stand-in")
+
+    def fake(*args):
+        calls.append(args)
+        return choice, settled["value"]
+
+    monkeypatch.setattr(dispatch, "_choose", fake)
+    monkeypatch.setattr(dispatch, "_chosen", {})
+    args = ("samu", 1, 64, 8, torch.bfloat16, torch.device("cuda", 0))
+    assert dispatch.choose(*args) is choice and dispatch.choose(*args) is choice
+    assert len(calls) == 1
+    gate_status.reload()
+    dispatch.choose(*args)
+    assert len(calls) == 2
+    # another backend, or "cuda" with no index (whichever device is current), is another question
+    dispatch.choose(*args, backend="triton_serial")
+    dispatch.choose(*args[:5], "cuda")
+    dispatch.choose(*args[:5], "cuda")
+    assert len(calls) == 5
+    # where an ungated variant is in play the call may gate or warn: resolved afresh every time
+    settled["value"] = False
+    dispatch.choose(*args, heads=4)
+    dispatch.choose(*args, heads=4)
+    assert len(calls) == 7
+    # so is every call on a CPU device
+    settled["value"] = True
+    dispatch.choose(*args[:5], torch.device("cpu"))
+    dispatch.choose(*args[:5], torch.device("cpu"))
+    assert len(calls) == 9

@@ -178,10 +178,10 @@ def test_custom_ops_opcheck():
         torch.library.opcheck(rglru_fwd_op, (x, *params, h0, offsets, *config, False), test_utils=checks)
         args = (x, *params, h0, offsets, *config, True)
         torch.library.opcheck(rglru_fwd_op, args, test_utils=checks)
-        _, _, states = rglru_fwd_op(*args)
+        _, _, states, w3 = rglru_fwd_op(*args)
         dh = randn((h0.shape[0], 16), 4, device=DEVICE, requires_grad=False)
-        torch.library.opcheck(rglru_bwd_op, (dy, dh, *plain, True, states.detach(), offsets, h0.detach(), *config),
-                              test_utils=("test_schema", "test_faketensor"))
+        torch.library.opcheck(rglru_bwd_op, (dy, dh, *plain, True, states.detach(), w3.detach(), offsets,
+                                             h0.detach(), *config), test_utils=("test_schema", "test_faketensor"))
 
 
 def _packed_config(config):

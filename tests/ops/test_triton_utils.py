@@ -31,3 +31,25 @@ def test_exp_flushed_is_tl_exp_to_the_bit_above_the_subnormals():
     assert normal.sum() > x.numel() * 0.8
     assert torch.equal(flushed[normal], plain[normal])
     assert torch.all(flushed[~normal] == 0.0)
+
+
+def test_carve_cuts_contiguous_views_from_one_buffer_each_on_a_512_byte_boundary():
+    from samu.ops.triton_utils import carve
+
+    made = []
+
+    def empty(n, device, dtype):
+        made.append(n)
+        return torch.full((n,), float("nan"), device=device, dtype=dtype)
+
+    shapes = [(2, 3, 5), (7,), (1, 129), (4, 1, 2)]
+    views = carve(empty, torch.device("cpu"), *shapes)
+    assert made == [128 + 128 + 256 + 128]   # one allocation, each view rounded up to 128 fp32 words
+    base = views[0].data_ptr()
+    for view, shape, at in zip(views, shapes, (0, 128, 256, 512)):
+        assert view.shape == shape and view.is_contiguous() and view.dtype == torch.float32
+        assert view.data_ptr() - base == 4 * at and (view.data_ptr() - base) % 512 == 0
+    # disjoint: writing each view leaves the others as they were
+    for i, view in enumerate(views):
+        view.fill_(i)
+    assert all(bool((view == i).all()) for i, view in enumerate(views))

@@ -5,8 +5,9 @@ implementations, so torch.compile traces a model through the mixer without a gra
 graphs can capture it (the host code only allocates and launches; it never synchronises). Eager
 calls go through ``_Eager``, the same kernels without the custom-op dispatch layers (host time).
 
-The forward saves for the backward only x (held by autograd anyway), the parameters and the state
-entering every chunk, [B, ceil(L/K), D] fp32 (packed calls also the offsets and the initial state);
+The forward saves for the backward only x (held by autograd anyway), the parameters, the state
+entering every chunk, [B, ceil(L/K), D] fp32, and the gate weights' bf16 parts (split_weights, 12·H·NPW² bytes: the
+backward's split is one launch fewer) (packed calls also the offsets and the initial state);
 gates are recomputed from x.
 """
 
@@ -28,52 +29,56 @@ Tensor = torch.Tensor
 
 
 def _fwd_positional(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, fast, want_final):
-    """(y, h, states); without ``want_final`` h is an empty [0, D] tensor (an op returns tensors), and the kernels
+    """(y, h, states, w3); without ``want_final`` h is an empty [0, D] tensor (an op returns tensors), and the kernels
     skip the final state."""
     words, n_seqs = (None, None) if cu_seqlens is None else (chunk_boundaries(cu_seqlens, x.shape[1], K),
                                                              len(cu_seqlens) - 1)
-    y, h, states = rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K=K, WC=WC, G=G, fast=fast,
-                             words=words, n_seqs=n_seqs, want_final=want_final)
-    return y, (h if h is not None else x.new_empty(0, x.shape[2], dtype=torch.float32)), states
+    y, h, states, w3 = rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, K=K, WC=WC, G=G, fast=fast,
+                                 words=words, n_seqs=n_seqs, want_final=want_final)
+    return y, (h if h is not None else x.new_empty(0, x.shape[2], dtype=torch.float32)), states, w3
 
 
 @torch.library.custom_op("samu::rglru_fwd", mutates_args=())
 def rglru_fwd_op(x: Tensor, w_a: Tensor, b_a: Tensor, w_x: Tensor, b_x: Tensor, a_param: Tensor,
                  initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor], c: float, K: int, WC: int, G: int,
-                 G_dx: int, WC_dx: int, fast: bool, want_final: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """Forward with chunks of K tokens, WC chunks per step, G steps per program; returns the states too."""
+                 G_dx: int, WC_dx: int, fast: bool, want_final: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Forward with chunks of K tokens, WC chunks per step, G steps per program; returns the states and the weights'
+    bf16 parts too (the backward's)."""
     return _fwd_positional(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, fast, want_final)
 
 
 @rglru_fwd_op.register_fake
 def _(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, G_dx, WC_dx, fast, want_final):
     B, L, D = x.shape
+    H, n = w_a.shape[0], w_a.shape[1]
     f32 = dict(dtype=torch.float32)
     return (x.new_empty(B, L, D), x.new_empty(state_rows(x, cu_seqlens) if want_final else 0, D, **f32),
-            x.new_empty(B, cdiv(L, K), D, **f32))
+            x.new_empty(B, cdiv(L, K), D, **f32),
+            x.new_empty(2, 3, H, weight_width(n), weight_width(n), dtype=torch.bfloat16))
 
 
-def _bwd_positional(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, cu_seqlens, initial_state, c, K,
-                    WC, G, G_dx, WC_dx, fast):
+def _bwd_positional(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, w3, cu_seqlens, initial_state, c,
+                    K, WC, G, G_dx, WC_dx, fast):
     words = None if cu_seqlens is None else chunk_boundaries(cu_seqlens, x.shape[1], K)
     return rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, c, K=K, WC=WC, G=G, G_dx=G_dx,
-                     WC_dx=WC_dx, fast=fast, words=words, h0=initial_state)
+                     WC_dx=WC_dx, fast=fast, words=words, h0=initial_state, w3=w3)
 
 
 @torch.library.custom_op("samu::rglru_bwd", mutates_args=())
 def rglru_bwd_op(dy: Tensor, dh_last: Optional[Tensor], x: Tensor, w_a: Tensor, b_a: Tensor, w_x: Tensor,
-                 b_x: Tensor, a_param: Tensor, has_h0: bool, states: Tensor, cu_seqlens: Optional[Tensor],
+                 b_x: Tensor, a_param: Tensor, has_h0: bool, states: Tensor, w3: Tensor, cu_seqlens: Optional[Tensor],
                  initial_state: Optional[Tensor], c: float, K: int, WC: int, G: int, G_dx: int, WC_dx: int,
                  fast: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Backward with the forward's chunking (``states`` holds the state entering every chunk)."""
+    """Backward with the forward's chunking (``states`` holds the state entering every chunk, ``w3`` the weights'
+    bf16 parts)."""
     dx, dw_a, db_a, dw_x, db_x, da, dh0 = _bwd_positional(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0,
-                                                          states, cu_seqlens, initial_state, c, K, WC, G, G_dx,
+                                                          states, w3, cu_seqlens, initial_state, c, K, WC, G, G_dx,
                                                           WC_dx, fast)
     return dx, dw_a, db_a, dw_x, db_x, da, (dh0 if has_h0 else x.new_empty(0, dtype=torch.float32))
 
 
 @rglru_bwd_op.register_fake
-def _(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, cu_seqlens, initial_state, c, K, WC, G, G_dx,
+def _(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, w3, cu_seqlens, initial_state, c, K, WC, G, G_dx,
       WC_dx, fast):
     B, L, D = x.shape
     f32 = dict(dtype=torch.float32)
@@ -82,35 +87,35 @@ def _(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0, states, cu_seqlens, i
             x.new_empty(state_rows(x, cu_seqlens), D, **f32) if has_h0 else x.new_empty(0, **f32))
 
 
-def _save(ctx, x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, config, states):
+def _save(ctx, x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, config, states, w3):
     # packed, the backward restarts each sequence from its initial state, so it is kept (else it is in states)
     kept = () if cu_seqlens is None else (cu_seqlens,) + (() if initial_state is None else (initial_state,))
     # an output the caller drops (training drops the final state) gets None, not zeros: the backward
     # then skips its cotangent (packed, a gather per token the kernels would do for nothing)
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(x, w_a, b_a, w_x, b_x, a_param, states, *kept)
+    ctx.save_for_backward(x, w_a, b_a, w_x, b_x, a_param, states, w3, *kept)
     ctx.has_h0 = initial_state is not None
     ctx.config = config
 
 
 def _gradients(ctx, dy, dh_last, backward):
     """Input and parameter gradients from the saved context, with ``backward`` = the op or ``_bwd_positional``."""
-    x, w_a, b_a, w_x, b_x, a_param, states, *kept = ctx.saved_tensors
+    x, w_a, b_a, w_x, b_x, a_param, states, w3, *kept = ctx.saved_tensors
     cu_seqlens, initial_state = (kept + [None, None])[:2]
     dy = torch.zeros_like(x) if dy is None else dy.contiguous()
     dh_last = None if dh_last is None else dh_last.float().contiguous()
     dx, dw_a, db_a, dw_x, db_x, da, dh0 = backward(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, ctx.has_h0, states,
-                                                   cu_seqlens, initial_state, *ctx.config)
+                                                   w3, cu_seqlens, initial_state, *ctx.config)
     return dx, dw_a, db_a, dw_x, db_x, da, (dh0 if ctx.has_h0 else None), None
 
 
 def _setup_context(ctx, inputs, output):
     *tensors, cu_seqlens, c, K, WC, G, G_dx, WC_dx, fast, _ = inputs
-    _save(ctx, *tensors, cu_seqlens, (c, K, WC, G, G_dx, WC_dx, fast), output[2])
-    ctx.mark_non_differentiable(output[2])
+    _save(ctx, *tensors, cu_seqlens, (c, K, WC, G, G_dx, WC_dx, fast), output[2], output[3])
+    ctx.mark_non_differentiable(output[2], output[3])
 
 
-def _backward(ctx, dy, dh_last, _dstates):
+def _backward(ctx, dy, dh_last, _dstates, _dw3):
     return _gradients(ctx, dy, dh_last, rglru_bwd_op) + (None,) * 8
 
 
@@ -124,10 +129,10 @@ class _Eager(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, G_dx, WC_dx, fast,
                 want_final):
-        y, h, states = _fwd_positional(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G, fast,
-                                       want_final)
+        y, h, states, w3 = _fwd_positional(x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, c, K, WC, G,
+                                           fast, want_final)
         _save(ctx, x, w_a, b_a, w_x, b_x, a_param, initial_state, cu_seqlens, (c, K, WC, G, G_dx, WC_dx, fast),
-              states)
+              states, w3)
         return y, h
 
     @staticmethod
@@ -199,7 +204,7 @@ def run(x, w_a, b_a, w_x, b_x, a_param, initial_state, c, config: Config, cu_seq
     args = (x.contiguous(), *params, h0, cu_seqlens, float(c), config.K, config.WC, G, G_dx, WC_dx, config.fast,
             bool(final))
     if torch.compiler.is_compiling():
-        y, h, _ = rglru_fwd_op(*args)
+        y, h, *_ = rglru_fwd_op(*args)
     else:
         y, h = _Eager.apply(*args)
     return y, (h if final else None)

@@ -54,11 +54,12 @@ from samu.ops.rglru.triton_fwd import (
     leaner,
     math_mode,
     new_buffer,
+    new_flat,
     out_order,
     split_weights,
 )
 from samu.ops.packing_triton import step_opens
-from samu.ops.triton_utils import cdiv
+from samu.ops.triton_utils import carve, cdiv
 
 
 @triton.jit
@@ -545,7 +546,7 @@ def _rglru_reduce_kernel(
 
 
 def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states, c: float, *, K: int, WC: int,
-              G: int, G_dx: int, WC_dx: int = 0, fast: bool = False, words=None, h0=None):
+              G: int, G_dx: int, WC_dx: int = 0, fast: bool = False, words=None, h0=None, w3=None):
     """Chunked RG-LRU backward.
 
     dy: [B, L, D] (any float dtype); dh_last: [B, D] fp32 or None; x and the parameters as in the
@@ -555,7 +556,8 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
     program of the dx kernel, whose steps take WC_dx chunks (0: WC; it needs no groups).
     Returns dx [B, L, D] x.dtype, dw_a [H, n, n], db_a [D], dw_x [H, n, n], db_x [D], da [D]
     (all fp32) and dh0 [B, D] fp32 (None without an initial state). Packed (``words`` as the forward's, B = 1):
-    dh_last, h0 (the forward's initial state, needed when has_h0) and dh0 are [N, D].
+    dh_last, h0 (the forward's initial state, needed when has_h0) and dh0 are [N, D]. ``w3``: the forward's
+    split_weights of w_a and w_x (None: split here).
     """
     B, L, D = x.shape
     varlen = words is not None
@@ -564,21 +566,18 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
     assert states.shape == (B, NC, D), "states must come from a forward with the same chunk length"
     dev = x.device
     MATH = math_mode(fast)
-    w3 = split_weights(w_a, w_x)
+    w3 = split_weights(w_a, w_x) if w3 is None else w3
     dy = dy.contiguous()
     grid, meta = chunk_launch(x, H, K, WC, G, MATH=MATH)
     NG = grid[0]
-    cums = new_buffer((2, B, NC, D), torch.float32, dev)
-    gsums = new_buffer((2, B, NG, D), torch.float32, dev)
+    M = 2 * H * n * n + 3 * D
+    cums, gsums, estates, part = carve(new_flat, dev, (2, B, NC, D), (2, B, NG, D), (B, NC, D), (B * NG, M))
     dh = dh_last if dh_last is not None else cums
     words_arg = words if varlen else cums
     h0_arg = h0 if varlen and has_h0 else cums
     launch_staged(_rglru_bwd_summary_kernel, grid, x, dy, w3, b_a, a_param, cums, gsums, words_arg, dh, L, NC, G, NG,
                   float(c), 1, VARLEN=varlen, HAS_DH=dh_last is not None, **leaner("bwd_summary", meta, x.dtype))
-    estates = new_buffer((B, NC, D), torch.float32, dev)
     dh0 = new_buffer((h0.shape[0] if varlen else B, D), torch.float32, dev) if has_h0 else None
-    M = 2 * H * n * n + 3 * D
-    part = new_buffer((B * NG, M), torch.float32, dev)
     launch_staged(_rglru_bwd_dw_kernel, grid, x, dy, w3, b_a, b_x, a_param, states, dh, cums, gsums, estates,
                   dh0 if has_h0 else part, part, words_arg, h0_arg, L, NC, G, NG, float(c), 1,
                   M=M, NGP=group_width(NG), HAS_DH=dh_last is not None, HAS_H0=has_h0, VARLEN=varlen,

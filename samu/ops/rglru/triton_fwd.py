@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from samu.ops.packing_triton import chunk_word, first_sequence, opens_in, step_opens
-from samu.ops.triton_utils import cdiv, next_power_of_2
+from samu.ops.triton_utils import carve, cdiv, next_power_of_2
 from samu.ops.triton_utils import launch as triton_launch
 from samu.ops.triton_utils import expm1 as _expm1_interp
 
@@ -58,6 +58,11 @@ def new_buffer(shape, dtype, device) -> torch.Tensor:
     if _POISON:
         t.fill_(float("nan"))
     return t
+
+
+def new_flat(n, device, dtype) -> torch.Tensor:
+    """new_buffer of n elements, called as torch.empty(n, device=, dtype=) (triton_utils.carve's allocator)."""
+    return new_buffer((n,), dtype, device)
 
 
 def math_mode(fast: bool) -> int:
@@ -773,12 +778,15 @@ def launch_staged(kernel, grid, *args, **meta):
     """launch(kernel, grid, *args, **meta), without software pipelining where its buffers do not fit in
     shared memory (wide heads with fp32 inputs: remembered, so the failing form is tried once); stages
     change timing only, never results."""
-    key = (kernel, *[a.dtype for a in args if isinstance(a, torch.Tensor)], *meta.items())
-    if key not in _SINGLE_STAGE:
+    def key():
+        return (kernel, *[a.dtype for a in args if isinstance(a, torch.Tensor)], *meta.items())
+
+    # the key is built only once some form has failed (a few microseconds of every launch otherwise)
+    if not _SINGLE_STAGE or key() not in _SINGLE_STAGE:
         try:
             return triton_launch(kernel, grid, *args, **meta)
         except triton.runtime.OutOfResources:
-            _SINGLE_STAGE.add(key)
+            _SINGLE_STAGE.add(key())
     triton_launch(kernel, grid, *args, **dict(meta, num_stages=1))
 
 
@@ -800,7 +808,8 @@ def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, 
     fast: hardware approximations of exp, reciprocal and sqrt (MATH = 2). Packed (``words``, those
     of packing_triton.chunk_boundaries with this K, and ``n_seqs`` = N, B = 1): h0 and h_last are [N, D].
     Returns y [B, L, D] x.dtype, h_last [B, D] fp32 (None unless ``want_final``), states [B, ceil(L/K), D] fp32
-    (the state entering every chunk; the backward replays from it).
+    (the state entering every chunk; the backward replays from it) and w3, the weights' bf16 parts (split_weights;
+    the backward's too).
     """
     B, L, D = x.shape
     varlen = words is not None
@@ -809,8 +818,7 @@ def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, 
     w3 = split_weights(w_a, w_x)
     grid, meta = chunk_launch(x, w_a.shape[0], K, WC, G, MATH=math_mode(fast))
     NG = grid[0]
-    cums = new_buffer((2, B, NC, D), torch.float32, dev)
-    gsums = new_buffer((2, B, NG, D), torch.float32, dev)
+    cums, gsums = carve(new_flat, dev, (2, B, NC, D), (2, B, NG, D))
     states = new_buffer((B, NC, D), torch.float32, dev)
     y = new_buffer((B, L, D), x.dtype, dev)
     h_last = new_buffer((n_seqs if varlen else B, D), torch.float32, dev) if want_final else None
@@ -823,7 +831,7 @@ def rglru_fwd(x, w_a, b_a, w_x, b_x, a_param, h0, c: float, *, K: int, WC: int, 
                 HAS_FINAL=want_final)
     launch_staged(_rglru_chunk_kernel, grid, *args, SUMMARY=True, **leaner("summary", meta, x.dtype))
     launch_staged(_rglru_chunk_kernel, grid, *args, SUMMARY=False, **leaner("output", meta, x.dtype))
-    return y, h_last, states
+    return y, h_last, states, w3
 
 
 # 16-bit launch options by pass and head dim: four programs a multiprocessor, or fewer spills (README.md)

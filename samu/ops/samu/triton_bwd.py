@@ -31,8 +31,8 @@ from samu.ops.packing_triton import chunk_word, first_sequence, last_sequence, o
 from samu.ops.samu.triton_fwd import (CTL, _both, _cfma, _clamp, _controls_of, _entering, _fetch_controls, _fetch_pair,
                                       _fetch_token, _gamma, _gamma_squared, _input_of, _load_modes, _load_pair,
                                       _mode_row, _prefix_tail, _restart, _store_modes, _store_pair, _store_quad,
-                                      _transition, prefix_buffers)
-from samu.ops.triton_utils import cdiv, exp_flushed, launch, prefetch_l2, tanh
+                                      _transition, prefix_buffers, prefix_shapes)
+from samu.ops.triton_utils import carve, cdiv, exp_flushed, launch, prefetch_l2, tanh
 
 
 # tokens between a prefetch into L2 (_prefetch_token) and the walk's load of the same tile
@@ -419,9 +419,14 @@ def slot_count(n_items: int, multiprocessors: int, per_sm: int) -> int:
     return min(n_items, per_sm * multiprocessors)
 
 
+_sms: dict = {}   # device -> multiprocessors (asked once: ~2 us a call)
+
+
 def _slots(device, n_items: int, per_sm: int) -> int:
     if device.type == "cuda":
-        return slot_count(n_items, torch.cuda.get_device_properties(device).multi_processor_count, per_sm)
+        if device not in _sms:
+            _sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
+        return slot_count(n_items, _sms[device], per_sm)
     # the interpreter runs programs one after another: a few slots exercise the persistent loop
     return min(n_items, 3)
 
@@ -442,20 +447,20 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     n_chunks = cdiv(L, K)
     n_tiles = cdiv(N, BN)
     f32 = dict(device=x.device, dtype=torch.float32)
-    rsum = empty(B, n_chunks, 2, D, **f32)
-    trig = empty(B, 2, L, **f32)  # cos phi, sin phi, rebuilt by the adjoint summaries
-    modes = empty(5, N, **f32)  # the mode table, written by the adjoint summaries
-    rck, rgroups, right = prefix_buffers(rsum, G, empty=empty)
+    main_BN = main_BN or BN
+    main_tiles = cdiv(N, main_BN)
+    n_tb = cdiv(L, CONTROLLER_TOKENS)
+    # trig (cos phi, sin phi) and modes (the mode table) are rebuilt by the adjoint summaries
+    rsum, trig, modes, part, rows, dp, dA_rows, *prefix = carve(
+        empty, x.device, (B, n_chunks, 2, D), (B, 2, L), (5, N), (B, 2, main_tiles, L), (B * n_chunks, 3 * D),
+        (B, 2, L), (B * n_tb, 4), *prefix_shapes(B, n_chunks, D, G))
+    rck, rgroups, right = prefix_buffers(rsum, prefix)
     # the final-state cotangent is the adjoint entering from the right end (tokens past L are identity)
     has_init = not varlen and dfinal is not None
     launch(_adjoint_summary_kernel, (n_chunks, n_tiles, B), dy, ctl, trig, nu, theta_log, modes, rsum, rck, rgroups,
            right, dfinal if has_init else rsum, count, words_arg, df_arg, L, D, N, n_chunks, G, K=K, BN=BN, U=unroll,
            VARLEN=varlen, HAS_DF=has_df, HAS_INIT=has_init, num_warps=num_warps)
     n_groups = right.shape[1]
-    main_BN = main_BN or BN
-    main_tiles = cdiv(N, main_BN)
-    part = empty(B, 2, main_tiles, L, **f32)
-    rows = empty(B * n_chunks, 3 * D, **f32)
     dh0 = empty(h0.shape[0] if varlen else B, D, **f32) if has_h0 else None
     n_items = B * n_chunks * main_tiles
     n_slots = _slots(x.device, n_items, slots_per_sm)
@@ -464,9 +469,6 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
            dh0 if has_h0 else rows, words_arg, df_arg, h0 if varlen and has_h0 else rows, L, D, N, n_chunks, n_groups,
            main_tiles, n_items, K=K, BN=main_BN, U=unroll, G=G, HAS_H0=has_h0, VARLEN=varlen, HAS_DF=has_df,
            num_warps=num_warps)
-    n_tb = cdiv(L, CONTROLLER_TOKENS)
-    dp = empty(B, 2, L, **f32)
-    dA_rows = empty(B * n_tb, 4, **f32)
     launch(_controller_kernel, (n_tb, B), ctl, amplitudes, part, dp, dA_rows, L, main_tiles, float(radial_bound),
            BT=CONTROLLER_TOKENS, num_warps=1)
     dx = empty(B, L, D, device=x.device, dtype=x.dtype)

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from samu.ops.packing_triton import chunk_word, first_sequence, opens_in, sequence_after
-from samu.ops.triton_utils import (arrive, cast_to, cdiv, exp_flushed, launch, next_power_of_2, one_minus_exp_neg_small,
+from samu.ops.triton_utils import (arrive, carve, cast_to, cdiv, exp_flushed, launch, next_power_of_2, one_minus_exp_neg_small,
                                   tanh)
 
 CTL = tl.constexpr(4)  # planes of ctl: p0, p1, m, phi
@@ -437,14 +437,18 @@ def _replay_kernel(x, ctl, trig, modes, ck, start, y, bound, final, words, h0, L
         _store_pair(final, i_b.to(tl.int64) * D + i_n, N, b_hr, b_hi, _both(mask_n, i_c == n_chunks - 1))
 
 
-def prefix_buffers(summ, G, empty=torch.empty):
-    """(ck, groups, start) for _prefix_tail over the chunk maps ``summ`` [B, nC, 2, D]. Where G = 1 ck and groups are
-    summ itself: the group maps are the chunk maps, and no kernel reads ck (every read of it is under G > 1)."""
-    B, n_chunks, _, D = summ.shape
+def prefix_shapes(B, n_chunks, D, G) -> list:
+    """Shapes of _prefix_tail's buffers beside the chunk maps [B, nC, 2, D]: ck, groups and start, or start alone where
+    G = 1 (prefix_buffers)."""
     n_groups = cdiv(n_chunks, G)
-    f32 = dict(device=summ.device, dtype=torch.float32)
-    ck, groups = (summ, summ) if G == 1 else (empty(B, n_chunks, 2, D, **f32), empty(B, n_groups, 2, D, **f32))
-    return ck, groups, empty(B, n_groups, D, **f32)
+    return [(B, n_groups, D)] if G == 1 else [(B, n_chunks, 2, D), (B, n_groups, 2, D), (B, n_groups, D)]
+
+
+def prefix_buffers(summ, buffers) -> tuple:
+    """(ck, groups, start) for _prefix_tail over the chunk maps ``summ`` from ``buffers`` of prefix_shapes. Where G = 1
+    ck and groups are summ itself: the group maps are the chunk maps, and no kernel reads ck (every read of it is under
+    G > 1)."""
+    return (summ, summ, *buffers) if len(buffers) == 1 else tuple(buffers)
 
 
 def prefix_counters(B, L, D, *, K, BN, G, device, empty=torch.empty):
@@ -472,15 +476,14 @@ def fwd(x, nu, theta_log, directions, amplitudes, initial_state, radial_bound, *
     n_tiles = cdiv(N, BN)
     f32 = dict(device=x.device, dtype=torch.float32)
     ctl = empty(B, CTL.value, L, **f32)
-    trig = empty(B, 2, L, **f32)
     rnorm = empty(2, **f32)
-    modes = empty(5, N, **f32)
     count = prefix_counters(B, L, D, K=K, BN=BN, G=G, device=x.device, empty=empty)
+    trig, modes, csum, *prefix = carve(empty, x.device, (B, 2, L), (5, N), (B, n_chunks, 2, D),
+                                       *prefix_shapes(B, n_chunks, D, G))
     BT = 16
     launch(_controller_kernel, (cdiv(L, BT), B), x, directions, amplitudes, nu, theta_log, ctl, trig, rnorm, modes,
            count, count.numel(), L, D, N, float(radial_bound), BT=BT, BD=min(256, next_power_of_2(D)), num_warps=4)
-    csum = empty(B, n_chunks, 2, D, **f32)
-    ck, groups, start = prefix_buffers(csum, G, empty=empty)
+    ck, groups, start = prefix_buffers(csum, prefix)
     # packed, each sequence's initial state enters where it opens (in the walks), not at the left end
     has_h0 = varlen and initial_state is not None
     has_init = not varlen and initial_state is not None
