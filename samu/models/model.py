@@ -53,7 +53,7 @@ class LanguageModel(CausalLM):
         -> (logits [B, L, vocab_size], list[BlockState] | None); cu_seqlens packs sequences (samu.ops.packing)
     step(token [B] int64, state: list[BlockState] | None) -> (logits [B, vocab_size], a new list[BlockState])
     init_state(batch) -> a zero state; decode(token, state, plan=None) -> logits, updating the state in place
-    (decode_plan(batch): which layers take the row products, decided once for a decoding loop)
+    (decode_plan(batch): which layers take the one-row products, decided once for a decoding loop)
 
     The state holds one BlockState per layer (conv window + mixer state), independent of L. ``step`` checks
     its arguments and leaves the given state alone; ``decode`` is the decoding loop's unchecked step over
@@ -145,17 +145,17 @@ class LanguageModel(CausalLM):
         """logits [B, vocab_size] for token [B], updating ``state`` (from init_state) in place; unchecked.
         ``plan``: decode_plan(B) made under the same settings (None: each layer decides at each call)."""
         x = embedding(token, self.embed.weight)
-        for layer, s, row_products in zip(self.layers, state, [None] * len(self.layers) if plan is None else plan):
-            x = layer.decode(x, s, row_products)
+        for layer, s, one_row in zip(self.layers, state, [None] * len(self.layers) if plan is None else plan):
+            x = layer.decode(x, s, one_row)
         return self._head(x)
 
     def decode_plan(self, batch: int) -> list[bool]:
-        """Per layer, whether decode() of ``batch`` rows takes the row products (ResidualLayer.takes_row_products),
+        """Per layer, whether decode() of ``batch`` rows takes the one-row products (ResidualLayer.takes_one_row),
         decided once for a decoding loop: it depends on the batch, the weights' dtypes and layouts, the backends
         and the autocast state, none of which a loop changes. Every layer's input has the embedding's dtype and
-        layout (with autocast off, where alone the row products run)."""
+        layout (with autocast off, where alone the one-row products run)."""
         x_t = embedding(torch.zeros(batch, dtype=torch.int64, device=self.embed.weight.device), self.embed.weight)
-        return [layer.takes_row_products(x_t) for layer in self.layers]
+        return [layer.takes_one_row(x_t) for layer in self.layers]
 
     def step(self, token, state=None):
         self._check_tokens("token", token, 1)

@@ -170,7 +170,7 @@ class ResidualLayer(nn.Module):
 
     forward(x [B, L, width], state: BlockState | None, return_state) -> (x [B, L, width], BlockState | None)
     step(x_t [B, width], state: BlockState | None) -> (x_t [B, width], a new BlockState)
-    init_state(batch) -> a zero BlockState; decode(x_t, state, row_products=None) -> x_t, updating the state in place
+    init_state(batch) -> a zero BlockState; decode(x_t, state, one_row=None) -> x_t, updating the state in place
     """
 
     def __init__(self, width: int, mixer: str = "samu", lru_width: int | None = None,
@@ -199,13 +199,13 @@ class ResidualLayer(nn.Module):
     def init_state(self, batch: int, device=None, dtype=None) -> BlockState:
         return self.block.init_state(batch, device, dtype)
 
-    def decode(self, x_t, state: BlockState, row_products: bool | None = None):
-        """x_t [B, width] -> x_t, updating ``state`` in place (unchecked; RecurrentBlock.decode). ``row_products``:
-        whether to take the row products, as ``takes_row_products(x_t)`` said for this x_t's kind (None: ask it
+    def decode(self, x_t, state: BlockState, one_row: bool | None = None):
+        """x_t [B, width] -> x_t, updating ``state`` in place (unchecked; RecurrentBlock.decode). ``one_row``:
+        whether to take the one-row products, as ``takes_one_row(x_t)`` said for this x_t's kind (None: ask it
         now; a decoding loop asks once, LanguageModel.decode_plan)."""
-        if row_products is None:
-            row_products = self.takes_row_products(x_t)
-        if row_products:
+        if one_row is None:
+            one_row = self.takes_one_row(x_t)
+        if one_row:
             return self._decode_row(x_t, state)
         # each norm also writes x_t + the next product's bias, which adds the residual in its epilogue
         u_t, residual = self.temporal_norm.decode(x_t, self.block.linear_out.bias)
@@ -217,7 +217,7 @@ class ResidualLayer(nn.Module):
         block, mlp = self.block, self.mlp
         return (block.linear_in, block.linear_out, mlp.gate_up, mlp.down)
 
-    def takes_row_products(self, x_t) -> bool:
+    def takes_one_row(self, x_t) -> bool:
         """Whether a decoding step of x_t runs on samu.ops.rowprod_triton's one-row products: one row, the fused
         kernels' backend for every part, no autocast, every product's weight and bias and both norms' weights in
         x_t's dtype, and on CUDA programmatic dependent launch (where they were timed faster than cuBLAS's

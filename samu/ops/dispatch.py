@@ -252,7 +252,14 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
            heads: int = 16, gate: bool = True, packed: bool = False) -> Choice:
     """Resolve ``backend`` for one call; raises ValueError for an unknown or unusable backend.
     ``heads``: RG-LRU's head count (its head dim is part of the gate class). ``gate``: gate a class
-    no record covers (False: only say so). ``packed``: a packed call (B = 1), module docstring."""
+    no record covers (False: only say so). ``packed``: a packed call (B = 1), module docstring.
+
+    A settled choice for a CUDA device with its index is remembered per argument set until the gate status is read
+    again (``gate_status.reload``) or a variant registers: verdicts change only through those two."""
+    if op not in OPS:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a string, got {type(backend).__name__}")
     if torch.compiler.is_compiling():
         # a trace resolves afresh: a lookup in _chosen would add a guard on it
         return _choose(op, B, L, D, dtype, device, backend, heads, gate, packed)[0]
@@ -271,11 +278,7 @@ def choose(op: str, B: int, L: int, D: int, dtype: torch.dtype, device, backend:
 
 def _choose(op, B, L, D, dtype, device, backend, heads, gate, packed) -> "tuple[Choice, bool]":
     """choose's work: the choice, and whether the same arguments give it again until the status is read again."""
-    if op not in OPS:
-        raise ValueError(f"op must be one of {OPS}, got {op!r}")
     device = torch.device(device)
-    if not isinstance(backend, str):
-        raise TypeError(f"backend must be a string, got {type(backend).__name__}")
     if backend in ("reference", "torch"):
         return Choice(backend, None, f"backend={backend!r} requested"), True
     if backend == "auto" and device.type != "cuda":

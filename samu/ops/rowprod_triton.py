@@ -98,7 +98,7 @@ def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, no
                 residual: torch.Tensor | None = None) -> torch.Tensor:
     """[1, N] = W pro(x) + bias (+ residual) for one row x [1, K] ([1, 2K] with ``geglu``), weight [N, K]:
     ``norm`` = (norm weight [K], eps) applies RMSNorm to x first, ``geglu`` GeLU_tanh(gate) * up of x's two
-    halves; everything contiguous and in one dtype (unchecked: ResidualLayer.takes_row_products decides)."""
+    halves; everything contiguous and in one dtype (unchecked: ResidualLayer.takes_one_row decides)."""
     N, K = weight.shape
     if x.shape[0] != 1:
         raise ValueError(f"x must have one row, got {x.shape[0]}")

@@ -1,7 +1,7 @@
-"""Small helpers shared by every samu kernel: ``launch`` (each kernel's launches, cached), @triton.jit
-device functions, and two host integer helpers (``triton.cdiv`` and ``triton.next_power_of_2`` are
-constexpr functions that cost several microseconds a call on the host; a forward + backward calls them
-a dozen times)."""
+"""Small helpers shared by every samu kernel: ``launch`` (each kernel's launches, cached), ``carve`` (a pass's
+scratch in one allocation), @triton.jit device functions, and two host integer helpers (``triton.cdiv`` and
+``triton.next_power_of_2`` are constexpr functions that cost several microseconds a call on the host; a forward +
+backward calls them a dozen times)."""
 
 import inspect
 import os

@@ -216,14 +216,14 @@ def test_batch_one_decoding_through_the_one_row_products_follows_the_forward(con
 
 
 @pytest.mark.skipif(not dispatch.triton_available(), reason="triton is not installed")
-def test_a_decoder_decides_the_row_products_path_once(monkeypatch):
+def test_a_decoder_decides_the_one_row_path_once(monkeypatch):
     # the one-row decision is made once per decoding loop, not per layer and token: each layer is asked once,
     # when the decoder is made, and a kept decoder is not asked again; the autocast state is part of its key
     from samu.modules.block import ResidualLayer
 
     asked = []
-    takes = ResidualLayer.takes_row_products
-    monkeypatch.setattr(ResidualLayer, "takes_row_products",
+    takes = ResidualLayer.takes_one_row
+    monkeypatch.setattr(ResidualLayer, "takes_one_row",
                         lambda self, x_t: asked.append(x_t.shape) or takes(self, x_t))
     config = CONFIGS[0]
     model = _model(config, 3, DEVICE, backend=sorted(dispatch.variants(config.mixer))[0])

@@ -62,6 +62,12 @@ def test_unknown_op_and_backend_type():
         dispatch.choose("mamba", 1, 4, 8, torch.float32, "cpu")
     with pytest.raises(TypeError, match="backend must be a string"):
         dispatch.choose("samu", 1, 4, 8, torch.float32, "cpu", 3)
+    # unhashable ones too, where a remembered choice is looked up (a CUDA device with its index)
+    for device in ("cpu", torch.device("cuda", 0)):
+        with pytest.raises(TypeError, match="backend must be a string, got list"):
+            dispatch.choose("samu", 1, 4, 8, torch.float32, device, ["torch"])
+        with pytest.raises(ValueError, match="op must be one of"):
+            dispatch.choose(["samu"], 1, 4, 8, torch.float32, device)
     with pytest.raises(ValueError, match="op must be one of samu, rglru, got 'lstm'"):
         dispatch.variants("lstm")
 
@@ -396,3 +402,48 @@ def test_an_eager_choice_on_a_cuda_device_is_remembered_until_the_status_is_read
     dispatch.choose(*args[:5], torch.device("cpu"))
     dispatch.choose(*args[:5], torch.device("cpu"))
     assert len(calls) == 9
+
+
+@needs_triton
+def test_a_remembered_choice_follows_first_use_gating_the_status_and_registration(empty_status, monkeypatch):
+    """The real choice on a CUDA device with its index: a call that gates is not remembered, the next is; a verdict
+    reaches it through gate_status.reload(), a registration forgets everything, and with gating off an ungated class
+    is resolved on every call."""
+    import warnings
+
+    variants = dispatch.variants("samu")
+    cls = {n: dispatch.gate_class(variants[n], 1, 64, 8, 16, torch.bfloat16) for n in variants}
+    real, runs, gates = dispatch._choose, [], []
+    monkeypatch.setattr(dispatch, "_choose", lambda *a: runs.append(a) or real(*a))
+    monkeypatch.setattr(dispatch, "_chosen", {})
+
+    def fake_gate(cmd, **kw):
+        gates.append(cmd)
+        write_user(empty_status, {"passed": [["samu", n, cls[n]] for n in variants], "blocked": []})
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(dispatch.subprocess, "run", fake_gate)
+    args = ("samu", 1, 64, 8, torch.bfloat16, torch.device("cuda", 0))
+    first = dispatch.choose(*args)
+    assert first.backend == "triton" and len(gates) == 1 and len(runs) == 1
+    assert dispatch.choose(*args).name == dispatch.choose(*args).name == first.name
+    assert len(runs) == 2 and len(gates) == 1   # resolved once more after the gate, then remembered
+    # the variant taken is blocked now: a file changed under the process is read at reload(), not before
+    taken = first.name
+    write_user(empty_status, {"passed": [["samu", n, cls[n]] for n in variants if n != taken],
+                              "blocked": [["samu", taken, cls[taken]]]})
+    assert dispatch.choose(*args).name == taken and len(runs) == 2
+    empty_status.reload()
+    after = dispatch.choose(*args)
+    assert after.backend == "triton" and after.name != taken and len(runs) == 3
+    dispatch.register(variants[after.name])
+    dispatch.choose(*args)
+    assert len(runs) == 4
+    # first-use gating off and no record: the call may warn, so it is resolved afresh every time
+    monkeypatch.setenv("SAMU_AUTO_GATE", "0")
+    write_user(empty_status, {"passed": [], "blocked": []})
+    empty_status.reload()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert dispatch.choose(*args).backend == dispatch.choose(*args).backend == "torch"
+    assert len(runs) == 6 and len(gates) == 1

@@ -110,7 +110,7 @@ def test_row_product_leaves_its_inputs_alone():
 
 
 def test_row_product_refuses_more_than_one_row():
-    # decoding takes these products at batch 1 only (ResidualLayer.takes_row_products), the forward's above it
+    # decoding takes these products at batch 1 only (ResidualLayer.takes_one_row), the forward's above it
     from samu.ops.rowprod_triton import row_product
 
     w, b = torch.randn(9, 20, device=DEVICE), torch.randn(9, device=DEVICE)

@@ -1,4 +1,5 @@
-"""samu.ops.triton_utils' jit helpers that change values on the GPU only (the interpreter takes the plain ops)."""
+"""samu.ops.triton_utils: the jit helpers that change values on the GPU only (the interpreter takes the plain ops),
+and the host helper that cuts a pass's scratch from one buffer."""
 
 import pytest
 import torch

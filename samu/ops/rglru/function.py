@@ -6,9 +6,8 @@ graphs can capture it (the host code only allocates and launches; it never synch
 calls go through ``_Eager``, the same kernels without the custom-op dispatch layers (host time).
 
 The forward saves for the backward only x (held by autograd anyway), the parameters, the state
-entering every chunk, [B, ceil(L/K), D] fp32, and the gate weights' bf16 parts (split_weights, 12·H·NPW² bytes: the
-backward's split is one launch fewer) (packed calls also the offsets and the initial state);
-gates are recomputed from x.
+entering every chunk, [B, ceil(L/K), D] fp32, and the gate weights' bf16 parts (split_weights, 12·H·NPW² bytes, so that
+the backward splits nothing again); packed calls also the offsets and the initial state. Gates are recomputed from x.
 """
 
 from __future__ import annotations

@@ -450,10 +450,12 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
     main_BN = main_BN or BN
     main_tiles = cdiv(N, main_BN)
     n_tb = cdiv(L, CONTROLLER_TOKENS)
+    n_items = B * n_chunks * main_tiles
+    n_slots = _slots(x.device, n_items, slots_per_sm)
     # trig (cos phi, sin phi) and modes (the mode table) are rebuilt by the adjoint summaries
-    rsum, trig, modes, part, rows, dp, dA_rows, *prefix = carve(
+    rsum, trig, modes, part, rows, dp, dA_rows, slots, *prefix = carve(
         empty, x.device, (B, n_chunks, 2, D), (B, 2, L), (5, N), (B, 2, main_tiles, L), (B * n_chunks, 3 * D),
-        (B, 2, L), (B * n_tb, 4), *prefix_shapes(B, n_chunks, D, G))
+        (B, 2, L), (B * n_tb, 4), (n_slots, K, 2 * main_BN), *prefix_shapes(B, n_chunks, D, G))
     rck, rgroups, right = prefix_buffers(rsum, prefix)
     # the final-state cotangent is the adjoint entering from the right end (tokens past L are identity)
     has_init = not varlen and dfinal is not None
@@ -462,9 +464,6 @@ def bwd(dy, dfinal, x, nu, theta_log, directions, amplitudes, has_h0, ctl, rnorm
            VARLEN=varlen, HAS_DF=has_df, HAS_INIT=has_init, num_warps=num_warps)
     n_groups = right.shape[1]
     dh0 = empty(h0.shape[0] if varlen else B, D, **f32) if has_h0 else None
-    n_items = B * n_chunks * main_tiles
-    n_slots = _slots(x.device, n_items, slots_per_sm)
-    slots = torch.empty(n_slots, K, 2 * main_BN, **f32)
     launch(_main_kernel, (n_slots,), x, dy, ctl, trig, modes, bound, rck, right, slots, part, rows,
            dh0 if has_h0 else rows, words_arg, df_arg, h0 if varlen and has_h0 else rows, L, D, N, n_chunks, n_groups,
            main_tiles, n_items, K=K, BN=main_BN, U=unroll, G=G, HAS_H0=has_h0, VARLEN=varlen, HAS_DF=has_df,

@@ -30,8 +30,8 @@ import triton
 import triton.language as tl
 
 from samu.ops.packing_triton import chunk_word, first_sequence, opens_in, sequence_after
-from samu.ops.triton_utils import (arrive, carve, cast_to, cdiv, exp_flushed, launch, next_power_of_2, one_minus_exp_neg_small,
-                                  tanh)
+from samu.ops.triton_utils import (arrive, carve, cast_to, cdiv, exp_flushed, launch, next_power_of_2,
+                                  one_minus_exp_neg_small, tanh)
 
 CTL = tl.constexpr(4)  # planes of ctl: p0, p1, m, phi
 
