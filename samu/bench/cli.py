@@ -117,7 +117,11 @@ def add_commands(subparsers) -> None:
                    help="default: bf16,fp16,fp32 (a dtype left out keeps its Triton variants off in dispatch)")
     g.add_argument("--backends", type=_names(), default=["torch", "variants"],
                    help="torch, triton, variants (every registered Triton variant) or variant names")
-    g.add_argument("--out", default="results/gates", help="record file (*.json) or folder (default: results/gates)")
+    g.add_argument("--out", default=None, help="record file (*.json) or folder (default: results/gates)")
+    g.add_argument("--resume", default=None, metavar="RECORD",
+                   help="continue the gate record of a run cut short, in its own file: the same --ops, --shapes, "
+                        "--dtypes, --backends (and --heads, --documents, --seed) on the same machine and commit; "
+                        "units it finished are not gated again")
     g.add_argument("--results", default="results",
                    help="records folder a named status (--status) is rebuilt from (the user's status: from the "
                         "records samu keeps in its cache folder)")

@@ -31,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 from samu import reference
-from samu.bench.records import end_unit, load_records, new_record, same_run, write_record
+from samu.bench.records import end_unit, load_records, new_record, now, same_run, write_record
 from samu.environment import environment
 from samu.ops import gate_status
 from samu.ops.gate_status import reload, status_path
@@ -399,7 +399,7 @@ class _Worker:
         """gate_unit's events for ``unit``, gated in the child. A child that dies without reporting
         (a segfault, os._exit, a kill) fails the backend it was running, and a fresh child resumes
         the unit after it; a death in the reference skips the unit, as a reference that raises does."""
-        done, self.busy = [], True
+        done, self.busy = list(unit.pop("done", ())), True
         shape, dname = list(unit["shape"]), str(unit["dtype"]).replace("torch.", "")
         while True:
             if self.process is None:
@@ -458,9 +458,37 @@ class _Worker:
         self.process = self.conn = None
 
 
+def resumable_record(path, ops, shapes, dtypes, device, command: str) -> dict:
+    """The gate record at ``path``, to be continued by a run of ``command`` on ``device`` (run_gates' ``resume``);
+    a ValueError naming --resume unless it is an unfinished gate record of this machine, software, commit and
+    gates.toml whose every row is a unit this run gates. Notes the resumption in the record."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--resume {path}: cannot be read ({err})") from None
+    if not isinstance(record, dict) or record.get("kind") != "gate":
+        raise ValueError(f"--resume {path}: not a gate record")
+    if record.get("complete"):
+        raise ValueError(f"--resume {path}: that run finished; there is nothing to resume")
+    here, rules = environment(device), load_rules()
+    for key in ("gpu", "triton", "torch", "git_commit", "git_dirty"):
+        if record["env"].get(key) != here.get(key):
+            raise ValueError(f"--resume {path}: its run had {key} {record['env'].get(key)!r}, this one has "
+                             f"{here.get(key)!r}; gates of other code or another machine are a run of their own")
+    if record.get("gates_version") != rules.version:
+        raise ValueError(f"--resume {path}: gates.toml version {record.get('gates_version')}, now {rules.version}")
+    wanted = {(op, tuple(shape), str(dtype).replace("torch.", "")) for op in ops for shape in shapes for dtype in dtypes}
+    for row in record["rows"]:
+        if (row["op"], tuple(row["shape"]), row["dtype"]) not in wanted:
+            raise ValueError(f"--resume {path}: it gated {row['op']} at {row['shape']} {row['dtype']}, which this "
+                             f"command does not: give the --ops, --shapes and --dtypes of the run it resumes")
+    record.setdefault("resumed", []).append({"at": now(), "command": command})
+    return record
+
+
 def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bool = True,
               command: str = "samu gate", out=None, heads: "int | None" = None, isolate: "bool | None" = None,
-              preload=(), documents: "int | None" = None) -> dict:
+              preload=(), documents: "int | None" = None, resume: "dict | None" = None) -> dict:
     """Run every gate asked for and return the record; with ``out``, the record is rewritten after
     every (op, shape, dtype), so a run stopped early keeps its finished rows (``complete`` false).
     ``heads``: RG-LRU's head count (default: gates.toml's, or the largest divisor of D below it).
@@ -468,7 +496,9 @@ def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bo
     backend it happened in (blocking its class) and a fresh child goes on, since a faulted CUDA
     context cannot be reused; this process only keeps the record. ``preload``: modules the gating
     process imports first (variants that register on import, such as a test's). ``documents``: gate
-    packed calls of that many sequences (the module docstring)."""
+    packed calls of that many sequences (the module docstring). ``resume``: a record of an earlier run of these
+    arguments cut short (resumable_record), which this run continues: it keeps its rows and gates only what they
+    lack."""
     rules = load_rules()
     device = torch.device(device)
     isolate = device.type == "cuda" if isolate is None else isolate
@@ -476,7 +506,7 @@ def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bo
     auto_gate, os.environ["SAMU_AUTO_GATE"] = os.environ.get("SAMU_AUTO_GATE"), "0"
     try:
         return _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, out, heads, isolate,
-                          preload, rules, documents)
+                          preload, rules, documents, resume)
     finally:
         if auto_gate is None:
             os.environ.pop("SAMU_AUTO_GATE", None)
@@ -485,9 +515,13 @@ def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bo
 
 
 def _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, out, heads, isolate, preload, rules,
-               documents):
-    record = new_record("gate", environment(device), command, gates_version=rules.version,
-                        gates_file="samu/gates/gates.toml", skipped=[], complete=False)
+               documents, resume):
+    record = resume if resume is not None else new_record(
+        "gate", environment(device), command, gates_version=rules.version, gates_file="samu/gates/gates.toml",
+        skipped=[], complete=False)
+    gated: dict = {}   # (op, shape, dtype name) -> the backends a resumed record has rows of
+    for row in record["rows"]:
+        gated.setdefault((row["op"], tuple(row["shape"]), row["dtype"]), []).append(row["backend"])
     worker = _Worker(device, preload) if isolate else None
     if not isolate:
         for module in preload:
@@ -504,7 +538,7 @@ def _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, o
                 continue
             dname = str(dtype).replace("torch.", "")
             unit = {"op": op, "shape": shape, "dtype": dtype, "heads": heads_here, "backends": list(backends),
-                    "seed": seed, "documents": documents}
+                    "seed": seed, "documents": documents, "done": tuple(gated.get((op, shape, dname), ()))}
             events = worker.gate(**unit) if isolate else gate_unit(**unit, device=device, rules=rules)
             for kind, payload in events:
                 if kind in ("reference", "start"):
@@ -674,10 +708,19 @@ def gate_command(args) -> int:
         errors = [(item, err) for item, _, err in warmed if err]
         print(f"warm-up: {len(warmed)} units in {args.jobs} processes, {len(errors)} with errors"
               + "".join(f"\n  {item[0]} {item[1]} {item[2]} {item[3]}: {err}" for item, err in errors))
+    resume = None
+    if args.resume is not None:
+        if args.out is not None:
+            raise SystemExit("samu gate: error: --out and --resume: a resumed run goes on in its own record file")
+        try:
+            resume = resumable_record(args.resume, args.ops, args.shapes, args.dtypes, args.device, args.command_line)
+        except ValueError as err:
+            raise SystemExit(f"samu gate: error: {err}") from None
+    out_path = args.resume if resume is not None else args.out or "results/gates"
     record = run_gates(args.ops, args.shapes, args.dtypes, args.backends, args.device, seed=args.seed,
-                       progress=not args.quiet, command=args.command_line, out=args.out, heads=args.heads,
-                       isolate=False if args.no_isolate else None, documents=args.documents)
-    out = write_record(record, args.out)
+                       progress=not args.quiet, command=args.command_line, out=out_path, heads=args.heads,
+                       isolate=False if args.no_isolate else None, documents=args.documents, resume=resume)
+    out = write_record(record, out_path)
     print(f"record: {out}")
     failed = [r for r in record["rows"] if not r["pass"]]
     print(f"{len(record['rows']) - len(failed)} passed, {len(failed)} failed")

@@ -127,6 +127,71 @@ def test_a_finished_run_leaves_its_record_file_complete(tmp_path):
     assert record["complete"] and saved["complete"] and saved["rows"] == record["rows"]
 
 
+def test_a_run_cut_short_is_resumed_in_its_own_record_without_gating_its_units_again(tmp_path, monkeypatch):
+    from samu.bench.cli import main
+    from samu.gates import runner
+
+    shapes, out = [(1, 9, 4), (1, 17, 4), (2, 5, 4)], tmp_path / "gates.json"
+    real, gated = runner.gate_unit, []
+
+    def cut_at_the_second(**unit):
+        # the run is stopped (a timeout's SIGINT) as its second unit starts
+        if len(gated) == 1:
+            raise KeyboardInterrupt
+        gated.append(unit["shape"])
+        yield from real(**unit)
+
+    monkeypatch.setattr(runner, "gate_unit", cut_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        run_gates(["samu"], shapes, [torch.float32], ["torch"], "cpu", progress=False, out=out)
+    cut = json.loads(out.read_text())
+    assert not cut["complete"] and [r["shape"] for r in cut["rows"]] == [[1, 9, 4]]
+
+    def counting(**unit):
+        gated.append((unit["shape"], unit["done"]))
+        yield from real(**unit)
+
+    monkeypatch.setattr(runner, "gate_unit", counting)
+    gated.clear()
+    assert main(["gate", "--ops", "samu", "--shapes", "1x9x4,1x17x4,2x5x4", "--dtypes", "float32", "--backends",
+                 "torch", "--device", "cpu", "--quiet", "--no-status", "--resume", str(out)]) == 0
+    done = json.loads(out.read_text())
+    # the first unit's row kept as it was (its unit told that torch is done), the other two gated now, one run (its
+    # id and time) in one file
+    assert done["complete"] and gated == [((1, 9, 4), ("torch",)), ((1, 17, 4), ()), ((2, 5, 4), ())]
+    assert done["rows"][0] == cut["rows"][0] and [r["shape"] for r in done["rows"]] == [list(s) for s in shapes]
+    assert (done["run_id"], done["created"]) == (cut["run_id"], cut["created"]) and len(done["resumed"]) == 1
+    assert list(tmp_path.iterdir()) == [out]
+
+
+def test_only_a_matching_unfinished_run_can_be_resumed(tmp_path, monkeypatch):
+    from samu.bench.cli import main
+    from samu.gates import runner
+    from samu.gates.runner import resumable_record
+
+    out = tmp_path / "gates.json"
+    record = run_gates(["samu"], [(1, 9, 4)], [torch.float32], ["torch"], "cpu", progress=False, out=out)
+    with pytest.raises(ValueError, match="that run finished"):
+        resumable_record(out, ["samu"], [(1, 9, 4)], [torch.float32], "cpu", "samu gate")
+    out.write_text(json.dumps(dict(record, complete=False)))
+    with pytest.raises(ValueError, match=r"it gated samu at \[1, 9, 4\] float32, which this command does not"):
+        resumable_record(out, ["samu"], [(1, 9, 4)], [torch.bfloat16], "cpu", "samu gate")
+    here = runner.environment("cpu")
+    monkeypatch.setattr(runner, "environment", lambda device: dict(here, git_commit="0" * 40))
+    with pytest.raises(ValueError, match="git_commit"):
+        resumable_record(out, ["samu"], [(1, 9, 4)], [torch.float32], "cpu", "samu gate")
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="not a gate record"):
+        (tmp_path / "other.json").write_text(json.dumps({"kind": "bench"}))
+        resumable_record(tmp_path / "other.json", ["samu"], [(1, 9, 4)], [torch.float32], "cpu", "samu gate")
+    with pytest.raises(SystemExit, match="--out and --resume"):
+        main(["gate", "--ops", "samu", "--shapes", "1x9x4", "--dtypes", "float32", "--backends", "torch", "--device",
+              "cpu", "--no-status", "--resume", str(out), "--out", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit, match="--resume .*cannot be read"):
+        main(["gate", "--ops", "samu", "--shapes", "1x9x4", "--dtypes", "float32", "--backends", "torch", "--device",
+              "cpu", "--no-status", "--resume", str(tmp_path / "missing.json")])
+
+
 def test_torch_backend_passes_its_gates_for_both_mixers_and_dtypes():
     record = run_gates(["samu", "rglru"], [(2, 37, 10)], [torch.float32, torch.bfloat16], ["torch"], "cpu",
                        progress=False)
