@@ -477,7 +477,8 @@ def resumable_record(path, ops, shapes, dtypes, device, command: str) -> dict:
                              f"{here.get(key)!r}; gates of other code or another machine are a run of their own")
     if record.get("gates_version") != rules.version:
         raise ValueError(f"--resume {path}: gates.toml version {record.get('gates_version')}, now {rules.version}")
-    wanted = {(op, tuple(shape), str(dtype).replace("torch.", "")) for op in ops for shape in shapes for dtype in dtypes}
+    names = [str(dtype).replace("torch.", "") for dtype in dtypes]
+    wanted = {(op, tuple(shape), name) for op in ops for shape in shapes for name in names}
     for row in record["rows"]:
         if (row["op"], tuple(row["shape"]), row["dtype"]) not in wanted:
             raise ValueError(f"--resume {path}: it gated {row['op']} at {row['shape']} {row['dtype']}, which this "
