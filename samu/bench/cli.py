@@ -119,9 +119,8 @@ def add_commands(subparsers) -> None:
                    help="torch, triton, variants (every registered Triton variant) or variant names")
     g.add_argument("--out", default=None, help="record file (*.json) or folder (default: results/gates)")
     g.add_argument("--resume", default=None, metavar="RECORD",
-                   help="continue the gate record of a run cut short, in its own file: the same --ops, --shapes, "
-                        "--dtypes, --backends (and --heads, --documents, --seed) on the same machine and commit; "
-                        "units it finished are not gated again")
+                   help="continue the gate record (*.json) of a run cut short, in its own file and with that run's "
+                        "own arguments, on the same machine and clean commit: what it finished is not gated again")
     g.add_argument("--results", default="results",
                    help="records folder a named status (--status) is rebuilt from (the user's status: from the "
                         "records samu keeps in its cache folder)")

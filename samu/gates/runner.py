@@ -31,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 from samu import reference
-from samu.bench.records import end_unit, load_records, new_record, now, same_run, write_record
+from samu.bench.records import end_unit, load_records, new_record, now, same_run, validate, write_record
 from samu.environment import environment
 from samu.ops import gate_status
 from samu.ops.gate_status import reload, status_path
@@ -39,7 +39,7 @@ from samu.gates.inputs import PARAMS, RGLRU_C, derive_seed, document_offsets, ma
 from samu.gates.rules import LOW_PRECISION, NO_FINAL, NO_STATE, base_quantity, load_rules, rel_error
 from samu.ops import dispatch
 from samu.ops.functional import rglru_mixer, samu_mixer
-from samu.paths import FileLock
+from samu.paths import FileLock, cache_dir
 
 RADIAL_BOUND = 2.0
 
@@ -458,31 +458,49 @@ class _Worker:
         self.process = self.conn = None
 
 
-def resumable_record(path, ops, shapes, dtypes, device, command: str) -> dict:
-    """The gate record at ``path``, to be continued by a run of ``command`` on ``device`` (run_gates' ``resume``);
-    a ValueError naming --resume unless it is an unfinished gate record of this machine, software, commit and
-    gates.toml whose every row is a unit this run gates. Notes the resumption in the record."""
+# the arguments of a run that its record keeps, which a resumed run takes from it
+RUN_ARGUMENTS = ("ops", "shapes", "dtypes", "backends", "seed", "heads", "documents")
+
+
+def _run_lock(record: dict) -> Path:
+    """The lock a gate run holds while it writes its record (a resumption asks it first: not while the run goes)."""
+    folder = cache_dir() / "gate-runs"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{record['run_id']}.lock"
+
+
+def resumable_record(path, device, command: str) -> dict:
+    """The gate record at ``path``, to be continued on ``device`` by ``command`` (run_gates' ``resume``, with the
+    record's own ``arguments``); a ValueError naming --resume unless it is the well-formed record of an unfinished
+    run that is not still going, made on this machine and software at this (clean) commit under this gates.toml.
+    Notes the resumption in the record."""
     try:
         record = json.loads(Path(path).read_text())
     except (OSError, ValueError) as err:
         raise ValueError(f"--resume {path}: cannot be read ({err})") from None
     if not isinstance(record, dict) or record.get("kind") != "gate":
         raise ValueError(f"--resume {path}: not a gate record")
+    problems = validate(record) + ([] if isinstance(record.get("skipped"), list) else ["skipped is not a list"])
+    if problems:
+        raise ValueError(f"--resume {path}: not a well-formed gate record ({'; '.join(problems)})")
     if record.get("complete"):
         raise ValueError(f"--resume {path}: that run finished; there is nothing to resume")
+    if not isinstance(record.get("arguments"), dict) or not isinstance(record.get("units_done"), list):
+        raise ValueError(f"--resume {path}: the record does not keep its run's arguments (made before --resume)")
     here, rules = environment(device), load_rules()
-    for key in ("gpu", "triton", "torch", "git_commit", "git_dirty"):
+    if record["env"].get("git_dirty"):
+        raise ValueError(f"--resume {path}: its run was made from uncommitted code, which cannot be told apart")
+    for key in ("gpu", "device", "triton", "triton_interpret", "torch", "git_commit", "git_dirty"):
         if record["env"].get(key) != here.get(key):
             raise ValueError(f"--resume {path}: its run had {key} {record['env'].get(key)!r}, this one has "
                              f"{here.get(key)!r}; gates of other code or another machine are a run of their own")
     if record.get("gates_version") != rules.version:
         raise ValueError(f"--resume {path}: gates.toml version {record.get('gates_version')}, now {rules.version}")
-    names = [str(dtype).replace("torch.", "") for dtype in dtypes]
-    wanted = {(op, tuple(shape), name) for op in ops for shape in shapes for name in names}
-    for row in record["rows"]:
-        if (row["op"], tuple(row["shape"]), row["dtype"]) not in wanted:
-            raise ValueError(f"--resume {path}: it gated {row['op']} at {row['shape']} {row['dtype']}, which this "
-                             f"command does not: give the --ops, --shapes and --dtypes of the run it resumes")
+    try:
+        with FileLock(_run_lock(record), wait=False):
+            pass
+    except BlockingIOError:
+        raise ValueError(f"--resume {path}: its run is still going") from None
     record.setdefault("resumed", []).append({"at": now(), "command": command})
     return record
 
@@ -497,9 +515,9 @@ def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bo
     backend it happened in (blocking its class) and a fresh child goes on, since a faulted CUDA
     context cannot be reused; this process only keeps the record. ``preload``: modules the gating
     process imports first (variants that register on import, such as a test's). ``documents``: gate
-    packed calls of that many sequences (the module docstring). ``resume``: a record of an earlier run of these
-    arguments cut short (resumable_record), which this run continues: it keeps its rows and gates only what they
-    lack."""
+    packed calls of that many sequences (the module docstring). ``resume``: the record of a run cut short
+    (resumable_record), which this run continues with its own ``arguments`` (those given here are not used): it
+    keeps its rows, gates no unit it finished again, and of a unit it cut only the backends it lacks."""
     rules = load_rules()
     device = torch.device(device)
     isolate = device.type == "cuda" if isolate is None else isolate
@@ -517,10 +535,29 @@ def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bo
 
 def _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, out, heads, isolate, preload, rules,
                documents, resume):
-    record = resume if resume is not None else new_record(
-        "gate", environment(device), command, gates_version=rules.version, gates_file="samu/gates/gates.toml",
-        skipped=[], complete=False)
-    gated: dict = {}   # (op, shape, dtype name) -> the backends a resumed record has rows of
+    if resume is not None:
+        record, given = resume, resume["arguments"]
+        ops, backends, seed, heads, documents = (given[k] for k in ("ops", "backends", "seed", "heads", "documents"))
+        shapes, dtypes = [tuple(s) for s in given["shapes"]], [getattr(torch, d) for d in given["dtypes"]]
+    else:
+        arguments = {"ops": list(ops), "shapes": [list(s) for s in shapes], "backends": list(backends), "seed": seed,
+                     "dtypes": [str(d).replace("torch.", "") for d in dtypes], "heads": heads, "documents": documents}
+        record = new_record("gate", environment(device), command, gates_version=rules.version,
+                            gates_file="samu/gates/gates.toml", skipped=[], complete=False, arguments=arguments,
+                            units_done=[])
+    lock = _run_lock(record)
+    try:
+        with FileLock(lock):
+            return _gate_units(record, ops, shapes, dtypes, backends, device, seed, progress, out, heads, isolate,
+                               preload, rules, documents)
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _gate_units(record, ops, shapes, dtypes, backends, device, seed, progress, out, heads, isolate, preload, rules,
+                documents):
+    finished = {(op, tuple(shape), dname) for op, shape, dname in record["units_done"]}
+    gated: dict = {}   # (op, shape, dtype name) -> the backends a unit cut mid-way has rows of
     for row in record["rows"]:
         gated.setdefault((row["op"], tuple(row["shape"]), row["dtype"]), []).append(row["backend"])
     worker = _Worker(device, preload) if isolate else None
@@ -532,12 +569,14 @@ def _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, o
     try:
         for op, shape, dtype, heads_here, reason in bar:
             B, L, D = shape
+            dname = str(dtype).replace("torch.", "")
+            if (op, shape, dname) in finished:
+                continue
             if reason is not None:
                 entry = {"op": op, "backend": "*", "reason": reason}
                 if entry not in record["skipped"]:
                     record["skipped"].append(entry)
                 continue
-            dname = str(dtype).replace("torch.", "")
             unit = {"op": op, "shape": shape, "dtype": dtype, "heads": heads_here, "backends": list(backends),
                     "seed": seed, "documents": documents, "done": tuple(gated.get((op, shape, dname), ()))}
             events = worker.gate(**unit) if isolate else gate_unit(**unit, device=device, rules=rules)
@@ -563,6 +602,7 @@ def _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, o
                         write_record(record, out)
                     raise RuntimeError(f"the CUDA context is lost ({payload}); no later gate can run in this "
                                        "process: gate in a worker process (isolate, the default on CUDA)")
+            record["units_done"].append([op, list(shape), dname])
             end_unit(record, out, device)
     finally:
         if worker is not None:
@@ -653,11 +693,16 @@ def _into_user_records(records: list) -> None:
     kept = []
     for path in folder.rglob("*.json") if folder.exists() else []:
         with contextlib.suppress(OSError, ValueError):
-            kept.append(json.loads(path.read_text()))
+            kept.append((path, json.loads(path.read_text())))
     for _, record in records:
-        if not any(same_run(k, record) for k in kept):
+        there = [(path, k) for path, k in kept if same_run(k, record)]
+        if not there:
             write_record(record, folder)
-            kept.append(record)
+            kept.append((None, record))
+        # a run resumed since it was copied: its copy gets the rows gated since (outside quarantine)
+        for path, k in there:
+            if path is not None and "quarantine" not in path.parts and len(k["rows"]) < len(record["rows"]):
+                write_record(record, path)
 
 
 def _legacy_blocks(path: Path) -> list:
@@ -684,10 +729,33 @@ def _counts(status: dict) -> str:
                      for p, v in status["by_platform"].items()) or "no verdicts"
 
 
+def _resumed(args):
+    """The record ``samu gate --resume`` continues (resumable_record), its run's arguments set on ``args``; a one-line
+    exit naming --resume for anything else on its command line."""
+    given = [a.split("=")[0] for a in getattr(args, "argv", [])]
+    named = [flag for flag in ("--ops", "--shapes", "--dtypes", "--backends", "--seed", "--heads", "--documents",
+                               "--out", "--status-only") if flag in given]
+    if named:
+        raise SystemExit(f"samu gate: error: --resume continues its run with that run's own arguments and record "
+                         f"file: drop {', '.join(named)}")
+    if not str(args.resume).endswith(".json"):
+        raise SystemExit(f"samu gate: error: --resume {args.resume}: a gate record is a .json file")
+    try:
+        record = resumable_record(args.resume, args.device, args.command_line)
+    except ValueError as err:
+        raise SystemExit(f"samu gate: error: {err}") from None
+    given = record["arguments"]
+    args.ops, args.backends, args.seed, args.heads, args.documents = (
+        given[k] for k in ("ops", "backends", "seed", "heads", "documents"))
+    args.shapes, args.dtypes = [tuple(s) for s in given["shapes"]], [getattr(torch, d) for d in given["dtypes"]]
+    return record
+
+
 def gate_command(args) -> int:
     """Entry of ``samu gate`` (argparse namespace from samu.bench.cli). The user's status (the default target) is
     rebuilt from the user's records folder, into which this run's record goes too (and, with --status-only, the
     gate records of --results); a named status file from --results and this run's record."""
+    resume = _resumed(args) if args.resume is not None else None
     target = Path(args.status) if args.status else status_path()
     mine = target.resolve() == gate_status.user_file().resolve()
     source = gate_status.user_records() if mine else args.results
@@ -709,14 +777,6 @@ def gate_command(args) -> int:
         errors = [(item, err) for item, _, err in warmed if err]
         print(f"warm-up: {len(warmed)} units in {args.jobs} processes, {len(errors)} with errors"
               + "".join(f"\n  {item[0]} {item[1]} {item[2]} {item[3]}: {err}" for item, err in errors))
-    resume = None
-    if args.resume is not None:
-        if args.out is not None:
-            raise SystemExit("samu gate: error: --out and --resume: a resumed run goes on in its own record file")
-        try:
-            resume = resumable_record(args.resume, args.ops, args.shapes, args.dtypes, args.device, args.command_line)
-        except ValueError as err:
-            raise SystemExit(f"samu gate: error: {err}") from None
     out_path = args.resume if resume is not None else args.out or "results/gates"
     record = run_gates(args.ops, args.shapes, args.dtypes, args.backends, args.device, seed=args.seed,
                        progress=not args.quiet, command=args.command_line, out=out_path, heads=args.heads,

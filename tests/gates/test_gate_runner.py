@@ -127,10 +127,23 @@ def test_a_finished_run_leaves_its_record_file_complete(tmp_path):
     assert record["complete"] and saved["complete"] and saved["rows"] == record["rows"]
 
 
-def test_a_run_cut_short_is_resumed_in_its_own_record_without_gating_its_units_again(tmp_path, monkeypatch):
+@pytest.fixture
+def committed(tmp_path, monkeypatch):
+    """Gate records made at one clean commit (a resumed run's must match), whatever the checkout's state; the
+    runs' locks under tmp_path."""
+    from samu.gates import runner
+
+    here = runner.environment("cpu")
+    monkeypatch.setattr(runner, "environment", lambda device: dict(here, git_commit="1" * 40, git_dirty=False))
+    monkeypatch.setenv("SAMU_CACHE", str(tmp_path / "cache"))
+
+
+def test_a_run_cut_short_is_resumed_in_its_own_record_without_gating_its_units_again(committed, tmp_path,
+                                                                                       monkeypatch):
     from samu.bench.cli import main
     from samu.gates import runner
 
+    monkeypatch.setenv("SAMU_CACHE", str(tmp_path / "cache"))
     shapes, out = [(1, 9, 4), (1, 17, 4), (2, 5, 4)], tmp_path / "gates.json"
     real, gated = runner.gate_unit, []
 
@@ -143,53 +156,106 @@ def test_a_run_cut_short_is_resumed_in_its_own_record_without_gating_its_units_a
 
     monkeypatch.setattr(runner, "gate_unit", cut_at_the_second)
     with pytest.raises(KeyboardInterrupt):
-        run_gates(["samu"], shapes, [torch.float32], ["torch"], "cpu", progress=False, out=out)
+        run_gates(["samu"], shapes, [torch.float32], ["torch"], "cpu", progress=False, out=out, seed=5)
     cut = json.loads(out.read_text())
     assert not cut["complete"] and [r["shape"] for r in cut["rows"]] == [[1, 9, 4]]
+    assert cut["units_done"] == [["samu", [1, 9, 4], "float32"]] and cut["arguments"]["seed"] == 5
 
     def counting(**unit):
-        gated.append((unit["shape"], unit["done"]))
+        gated.append((unit["shape"], unit["done"], unit["seed"]))
         yield from real(**unit)
 
     monkeypatch.setattr(runner, "gate_unit", counting)
     gated.clear()
-    assert main(["gate", "--ops", "samu", "--shapes", "1x9x4,1x17x4,2x5x4", "--dtypes", "float32", "--backends",
-                 "torch", "--device", "cpu", "--quiet", "--no-status", "--resume", str(out)]) == 0
+    # the run's own arguments (its seed too) from its record, not the command line's defaults
+    assert main(["gate", "--device", "cpu", "--quiet", "--no-status", "--resume", str(out)]) == 0
     done = json.loads(out.read_text())
-    # the first unit's row kept as it was (its unit told that torch is done), the other two gated now, one run (its
-    # id and time) in one file
-    assert done["complete"] and gated == [((1, 9, 4), ("torch",)), ((1, 17, 4), ()), ((2, 5, 4), ())]
+    assert done["complete"] and gated == [((1, 17, 4), (), 5), ((2, 5, 4), (), 5)]
     assert done["rows"][0] == cut["rows"][0] and [r["shape"] for r in done["rows"]] == [list(s) for s in shapes]
     assert (done["run_id"], done["created"]) == (cut["run_id"], cut["created"]) and len(done["resumed"]) == 1
-    assert list(tmp_path.iterdir()) == [out]
+    assert list(tmp_path.glob("*.json")) == [out]
 
 
-def test_only_a_matching_unfinished_run_can_be_resumed(tmp_path, monkeypatch):
-    from samu.bench.cli import main
+def test_a_unit_cut_between_backends_is_resumed_with_the_backends_it_lacks(committed, dummy_variants, tmp_path,
+                                                                           monkeypatch):
     from samu.gates import runner
     from samu.gates.runner import resumable_record
 
+    monkeypatch.setenv("SAMU_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "gates.json"
+    with monkeypatch.context() as m:
+        m.setattr(runner, "_context_lost", lambda device: "RuntimeError: CUDA error: an illegal memory access")
+        with pytest.raises(RuntimeError, match="CUDA context is lost"):
+            run_gates(["samu"], [SHAPE], [torch.float32], ["test_gate_crash", "test_gate_good"], "cpu",
+                      progress=False, out=out)
+    record = run_gates(["samu"], [], [], [], "cpu", progress=False, out=out,
+                       resume=resumable_record(out, "cpu", "samu gate --resume"))
+    assert record["complete"] and [r["backend"] for r in record["rows"]] == ["test_gate_crash", "test_gate_good"]
+
+
+def test_a_resumed_worker_gates_only_the_backends_a_unit_lacks(committed, tmp_path, monkeypatch):
+    from samu.gates.runner import resumable_record
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("SAMU_CACHE", str(tmp_path / "cache"))
+    out, backends = tmp_path / "gates.json", ["test_gate_fine", "torch"]
+    whole = run_gates(["samu"], [SHAPE], [torch.float32], backends, "cpu", progress=False, out=out, isolate=True,
+                      preload=["tests.gates.faulty_variants"])
+    # as a worker cut off after its first backend would have left it
+    out.write_text(json.dumps(dict(whole, rows=whole["rows"][:1], units_done=[], complete=False)))
+    record = run_gates(["samu"], [], [], [], "cpu", progress=False, out=out, isolate=True,
+                       preload=["tests.gates.faulty_variants"], resume=resumable_record(out, "cpu", "resume"))
+    assert record["complete"] and [r["backend"] for r in record["rows"]] == backends
+    assert record["rows"][0] == json.loads(json.dumps(whole["rows"][0]))
+
+
+def test_only_the_record_of_an_unfinished_run_of_this_code_and_machine_can_be_resumed(committed, tmp_path,
+                                                                                       monkeypatch):
+    from samu.bench.cli import main
+    from samu.gates import runner
+    from samu.gates.runner import resumable_record
+    from samu.paths import FileLock
+
+    monkeypatch.setenv("SAMU_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "gates.json"
     record = run_gates(["samu"], [(1, 9, 4)], [torch.float32], ["torch"], "cpu", progress=False, out=out)
-    with pytest.raises(ValueError, match="that run finished"):
-        resumable_record(out, ["samu"], [(1, 9, 4)], [torch.float32], "cpu", "samu gate")
-    out.write_text(json.dumps(dict(record, complete=False)))
-    with pytest.raises(ValueError, match=r"it gated samu at \[1, 9, 4\] float32, which this command does not"):
-        resumable_record(out, ["samu"], [(1, 9, 4)], [torch.bfloat16], "cpu", "samu gate")
-    here = runner.environment("cpu")
-    monkeypatch.setattr(runner, "environment", lambda device: dict(here, git_commit="0" * 40))
-    with pytest.raises(ValueError, match="git_commit"):
-        resumable_record(out, ["samu"], [(1, 9, 4)], [torch.float32], "cpu", "samu gate")
-    monkeypatch.undo()
-    with pytest.raises(ValueError, match="not a gate record"):
-        (tmp_path / "other.json").write_text(json.dumps({"kind": "bench"}))
-        resumable_record(tmp_path / "other.json", ["samu"], [(1, 9, 4)], [torch.float32], "cpu", "samu gate")
-    with pytest.raises(SystemExit, match="--out and --resume"):
-        main(["gate", "--ops", "samu", "--shapes", "1x9x4", "--dtypes", "float32", "--backends", "torch", "--device",
-              "cpu", "--no-status", "--resume", str(out), "--out", str(tmp_path / "x.json")])
-    with pytest.raises(SystemExit, match="--resume .*cannot be read"):
-        main(["gate", "--ops", "samu", "--shapes", "1x9x4", "--dtypes", "float32", "--backends", "torch", "--device",
-              "cpu", "--no-status", "--resume", str(tmp_path / "missing.json")])
+
+    def refused(match, rec=None, path=out):
+        if rec is not None:
+            path.write_text(json.dumps(rec))
+        with pytest.raises(ValueError, match=match):
+            resumable_record(path, "cpu", "samu gate")
+
+    refused("that run finished")
+    cut = dict(record, complete=False)
+    refused("not a gate record", {"kind": "bench"})
+    refused("not a well-formed gate record", {k: v for k, v in cut.items() if k != "env"})
+    refused("made before --resume", {k: v for k, v in cut.items() if k != "arguments"})
+    refused("git_commit", dict(cut, env=dict(cut["env"], git_commit="0" * 40)))
+    refused("uncommitted code", dict(cut, env=dict(cut["env"], git_dirty=True)))
+    refused("gates.toml version", dict(cut, gates_version=-1))
+    refused("cannot be read", path=tmp_path / "missing.json")
+    out.write_text(json.dumps(cut))
+    with FileLock(runner._run_lock(cut)):
+        refused("its run is still going")
+    assert resumable_record(out, "cpu", "samu gate")["resumed"][0]["command"] == "samu gate"
+    for extra in (["--ops", "samu"], ["--out", str(tmp_path / "x.json")], ["--seed=3"], ["--status-only"]):
+        with pytest.raises(SystemExit, match=f"drop {extra[0].split('=')[0]}"):
+            main(["gate", "--device", "cpu", "--no-status", "--resume", str(out), *extra])
+    with pytest.raises(SystemExit, match="a gate record is a .json file"):
+        main(["gate", "--device", "cpu", "--no-status", "--resume", str(tmp_path)])
+
+
+def test_a_resumed_run_brings_its_copy_in_the_users_records_up_to_date(tmp_path, monkeypatch):
+    from samu.gates.runner import _into_user_records
+    from samu.ops import gate_status
+
+    monkeypatch.setenv("SAMU_CACHE", str(tmp_path / "cache"))
+    record = run_gates(["samu"], [(1, 9, 4), (1, 17, 4)], [torch.float32], ["torch"], "cpu", progress=False)
+    _into_user_records([("cut.json", dict(record, rows=record["rows"][:1], complete=False))])
+    _into_user_records([("done.json", record)])
+    (copy,) = gate_status.user_records().glob("*.json")
+    assert json.loads(copy.read_text())["rows"] == json.loads(json.dumps(record["rows"]))
 
 
 def test_torch_backend_passes_its_gates_for_both_mixers_and_dtypes():
