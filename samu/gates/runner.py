@@ -458,8 +458,11 @@ class _Worker:
         self.process = self.conn = None
 
 
-# the arguments of a run that its record keeps, which a resumed run takes from it
-RUN_ARGUMENTS = ("ops", "shapes", "dtypes", "backends", "seed", "heads", "documents")
+def _run_arguments(record: dict) -> tuple:
+    """(ops, shapes, dtypes, backends, seed, heads, documents) of the run a gate record keeps (``arguments``)."""
+    given = record["arguments"]
+    return (given["ops"], [tuple(s) for s in given["shapes"]], [getattr(torch, d) for d in given["dtypes"]],
+            given["backends"], given["seed"], given["heads"], given["documents"])
 
 
 def _run_lock(record: dict) -> Path:
@@ -536,9 +539,8 @@ def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bo
 def _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, out, heads, isolate, preload, rules,
                documents, resume):
     if resume is not None:
-        record, given = resume, resume["arguments"]
-        ops, backends, seed, heads, documents = (given[k] for k in ("ops", "backends", "seed", "heads", "documents"))
-        shapes, dtypes = [tuple(s) for s in given["shapes"]], [getattr(torch, d) for d in given["dtypes"]]
+        record = resume
+        ops, shapes, dtypes, backends, seed, heads, documents = _run_arguments(record)
     else:
         arguments = {"ops": list(ops), "shapes": [list(s) for s in shapes], "backends": list(backends), "seed": seed,
                      "dtypes": [str(d).replace("torch.", "") for d in dtypes], "heads": heads, "documents": documents}
@@ -744,10 +746,7 @@ def _resumed(args):
         record = resumable_record(args.resume, args.device, args.command_line)
     except ValueError as err:
         raise SystemExit(f"samu gate: error: {err}") from None
-    given = record["arguments"]
-    args.ops, args.backends, args.seed, args.heads, args.documents = (
-        given[k] for k in ("ops", "backends", "seed", "heads", "documents"))
-    args.shapes, args.dtypes = [tuple(s) for s in given["shapes"]], [getattr(torch, d) for d in given["dtypes"]]
+    args.ops, args.shapes, args.dtypes, args.backends, args.seed, args.heads, args.documents = _run_arguments(record)
     return record
 
 

@@ -227,10 +227,11 @@ class ResidualLayer(nn.Module):
         if not all(fused_kernels(x_t, b) for b in (self.temporal_norm.backend, self.mlp_norm.backend,
                                                    self.mlp.backend)):
             return False
-        from samu.ops import rowprod_triton   # Triton is there: fused_kernels said so
+        if x_t.device.type == "cuda":
+            from samu.ops.triton_utils import pdl   # Triton is there: fused_kernels said so
 
-        if x_t.device.type == "cuda" and not rowprod_triton.pdl(x_t.device):
-            return False
+            if not pdl(x_t.device):
+                return False
         tensors = [self.temporal_norm.weight, self.mlp_norm.weight]
         for linear in self._products():
             tensors += [linear.weight, linear.bias]

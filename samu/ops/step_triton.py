@@ -38,10 +38,10 @@ UPDATE_WARPS = 4
 
 
 @triton.jit
-def _conv_in(x, cw, cb, state, b, ch, ok, D, K: tl.constexpr, SHIFT: tl.constexpr):
+def _conv_in(x, cw, cb, state, b, ch, ok, D, K: tl.constexpr):
     """Channels ch of the mixer input for batch row(s) b (x offset to those rows), fp32: x[ch] itself
     (K = 0), or the block's Conv1D of width K <= 4 over its state and x, rounded to x's dtype like the
-    forward's. SHIFT then writes the new Conv1D state (the last K - 1 inputs) over the old, after a
+    forward's, and then the new Conv1D state (the last K - 1 inputs) written over the old, after a
     barrier: every thread of the program has read the old state before any writes. b and ch broadcast:
     a row and [C] channels, or [BB, 1] rows and [1, C] channels."""
     v = tl.load(x + ch, mask=ok, other=0.0)
@@ -60,30 +60,15 @@ def _conv_in(x, cw, cb, state, b, ch, ok, D, K: tl.constexpr, SHIFT: tl.constexp
             s2 = tl.load(row + 2 * D, mask=ok, other=0.0)
             acc += s2.to(tl.float32) * tl.load(cw + 2 * D + ch, mask=ok, other=0.0).to(tl.float32)
         acc += v.to(tl.float32) * tl.load(cw + (K - 1) * D + ch, mask=ok, other=0.0).to(tl.float32)
-        if SHIFT and K > 1:
+        if K > 1:
+            # shifted by one input: [s1, s2, v] (K = 4), [s1, v] (K = 3), [v] (K = 2)
             tl.debug_barrier()
-            if K == 2:
-                _shifted(row, v, v, v, ok, D, K)
-            if K == 3:
-                _shifted(row, s1, s1, v, ok, D, K)
-            if K == 4:
-                _shifted(row, s1, s2, v, ok, D, K)
+            if K > 2:
+                tl.store(row, s1, mask=ok)
+            if K > 3:
+                tl.store(row + D, s2, mask=ok)
+            tl.store(row + (K - 2) * D, v.to(row.dtype.element_ty), mask=ok)
         return cast_to(acc, x.dtype.element_ty).to(tl.float32)
-
-
-@triton.jit
-def _shifted(row, s1, s2, v, ok, D, K: tl.constexpr):
-    """Store the Conv1D state shifted by one input v: [s1, s2, v] (K = 4), [s1, v] (K = 3), [v] (K = 2)."""
-    new = v.to(row.dtype.element_ty)
-    if K == 2:
-        tl.store(row, new, mask=ok)
-    if K == 3:
-        tl.store(row, s1, mask=ok)
-        tl.store(row + D, new, mask=ok)
-    if K == 4:
-        tl.store(row, s1, mask=ok)
-        tl.store(row + D, s2, mask=ok)
-        tl.store(row + 2 * D, new, mask=ok)
 
 
 @triton.jit
@@ -118,8 +103,8 @@ def _samu_step(x, nu, theta_log, directions, amplitudes, h, y, h_out, cw, cb, st
         tlc.gdc_wait()               # the kernel before this one has finished and its writes are seen
         tlc.gdc_launch_dependents()
     xb = x + b * sx
-    x_re = _conv_in(xb, cw, cb, state, b, k, ok, D, K, True)
-    x_im = _conv_in(xb, cw, cb, state, b, N + k, ok, D, K, True)
+    x_re = _conv_in(xb, cw, cb, state, b, k, ok, D, K)
+    x_im = _conv_in(xb, cw, cb, state, b, N + k, ok, D, K)
     # p = x . (u / |u|) for the two directions; c = A p; m = exp(kappa tanh(c0 / kappa)); phi = c1
     p0 = tl.sum(x_re * u0_re + x_im * u0_im, axis=0) / tl.sqrt(tl.sum(u0_re * u0_re + u0_im * u0_im, axis=0))
     p1 = tl.sum(x_re * u1_re + x_im * u1_im, axis=0) / tl.sqrt(tl.sum(u1_re * u1_re + u1_im * u1_im, axis=0))
@@ -158,7 +143,7 @@ def _rglru_step_gates(x, w_a, w_x, cw, cb, state, xc, part, B, D, HD, sx, BB: tl
     j_ok = j < HD
     ok = r_ok & i_ok[None, :]
     ch = head * HD + i[None, :]
-    xi = _conv_in(x + r * sx, cw, cb, state, r, ch, ok, D, K, True)
+    xi = _conv_in(x + r * sx, cw, cb, state, r, ch, ok, D, K)
     tl.store(xc + r * D + ch, xi, mask=ok)
     wm = i_ok[:, None] & j_ok[None, :]
     w_off = head * HD * HD + i[:, None] * HD + j[None, :]

@@ -16,7 +16,7 @@ import torch
 from samu.ops import dispatch
 from samu.ops.packing import state_rows
 from samu.ops.packing_triton import chunk_boundaries
-from samu.ops.samu.triton_bwd import CONTROLLER_TOKENS, bwd, slot_count
+from samu.ops.samu.triton_bwd import CONTROLLER_TOKENS, bwd, multiprocessors, slot_count
 from samu.ops.samu.triton_fwd import CTL, fwd, prefix_counters
 from samu.ops.triton_utils import cdiv, next_power_of_2
 
@@ -211,7 +211,7 @@ def _scratch(config_of):
         BM = c.main_BN or c.BN  # the main backward's tile: its slots and the partial sums' tiles
         n_chunks, n_tiles = cdiv(L, c.K), cdiv(D // 2, BM)
         n_groups = cdiv(n_chunks, c.G)
-        sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+        sms = multiprocessors(torch.device("cuda", 0)) if torch.cuda.is_available() else 132
         n_slots = slot_count(B * n_chunks * n_tiles, sms, c.slots_per_sm)
         grouped = c.G > 1
         words = (B * D * (8 * n_chunks + grouped * (4 * n_chunks + 4 * n_groups) + 2 * n_groups)

@@ -419,14 +419,19 @@ def slot_count(n_items: int, multiprocessors: int, per_sm: int) -> int:
     return min(n_items, per_sm * multiprocessors)
 
 
-_sms: dict = {}   # device -> multiprocessors (asked once: ~2 us a call)
+_sms: dict = {}   # device -> multiprocessors
+
+
+def multiprocessors(device: torch.device) -> int:
+    """The multiprocessors of a CUDA device, asked once a device (torch's query costs an eager call ~2 us)."""
+    if device not in _sms:
+        _sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _sms[device]
 
 
 def _slots(device, n_items: int, per_sm: int) -> int:
     if device.type == "cuda":
-        if device not in _sms:
-            _sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
-        return slot_count(n_items, _sms[device], per_sm)
+        return slot_count(n_items, multiprocessors(device), per_sm)
     # the interpreter runs programs one after another: a few slots exercise the persistent loop
     return min(n_items, 3)
 
