@@ -32,7 +32,9 @@ def test_rocm_is_not_offered_the_kernels(monkeypatch):
 
 
 def test_float64_is_torch_or_reference_only():
-    args = [a.double() for a in _samu_args()]
+    # on a CUDA machine the kernels need CUDA tensors: there, CPU ones would be refused for their device, not dtype
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    args = [a.double().to(device) for a in _samu_args()]
     args[1:] = [a.float() for a in args[1:]]
     y, _ = samu.samu_mixer(*args)
     assert y.dtype == torch.float64
