@@ -79,6 +79,11 @@ def _common(p: argparse.ArgumentParser):
     p.add_argument("--strict", action="store_true", help="exit 1 when anything failed")
 
 
+def _defaults(parser: argparse.ArgumentParser, flags: tuple) -> dict:
+    """Each of ``flags`` with its default in ``parser``: the options a resumed run refuses (_resume_alone)."""
+    return {flag: parser.get_default(flag[2:].replace("-", "_")) for flag in flags}
+
+
 def add_commands(subparsers) -> None:
     """Add ``bench``, ``gate`` and ``report`` to an argparse subparsers object."""
     b = subparsers.add_parser("bench", help="time mixers, blocks and training steps (JSON record)",
@@ -104,8 +109,13 @@ def add_commands(subparsers) -> None:
                    help="keep samu's per-call parameter finiteness check (a host sync) in the timed calls")
     b.add_argument("--preset", default="400m", help="LMConfig preset of the model scope (its width must be D)")
     b.add_argument("--out", default="results/bench", help="record file (*.json) or folder (default: results/bench)")
+    b.add_argument("--resume", default=None, metavar="RECORD",
+                   help="continue the bench record (*.json) of a run cut short, in its own file and with that run's "
+                        "own arguments, on the same machine and clean commit: what it finished is not timed again")
     _common(b)
-    b.set_defaults(func=_bench)
+    b.set_defaults(func=_bench, resume_refuses=_defaults(b, ("--scopes", "--shapes", "--dtype", "--impls", "--peers",
+                                                             "--warmup", "--samples", "--check-finite", "--preset",
+                                                             "--seed", "--out")))
 
     g = subparsers.add_parser("gate", help="run the docs/spec.md §7 correctness gates (JSON record + dispatch status)",
                               description="Compare backends with the float64 reference; thresholds from gates.toml.")
@@ -146,7 +156,8 @@ def add_commands(subparsers) -> None:
                    help="only rebuild the status: the user's from samu's records folder after copying --results' "
                         "gate records there, a named one from --results")
     _common(g)
-    g.set_defaults(func=_gate)
+    g.set_defaults(func=_gate, resume_refuses=_defaults(g, ("--ops", "--shapes", "--dtypes", "--backends", "--seed",
+                                                            "--heads", "--documents", "--out", "--status-only")))
 
     r = subparsers.add_parser("report", help="regenerate results/REPORT.md and its figures from the records",
                               description="Deterministic: the same records give byte-identical output.")
@@ -161,9 +172,26 @@ def _command_line(args) -> str:
     return "samu " + shlex.join(getattr(args, "argv", None) or sys.argv[1:])
 
 
+def _resume_alone(args, command: str) -> None:
+    """With --resume, a one-line exit naming any option among ``args.resume_refuses`` (flag -> its default) given on
+    the command line, by name or by a value other than its default (an abbreviation argparse took), since a resumed
+    run takes its own arguments and record file; or a --resume that is not a .json file."""
+    if args.resume is None:
+        return
+    given = {a.split("=")[0] for a in getattr(args, "argv", None) or sys.argv[1:]}
+    named = [flag for flag, default in args.resume_refuses.items()
+             if flag in given or getattr(args, flag[2:].replace("-", "_")) != default]
+    if named:
+        raise SystemExit(f"samu {command}: error: --resume continues its run with that run's own arguments and record "
+                         f"file: drop {', '.join(named)}")
+    if not str(args.resume).endswith(".json"):
+        raise SystemExit(f"samu {command}: error: --resume {args.resume}: a {command} record is a .json file")
+
+
 def _bench(args) -> int:
     from samu.bench.runner import bench_command
 
+    _resume_alone(args, "bench")
     args.dtype = args.dtype or (torch.bfloat16 if args.device.type == "cuda" else torch.float32)
     args.peers = [p for p in args.peers if p != "none"]
     args.command_line = _command_line(args)
@@ -173,6 +201,7 @@ def _bench(args) -> int:
 def _gate(args) -> int:
     from samu.gates.runner import gate_command
 
+    _resume_alone(args, "gate")
     args.command_line = _command_line(args)
     return gate_command(args)
 

@@ -8,12 +8,15 @@ whole into ``results/quarantine/`` (see the README there) and is never read agai
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import uuid
 from pathlib import Path
 
 import torch
+
+from samu.paths import FileLock, cache_dir
 
 SCHEMAS = {"bench": "samu.bench/1", "gate": "samu.gate/1"}
 QUARANTINE = "quarantine"
@@ -23,6 +26,8 @@ DEV = "dev"
 RESULTS = Path("results")
 
 _TOP = ("schema", "kind", "created", "command", "env", "rows")
+# what a resumed run must share with the run it continues (resumable)
+_SAME_RUN_ENV = ("gpu", "device", "triton", "triton_interpret", "torch", "git_commit", "git_dirty")
 _ENV = ("torch", "triton", "python", "device", "gpu", "driver", "git_commit", "git_dirty")
 _ROW = {
     "bench": ("scope", "op", "impl", "candidate", "peer", "shape", "dtype", "median_ms", "round_medians_ms",
@@ -96,6 +101,59 @@ def same_run(there, record: dict) -> bool:
     # records from before run ids (on both sides): the same kind, time, command and machine
     keys = ("kind", "created", "run_id") if record.get("run_id") else ("kind", "created", "command", "env", "run_id")
     return isinstance(there, dict) and all(there.get(k) == record.get(k) for k in keys)
+
+
+def run_lock(record: dict) -> Path:
+    """The lock a bench or gate run holds while it writes its record (a resumption asks it first: not while the run
+    goes), in samu's cache folder."""
+    folder = cache_dir() / f"{record['kind']}-runs"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{record['run_id']}.lock"
+
+
+@contextlib.contextmanager
+def holding_run_lock(record: dict):
+    """Hold ``record``'s run lock (run_lock) for a ``with`` block, and remove it after."""
+    lock = run_lock(record)
+    try:
+        with FileLock(lock):
+            yield
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def resumable(path, kind: str, here: dict, command: str, problems=None) -> dict:
+    """The ``kind`` record at ``path``, to be continued by ``command`` in the environment ``here``
+    (samu.environment's stamp) with the record's own ``arguments`` and ``units_done``; a ValueError naming --resume
+    unless it is the well-formed record of an unfinished run that is not still going, made in this environment at
+    this (clean) commit. ``problems(record)``: the kind's own reasons to refuse (a string each). Notes the
+    resumption in the record."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--resume {path}: cannot be read ({err})") from None
+    if not isinstance(record, dict) or record.get("kind") != kind:
+        raise ValueError(f"--resume {path}: not a {kind} record")
+    wrong = validate(record) + list(problems(record) if problems else ())
+    if wrong:
+        raise ValueError(f"--resume {path}: not a well-formed {kind} record ({'; '.join(wrong)})")
+    if record.get("complete"):
+        raise ValueError(f"--resume {path}: that run finished; there is nothing to resume")
+    if not isinstance(record.get("arguments"), dict) or not isinstance(record.get("units_done"), list):
+        raise ValueError(f"--resume {path}: the record does not keep its run's arguments (made before --resume)")
+    if record["env"].get("git_dirty"):
+        raise ValueError(f"--resume {path}: its run was made from uncommitted code, which cannot be told apart")
+    for key in _SAME_RUN_ENV:
+        if record["env"].get(key) != here.get(key):
+            raise ValueError(f"--resume {path}: its run had {key} {record['env'].get(key)!r}, this one has "
+                             f"{here.get(key)!r}; a run of other code or on another machine is a run of its own")
+    try:
+        with FileLock(run_lock(record), wait=False):
+            pass
+    except BlockingIOError:
+        raise ValueError(f"--resume {path}: its run is still going") from None
+    record.setdefault("resumed", []).append({"at": now(), "command": command})
+    return record
 
 
 def validate(record) -> list[str]:

@@ -31,7 +31,8 @@ import torch
 from tqdm import tqdm
 
 from samu import reference
-from samu.bench.records import end_unit, load_records, new_record, now, same_run, validate, write_record
+from samu.bench.records import (end_unit, holding_run_lock, load_records, new_record, resumable, same_run,
+                                 write_record)
 from samu.environment import environment
 from samu.ops import gate_status
 from samu.ops.gate_status import reload, status_path
@@ -39,7 +40,7 @@ from samu.gates.inputs import PARAMS, RGLRU_C, derive_seed, document_offsets, ma
 from samu.gates.rules import LOW_PRECISION, NO_FINAL, NO_STATE, base_quantity, load_rules, rel_error
 from samu.ops import dispatch
 from samu.ops.functional import rglru_mixer, samu_mixer
-from samu.paths import FileLock, cache_dir
+from samu.paths import FileLock
 
 RADIAL_BOUND = 2.0
 
@@ -465,46 +466,15 @@ def _run_arguments(record: dict) -> tuple:
             given["backends"], given["seed"], given["heads"], given["documents"])
 
 
-def _run_lock(record: dict) -> Path:
-    """The lock a gate run holds while it writes its record (a resumption asks it first: not while the run goes)."""
-    folder = cache_dir() / "gate-runs"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder / f"{record['run_id']}.lock"
-
-
 def resumable_record(path, device, command: str) -> dict:
     """The gate record at ``path``, to be continued on ``device`` by ``command`` (run_gates' ``resume``, with the
-    record's own ``arguments``); a ValueError naming --resume unless it is the well-formed record of an unfinished
-    run that is not still going, made on this machine and software at this (clean) commit under this gates.toml.
-    Notes the resumption in the record."""
-    try:
-        record = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as err:
-        raise ValueError(f"--resume {path}: cannot be read ({err})") from None
-    if not isinstance(record, dict) or record.get("kind") != "gate":
-        raise ValueError(f"--resume {path}: not a gate record")
-    problems = validate(record) + ([] if isinstance(record.get("skipped"), list) else ["skipped is not a list"])
-    if problems:
-        raise ValueError(f"--resume {path}: not a well-formed gate record ({'; '.join(problems)})")
-    if record.get("complete"):
-        raise ValueError(f"--resume {path}: that run finished; there is nothing to resume")
-    if not isinstance(record.get("arguments"), dict) or not isinstance(record.get("units_done"), list):
-        raise ValueError(f"--resume {path}: the record does not keep its run's arguments (made before --resume)")
-    here, rules = environment(device), load_rules()
-    if record["env"].get("git_dirty"):
-        raise ValueError(f"--resume {path}: its run was made from uncommitted code, which cannot be told apart")
-    for key in ("gpu", "device", "triton", "triton_interpret", "torch", "git_commit", "git_dirty"):
-        if record["env"].get(key) != here.get(key):
-            raise ValueError(f"--resume {path}: its run had {key} {record['env'].get(key)!r}, this one has "
-                             f"{here.get(key)!r}; gates of other code or another machine are a run of their own")
-    if record.get("gates_version") != rules.version:
-        raise ValueError(f"--resume {path}: gates.toml version {record.get('gates_version')}, now {rules.version}")
-    try:
-        with FileLock(_run_lock(record), wait=False):
-            pass
-    except BlockingIOError:
-        raise ValueError(f"--resume {path}: its run is still going") from None
-    record.setdefault("resumed", []).append({"at": now(), "command": command})
+    record's own ``arguments``): records.resumable's record of an unfinished run of this code and machine, made under
+    this gates.toml, or a ValueError naming --resume. Notes the resumption in the record."""
+    record = resumable(path, "gate", environment(device), command,
+                       lambda r: [] if isinstance(r.get("skipped"), list) else ["skipped is not a list"])
+    version = load_rules().version
+    if record.get("gates_version") != version:
+        raise ValueError(f"--resume {path}: gates.toml version {record.get('gates_version')}, now {version}")
     return record
 
 
@@ -547,13 +517,9 @@ def _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, o
         record = new_record("gate", environment(device), command, gates_version=rules.version,
                             gates_file="samu/gates/gates.toml", skipped=[], complete=False, arguments=arguments,
                             units_done=[])
-    lock = _run_lock(record)
-    try:
-        with FileLock(lock):
-            return _gate_units(record, ops, shapes, dtypes, backends, device, seed, progress, out, heads, isolate,
-                               preload, rules, documents)
-    finally:
-        lock.unlink(missing_ok=True)
+    with holding_run_lock(record):
+        return _gate_units(record, ops, shapes, dtypes, backends, device, seed, progress, out, heads, isolate,
+                           preload, rules, documents)
 
 
 def _gate_units(record, ops, shapes, dtypes, backends, device, seed, progress, out, heads, isolate, preload, rules,
@@ -733,15 +699,7 @@ def _counts(status: dict) -> str:
 
 def _resumed(args):
     """The record ``samu gate --resume`` continues (resumable_record), its run's arguments set on ``args``; a one-line
-    exit naming --resume for anything else on its command line."""
-    given = [a.split("=")[0] for a in getattr(args, "argv", [])]
-    named = [flag for flag in ("--ops", "--shapes", "--dtypes", "--backends", "--seed", "--heads", "--documents",
-                               "--out", "--status-only") if flag in given]
-    if named:
-        raise SystemExit(f"samu gate: error: --resume continues its run with that run's own arguments and record "
-                         f"file: drop {', '.join(named)}")
-    if not str(args.resume).endswith(".json"):
-        raise SystemExit(f"samu gate: error: --resume {args.resume}: a gate record is a .json file")
+    exit naming --resume when it cannot be resumed."""
     try:
         record = resumable_record(args.resume, args.device, args.command_line)
     except ValueError as err:

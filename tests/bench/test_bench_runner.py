@@ -71,3 +71,96 @@ def test_the_record_is_on_disk_before_the_first_unit_and_after_every_unit(tmp_pa
         run_bench(["gen"], [(1, 2, 128)], torch.float32, "cpu", preset="tiny", progress=False, out=out)
     stopped = json.loads(out.read_text())
     assert stopped["complete"] is False and stopped["rows"] == []
+
+
+@pytest.fixture
+def committed(tmp_path, monkeypatch):
+    """Bench records made at one clean commit (a resumed run's must match), whatever the checkout's state; the runs'
+    locks under tmp_path."""
+    here = runner.environment("cpu")
+    monkeypatch.setattr(runner, "environment", lambda device: dict(here, git_commit="1" * 40, git_dirty=False))
+    monkeypatch.setenv("SAMU_CACHE", str(tmp_path / "cache"))
+
+
+SHAPES = [(1, 9, 4), (1, 17, 4), (2, 5, 4)]
+
+
+def test_a_run_cut_short_is_resumed_in_its_own_record_without_timing_its_units_again(committed, tmp_path,
+                                                                                       monkeypatch):
+    from samu.bench.cli import main
+
+    out, timed = tmp_path / "bench.json", []
+    real = runner._candidates
+
+    def cut_at_the_third(scope, shape, *args):
+        # the run is stopped (a timeout's SIGINT) as its third unit starts
+        if len(timed) == 2:
+            raise KeyboardInterrupt
+        timed.append((scope, shape, args[-2]))
+        return real(scope, shape, *args)
+
+    monkeypatch.setattr(runner, "_candidates", cut_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(["fwd", "fb"], SHAPES, torch.float32, "cpu", impls=["torch"], with_peers=False, seed=5,
+                  progress=False, out=out)
+    cut = json.loads(out.read_text())
+    assert not cut["complete"] and cut["units_done"] == [["fwd", [1, 9, 4]], ["fb", [1, 9, 4]]]
+    assert cut["arguments"]["seed"] == 5 and cut["arguments"]["peers"] is False and len(cut["rows"]) == 4
+
+    def counting(scope, shape, *args):
+        timed.append((scope, shape, args[-2]))
+        return real(scope, shape, *args)
+
+    monkeypatch.setattr(runner, "_candidates", counting)
+    timed.clear()
+    # the run's own arguments (its seed, scopes, impls and no peers) from its record, not the command line's defaults
+    assert main(["bench", "--device", "cpu", "--quiet", "--resume", str(out)]) == 0
+    done = json.loads(out.read_text())
+    assert done["complete"] and timed == [(scope, shape, 5) for shape in SHAPES[1:] for scope in ("fwd", "fb")]
+    assert done["rows"][:4] == cut["rows"] and len(done["rows"]) == 12
+    assert {r["candidate"] for r in done["rows"]} == {"samu/torch", "rglru/torch"}
+    assert (done["run_id"], done["created"], done["copy_bandwidth"]) == (cut["run_id"], cut["created"],
+                                                                          cut["copy_bandwidth"])
+    assert len(done["resumed"]) == 1 and "copy_bandwidth" in done["resumed"][0]
+    assert list(tmp_path.glob("*.json")) == [out]
+
+
+def test_only_the_record_of_an_unfinished_bench_run_of_this_code_and_machine_can_be_resumed(committed, tmp_path):
+    from samu.bench.cli import main
+    from samu.bench.records import run_lock
+    from samu.paths import FileLock
+
+    out = tmp_path / "bench.json"
+    record = run_bench(["fwd"], SHAPES[:1], torch.float32, "cpu", impls=["torch"], with_peers=False, progress=False,
+                       out=out)
+    assert json.loads(out.read_text())["complete"]
+
+    def refused(match, rec=None, path=out):
+        if rec is not None:
+            path.write_text(json.dumps(rec))
+        with pytest.raises(ValueError, match=match):
+            runner.resumable_record(path, "cpu", "samu bench")
+
+    refused("that run finished")
+    cut = dict(record, complete=False)
+    refused("not a bench record", {"kind": "gate"})
+    refused("not a well-formed bench record", {k: v for k, v in cut.items() if k != "env"})
+    refused("failed is not a list", dict(cut, failed=None))
+    refused("made before --resume", {k: v for k, v in cut.items() if k != "units_done"})
+    refused("git_commit", dict(cut, env=dict(cut["env"], git_commit="0" * 40)))
+    refused("uncommitted code", dict(cut, env=dict(cut["env"], git_dirty=True)))
+    refused("cannot be read", path=tmp_path / "missing.json")
+    out.write_text(json.dumps(cut))
+    with FileLock(run_lock(cut)):
+        refused("its run is still going")
+    assert runner.resumable_record(out, "cpu", "samu bench")["resumed"][0]["command"] == "samu bench"
+    # options that choose what is timed, or where it goes, are the record's own (argparse's prefixes included)
+    for extra in (["--scopes", "fb"], ["--out", str(tmp_path / "x.json")], ["--seed=3"], ["--sha", "1x9x4"],
+                  ["--check-finite"]):
+        with pytest.raises(SystemExit, match=f"drop {'--shapes' if extra[0] == '--sha' else extra[0].split('=')[0]}"):
+            main(["bench", "--device", "cpu", "--resume", str(out), *extra])
+    with pytest.raises(SystemExit, match="a bench record is a .json file"):
+        main(["bench", "--device", "cpu", "--resume", str(tmp_path)])
+    with pytest.raises(SystemExit, match="samu bench: error: --resume .*that run finished"):
+        out.write_text(json.dumps(record))
+        main(["bench", "--device", "cpu", "--resume", str(out)])

@@ -212,7 +212,7 @@ def test_a_resumed_worker_gates_only_the_backends_a_unit_lacks(committed, tmp_pa
 def test_only_the_record_of_an_unfinished_run_of_this_code_and_machine_can_be_resumed(committed, tmp_path,
                                                                                        monkeypatch):
     from samu.bench.cli import main
-    from samu.gates import runner
+    from samu.bench.records import run_lock
     from samu.gates.runner import resumable_record
     from samu.paths import FileLock
 
@@ -236,12 +236,18 @@ def test_only_the_record_of_an_unfinished_run_of_this_code_and_machine_can_be_re
     refused("gates.toml version", dict(cut, gates_version=-1))
     refused("cannot be read", path=tmp_path / "missing.json")
     out.write_text(json.dumps(cut))
-    with FileLock(runner._run_lock(cut)):
+    with FileLock(run_lock(cut)):
         refused("its run is still going")
     assert resumable_record(out, "cpu", "samu gate")["resumed"][0]["command"] == "samu gate"
-    for extra in (["--ops", "samu"], ["--out", str(tmp_path / "x.json")], ["--seed=3"], ["--status-only"]):
-        with pytest.raises(SystemExit, match=f"drop {extra[0].split('=')[0]}"):
+    for extra in (["--ops", "samu"], ["--out", str(tmp_path / "x.json")], ["--seed=3"], ["--status-only"],
+                  ["--dtyp", "fp32"]):
+        flag = {"--dtyp": "--dtypes"}.get(extra[0], extra[0].split("=")[0])
+        with pytest.raises(SystemExit, match=f"drop {flag}"):
             main(["gate", "--device", "cpu", "--no-status", "--resume", str(out), *extra])
+    # --status says where a status goes, not what is gated: it may stand beside --resume
+    assert main(["gate", "--device", "cpu", "--quiet", "--no-status", "--status", str(tmp_path / "s.json"),
+                 "--resume", str(out)]) == 0
+    assert json.loads(out.read_text())["complete"]
     with pytest.raises(SystemExit, match="a gate record is a .json file"):
         main(["gate", "--device", "cpu", "--no-status", "--resume", str(tmp_path)])
 

@@ -30,7 +30,7 @@ a = torch.zeros(16, device=dev, requires_grad=True)
 def trivial(): return torch.autograd.grad(Ident.apply(a), [a], torch.ones(16, device=dev))
 def latency(name, fn, n=30, spin_ms=0.0):
     for _ in range(3): fn()
-    evs, hosts, ends = [], [], []
+    evs, hosts = [], []
     for _ in range(n):
         sync()
         if spin_ms:   # keep the host busy (not asleep in a synchronise) just before the call
