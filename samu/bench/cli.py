@@ -79,14 +79,10 @@ def _common(p: argparse.ArgumentParser):
     p.add_argument("--strict", action="store_true", help="exit 1 when anything failed")
 
 
-def _defaults(parser: argparse.ArgumentParser, flags: tuple) -> dict:
-    """Each of ``flags`` with its default in ``parser``: the options a resumed run refuses (_resume_alone)."""
-    return {flag: parser.get_default(flag[2:].replace("-", "_")) for flag in flags}
-
-
 def add_commands(subparsers) -> None:
     """Add ``bench``, ``gate`` and ``report`` to an argparse subparsers object."""
-    b = subparsers.add_parser("bench", help="time mixers, blocks and training steps (JSON record)",
+    # no abbreviated options: --resume refuses the options a run takes from its record by their names
+    b = subparsers.add_parser("bench", help="time mixers, blocks and training steps (JSON record)", allow_abbrev=False,
                               description="Counterbalanced timing, memory, launches and memory floor (docs/spec.md §8).")
     b.add_argument("--scopes", type=_names(SCOPES), default=["fwd", "fb"],
                    help=f"comma list of {', '.join(SCOPES)} or all (default: fwd,fb)")
@@ -113,12 +109,11 @@ def add_commands(subparsers) -> None:
                    help="continue the bench record (*.json) of a run cut short, in its own file and with that run's "
                         "own arguments, on the same machine and clean commit: what it finished is not timed again")
     _common(b)
-    b.set_defaults(func=_bench, resume_refuses=_defaults(b, ("--scopes", "--shapes", "--dtype", "--impls", "--peers",
-                                                             "--warmup", "--samples", "--check-finite", "--preset",
-                                                             "--seed", "--out")))
+    b.set_defaults(func=_bench)
 
     g = subparsers.add_parser("gate", help="run the docs/spec.md §7 correctness gates (JSON record + dispatch status)",
-                              description="Compare backends with the float64 reference; thresholds from gates.toml.")
+                              description="Compare backends with the float64 reference; thresholds from gates.toml.",
+                              allow_abbrev=False)
     g.add_argument("--ops", type=_names(("samu", "rglru")), default=["samu", "rglru"])
     g.add_argument("--shapes", type=_shapes, default=parse_shapes("gate"),
                    help="comma list of set names or BxLxD (default: gate, every shape the benchmarks run a "
@@ -156,8 +151,7 @@ def add_commands(subparsers) -> None:
                    help="only rebuild the status: the user's from samu's records folder after copying --results' "
                         "gate records there, a named one from --results")
     _common(g)
-    g.set_defaults(func=_gate, resume_refuses=_defaults(g, ("--ops", "--shapes", "--dtypes", "--backends", "--seed",
-                                                            "--heads", "--documents", "--out", "--status-only")))
+    g.set_defaults(func=_gate)
 
     r = subparsers.add_parser("report", help="regenerate results/REPORT.md and its figures from the records",
                               description="Deterministic: the same records give byte-identical output.")
@@ -172,15 +166,14 @@ def _command_line(args) -> str:
     return "samu " + shlex.join(getattr(args, "argv", None) or sys.argv[1:])
 
 
-def _resume_alone(args, command: str) -> None:
-    """With --resume, a one-line exit naming any option among ``args.resume_refuses`` (flag -> its default) given on
-    the command line, by name or by a value other than its default (an abbreviation argparse took), since a resumed
-    run takes its own arguments and record file; or a --resume that is not a .json file."""
+def _resume_alone(args, command: str, chosen: tuple) -> None:
+    """With --resume, a one-line exit naming any option of ``chosen`` on the command line (a resumed run takes its own
+    arguments and record file; the parsers take no abbreviations, so a name is the whole name), or a --resume that is
+    not a .json file."""
     if args.resume is None:
         return
     given = {a.split("=")[0] for a in getattr(args, "argv", None) or sys.argv[1:]}
-    named = [flag for flag, default in args.resume_refuses.items()
-             if flag in given or getattr(args, flag[2:].replace("-", "_")) != default]
+    named = [flag for flag in chosen if flag in given]
     if named:
         raise SystemExit(f"samu {command}: error: --resume continues its run with that run's own arguments and record "
                          f"file: drop {', '.join(named)}")
@@ -191,7 +184,8 @@ def _resume_alone(args, command: str) -> None:
 def _bench(args) -> int:
     from samu.bench.runner import bench_command
 
-    _resume_alone(args, "bench")
+    _resume_alone(args, "bench", ("--scopes", "--shapes", "--dtype", "--impls", "--peers", "--warmup", "--samples",
+                                  "--check-finite", "--preset", "--seed", "--out"))
     args.dtype = args.dtype or (torch.bfloat16 if args.device.type == "cuda" else torch.float32)
     args.peers = [p for p in args.peers if p != "none"]
     args.command_line = _command_line(args)
@@ -201,7 +195,8 @@ def _bench(args) -> int:
 def _gate(args) -> int:
     from samu.gates.runner import gate_command
 
-    _resume_alone(args, "gate")
+    _resume_alone(args, "gate", ("--ops", "--shapes", "--dtypes", "--backends", "--seed", "--heads", "--documents",
+                                 "--out", "--status-only"))
     args.command_line = _command_line(args)
     return gate_command(args)
 

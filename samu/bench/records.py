@@ -2,8 +2,9 @@
 samu.environment's).
 
 A record is one JSON file per command run: ``{"schema", "kind", "created", "command", "env",
-"rows", ...}``. Records are written once and never edited; a record found to be wrong is moved
-whole into ``results/quarantine/`` (see the README there) and is never read again.
+"rows", ...}``. Only its own run writes a record (after every unit, and again when ``--resume`` goes on with it);
+nothing edits it after that. A record found to be wrong is moved whole into ``results/quarantine/`` (see the README
+there) and is never read again.
 """
 
 from __future__ import annotations
@@ -103,6 +104,10 @@ def same_run(there, record: dict) -> bool:
     return isinstance(there, dict) and all(there.get(k) == record.get(k) for k in keys)
 
 
+class ResumeRefused(ValueError):
+    """Why a record cannot be resumed, in one line naming --resume (the commands print it and exit)."""
+
+
 def run_lock(record: dict) -> Path:
     """The lock a bench or gate run holds while it writes its record (a resumption asks it first: not while the run
     goes), in samu's cache folder."""
@@ -111,47 +116,66 @@ def run_lock(record: dict) -> Path:
     return folder / f"{record['run_id']}.lock"
 
 
-@contextlib.contextmanager
-def holding_run_lock(record: dict):
-    """Hold ``record``'s run lock (run_lock) for a ``with`` block, and remove it after."""
-    lock = run_lock(record)
+def _read_record(path) -> dict:
     try:
-        with FileLock(lock):
-            yield
-    finally:
-        lock.unlink(missing_ok=True)
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ResumeRefused(f"--resume {path}: cannot be read ({err})") from None
+
+
+@contextlib.contextmanager
+def holding_run_lock(record: dict, resumed: bool = False, path=None):
+    """Hold ``record``'s run lock (run_lock) for a ``with`` block, and remove it after. A ``resumed`` record is
+    refused (ResumeRefused) when another run holds its lock, or when its file at ``path`` has gone on since it was read
+    (two resumptions of one record: the later one would time again what the first added)."""
+    lock = run_lock(record)
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(FileLock(lock, wait=not resumed))
+        except BlockingIOError:
+            raise ResumeRefused(f"--resume {path}: its run is still going") from None
+        stack.callback(lock.unlink, missing_ok=True)
+        if resumed and path is not None:
+            there = _read_record(path)
+            if (there.get("units_done"), len(there.get("rows") or ())) != (record["units_done"], len(record["rows"])):
+                raise ResumeRefused(f"--resume {path}: another run went on with the record since it was read")
+        yield
 
 
 def resumable(path, kind: str, here: dict, command: str, problems=None) -> dict:
     """The ``kind`` record at ``path``, to be continued by ``command`` in the environment ``here``
-    (samu.environment's stamp) with the record's own ``arguments`` and ``units_done``; a ValueError naming --resume
-    unless it is the well-formed record of an unfinished run that is not still going, made in this environment at
-    this (clean) commit. ``problems(record)``: the kind's own reasons to refuse (a string each). Notes the
+    (samu.environment's stamp) with the record's own ``arguments`` and ``units_done``; ResumeRefused unless it is the
+    well-formed record of an unfinished run that is not still going, made in this environment at this (clean, known)
+    commit. ``problems(record)``: the kind's own reasons why the record cannot be read back (a string each). Notes the
     resumption in the record."""
-    try:
-        record = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as err:
-        raise ValueError(f"--resume {path}: cannot be read ({err})") from None
+    record = _read_record(path)
     if not isinstance(record, dict) or record.get("kind") != kind:
-        raise ValueError(f"--resume {path}: not a {kind} record")
-    wrong = validate(record) + list(problems(record) if problems else ())
+        raise ResumeRefused(f"--resume {path}: not a {kind} record")
+    wrong = validate(record)
     if wrong:
-        raise ValueError(f"--resume {path}: not a well-formed {kind} record ({'; '.join(wrong)})")
+        raise ResumeRefused(f"--resume {path}: not a well-formed {kind} record ({'; '.join(wrong)})")
     if record.get("complete"):
-        raise ValueError(f"--resume {path}: that run finished; there is nothing to resume")
+        raise ResumeRefused(f"--resume {path}: that run finished; there is nothing to resume")
     if not isinstance(record.get("arguments"), dict) or not isinstance(record.get("units_done"), list):
-        raise ValueError(f"--resume {path}: the record does not keep its run's arguments (made before --resume)")
+        raise ResumeRefused(f"--resume {path}: the record does not keep its run's arguments (made before --resume)")
+    wrong = list(problems(record) if problems else ()) + (
+        [] if isinstance(record.get("resumed", []), list) else ["resumed is not a list"])
+    if wrong:
+        raise ResumeRefused(f"--resume {path}: not a well-formed {kind} record ({'; '.join(wrong)})")
     if record["env"].get("git_dirty"):
-        raise ValueError(f"--resume {path}: its run was made from uncommitted code, which cannot be told apart")
+        raise ResumeRefused(f"--resume {path}: its run was made from uncommitted code, which cannot be told apart")
+    if record["env"].get("git_commit") == "unknown":
+        raise ResumeRefused(f"--resume {path}: its run's commit is unknown (no .git; SAMU_GIT_COMMIT names it), so "
+                            "other code could not be told apart")
     for key in _SAME_RUN_ENV:
         if record["env"].get(key) != here.get(key):
-            raise ValueError(f"--resume {path}: its run had {key} {record['env'].get(key)!r}, this one has "
-                             f"{here.get(key)!r}; a run of other code or on another machine is a run of its own")
+            raise ResumeRefused(f"--resume {path}: its run had {key} {record['env'].get(key)!r}, this one has "
+                                f"{here.get(key)!r}; a run of other code or on another machine is a run of its own")
     try:
         with FileLock(run_lock(record), wait=False):
             pass
     except BlockingIOError:
-        raise ValueError(f"--resume {path}: its run is still going") from None
+        raise ResumeRefused(f"--resume {path}: its run is still going") from None
     record.setdefault("resumed", []).append({"at": now(), "command": command})
     return record
 

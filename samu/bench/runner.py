@@ -8,7 +8,8 @@ import torch
 from tqdm import tqdm
 
 from samu.bench import peers
-from samu.bench.records import end_unit, flagged, holding_run_lock, new_record, resumable, write_record
+from samu.bench.records import (ResumeRefused, end_unit, flagged, holding_run_lock, new_record, resumable,
+                                write_record)
 from samu.environment import environment
 from samu.bench.peer_models import MODEL_PEERS
 from samu.bench.scopes import (MIXER_SCOPES, MODULE_IMPLS, OPS, PEER_IMPLS, SCOPES, memory_floor, mixer_candidates,
@@ -102,7 +103,7 @@ def _agreement(candidates, dtype) -> dict:
     return out
 
 
-def run_arguments(record: dict) -> tuple:
+def _run_arguments(record: dict) -> tuple:
     """(scopes, shapes, dtype, impls, with_peers, warmup, samples, seed, preset, check_finite) of the run a bench
     record keeps (``arguments``)."""
     given = record["arguments"]
@@ -110,61 +111,24 @@ def run_arguments(record: dict) -> tuple:
             given["peers"], given["warmup"], given["samples"], given["seed"], given["preset"], given["check_finite"])
 
 
+def _unreadable(record: dict) -> list[str]:
+    """Why a bench record's run cannot be taken up from it as it is written (records.resumable's ``problems``)."""
+    problems = [f"{k} is not a list" for k in ("skipped", "failed") if not isinstance(record.get(k), list)]
+    try:
+        scopes, shapes, dtype = _run_arguments(record)[:3]
+        shapes += [tuple(shape) for _, shape in record["units_done"]]
+        if not (set(scopes) <= set(SCOPES) and isinstance(dtype, torch.dtype) and all(len(s) == 3 for s in shapes)
+                and float(record["copy_bandwidth"]["bytes_per_s"]) > 0):
+            raise ValueError
+    except (KeyError, TypeError, ValueError, AttributeError):
+        problems.append("its arguments, finished units or copy bandwidth cannot be read back")
+    return problems
+
+
 def resumable_record(path, device, command: str) -> dict:
     """The bench record at ``path``, to be continued on ``device`` by ``command`` (run_bench's ``resume``):
-    records.resumable's record of an unfinished run of this code and machine, or a ValueError naming --resume."""
-    return resumable(path, "bench", environment(device), command,
-                     lambda r: [f"{k} is not a list" for k in ("skipped", "failed") if not isinstance(r.get(k), list)])
-
-
-def run_bench(scopes, shapes, dtype, device, impls=("auto",), with_peers=True, warmup=3, samples=5,
-              seed=0, preset="400m", progress=True, command="samu bench", out=None, check_finite=False,
-              resume=None) -> dict:
-    """Run the bench and return its record; with ``out``, the record is rewritten after every unit,
-    so a run stopped early still leaves its finished rows (``complete`` stays false), with the run's arguments and
-    the units it finished.
-
-    ``check_finite``: keep samu's per-call parameter finiteness check (a host sync and a few small
-    kernels per call; off by default, as in a compiled or tuned training loop, and recorded).
-    ``resume``: the record of a run cut short (resumable_record), which this run continues with its own
-    ``arguments`` (those given here are not used): it keeps its rows and times no unit it finished again. Its floor
-    ratios keep the copy bandwidth of the run's start; this session's is noted with the resumption.
-    """
-    if resume is not None:
-        scopes, shapes, dtype, impls, with_peers, warmup, samples, seed, preset, check_finite = run_arguments(resume)
-    previous = set_check_finite(check_finite)
-    try:
-        return _run_bench(scopes, shapes, dtype, torch.device(device), impls, with_peers, warmup, samples, seed,
-                          preset, progress, command, out, check_finite, resume)
-    finally:
-        set_check_finite(previous)
-
-
-def _run_bench(scopes, shapes, dtype, device, impls, with_peers, warmup, samples, seed, preset, progress, command,
-               out, check_finite, resume) -> dict:
-    for scope in scopes:
-        if scope not in SCOPES:
-            raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
-    clock = Clock(device)
-    dname = str(dtype).replace("torch.", "")
-    if resume is not None:
-        record = resume
-        record["resumed"][-1]["copy_bandwidth"] = copy_bandwidth(device, clock)
-    else:
-        arguments = {"scopes": list(scopes), "shapes": [list(s) for s in shapes], "dtype": dname,
-                     "impls": list(impls), "peers": with_peers if isinstance(with_peers, bool) else list(with_peers),
-                     "warmup": warmup, "samples": samples, "seed": seed, "preset": preset,
-                     "check_finite": check_finite}
-        record = new_record("bench", environment(device), command, copy_bandwidth=copy_bandwidth(device, clock),
-                            timing={**clock.describe(), "warmup": warmup, "samples": samples, "rounds": 2,
-                                    "check_finite": check_finite},
-                            skipped=[], failed=[], complete=False, arguments=arguments, units_done=[])
-    with holding_run_lock(record):
-        if out is not None:
-            # written before the first unit too, so a run stopped there still leaves a record (complete: false)
-            write_record(record, out)
-        return _bench_units(record, scopes, shapes, dtype, dname, device, clock, impls, with_peers, warmup, samples,
-                            seed, preset, progress, out)
+    records.resumable's record of an unfinished run of this code and machine, or ResumeRefused naming --resume."""
+    return resumable(path, "bench", environment(device), command, _unreadable)
 
 
 def _bench_units(record, scopes, shapes, dtype, dname, device, clock, impls, with_peers, warmup, samples, seed, preset,
@@ -237,6 +201,56 @@ def _bench_units(record, scopes, shapes, dtype, dname, device, clock, impls, wit
     return record
 
 
+def _run_bench(scopes, shapes, dtype, device, impls, with_peers, warmup, samples, seed, preset, progress, command,
+               out, check_finite, resume) -> dict:
+    for scope in scopes:
+        if scope not in SCOPES:
+            raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
+    clock = Clock(device)
+    dname = str(dtype).replace("torch.", "")
+    if resume is not None:
+        record = resume
+        record["resumed"][-1]["copy_bandwidth"] = copy_bandwidth(device, clock)
+    else:
+        arguments = {"scopes": list(scopes), "shapes": [list(s) for s in shapes], "dtype": dname,
+                     "impls": list(impls), "peers": with_peers if isinstance(with_peers, bool) else list(with_peers),
+                     "warmup": warmup, "samples": samples, "seed": seed, "preset": preset,
+                     "check_finite": check_finite}
+        record = new_record("bench", environment(device), command, copy_bandwidth=copy_bandwidth(device, clock),
+                            timing={**clock.describe(), "warmup": warmup, "samples": samples, "rounds": 2,
+                                    "check_finite": check_finite},
+                            skipped=[], failed=[], complete=False, arguments=arguments, units_done=[])
+    with holding_run_lock(record, resumed=resume is not None, path=out):
+        if out is not None:
+            # written before the first unit too, so a run stopped there still leaves a record (complete: false)
+            write_record(record, out)
+        return _bench_units(record, scopes, shapes, dtype, dname, device, clock, impls, with_peers, warmup, samples,
+                            seed, preset, progress, out)
+
+
+def run_bench(scopes, shapes, dtype, device, impls=("auto",), with_peers=True, warmup=3, samples=5,
+              seed=0, preset="400m", progress=True, command="samu bench", out=None, check_finite=False,
+              resume=None) -> dict:
+    """Run the bench and return its record; with ``out``, the record is rewritten after every unit,
+    so a run stopped early still leaves its finished rows (``complete`` stays false), with the run's arguments and
+    the units it finished.
+
+    ``check_finite``: keep samu's per-call parameter finiteness check (a host sync and a few small
+    kernels per call; off by default, as in a compiled or tuned training loop, and recorded).
+    ``resume``: the record of a run cut short (resumable_record), which this run continues with its own
+    ``arguments`` (those given here are not used): it keeps its rows and times no unit it finished again. Its floor
+    ratios keep the copy bandwidth of the run's start; this session's is noted with the resumption.
+    """
+    if resume is not None:
+        scopes, shapes, dtype, impls, with_peers, warmup, samples, seed, preset, check_finite = _run_arguments(resume)
+    previous = set_check_finite(check_finite)
+    try:
+        return _run_bench(scopes, shapes, dtype, torch.device(device), impls, with_peers, warmup, samples, seed,
+                          preset, progress, command, out, check_finite, resume)
+    finally:
+        set_check_finite(previous)
+
+
 def summary(record: dict) -> str:
     """A short fixed-width table of a bench record, for the end of a run."""
     lines = [f"{'scope':6} {'shape':16} {'candidate':26} {'median ms':>10} {'x floor':>8} {'launches':>8}"]
@@ -252,17 +266,15 @@ def summary(record: dict) -> str:
 def bench_command(args) -> int:
     """Entry of ``samu bench`` (argparse namespace from samu.bench.cli); with ``args.resume``, the run of that record
     goes on in it (resumable_record; the command line's other options were refused by the CLI)."""
-    resume = None
-    if args.resume is not None:
-        try:
-            resume = resumable_record(args.resume, args.device, args.command_line)
-        except ValueError as err:
-            raise SystemExit(f"samu bench: error: {err}") from None
-    out_path = args.resume if resume is not None else args.out
-    record = run_bench(args.scopes, args.shapes, args.dtype, args.device, impls=args.impls,
-                       with_peers=args.peers, warmup=args.warmup, samples=args.samples, seed=args.seed,
-                       preset=args.preset, progress=not args.quiet, command=args.command_line, out=out_path,
-                       check_finite=args.check_finite, resume=resume)
+    out_path = args.resume if args.resume is not None else args.out
+    try:
+        resume = None if args.resume is None else resumable_record(args.resume, args.device, args.command_line)
+        record = run_bench(args.scopes, args.shapes, args.dtype, args.device, impls=args.impls,
+                           with_peers=args.peers, warmup=args.warmup, samples=args.samples, seed=args.seed,
+                           preset=args.preset, progress=not args.quiet, command=args.command_line, out=out_path,
+                           check_finite=args.check_finite, resume=resume)
+    except ResumeRefused as err:
+        raise SystemExit(f"samu bench: error: {err}") from None
     out = write_record(record, out_path)
     print(summary(record))
     print(f"record: {out} ({len(record['rows'])} rows, {len(record['skipped'])} skipped, "

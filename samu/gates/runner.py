@@ -31,8 +31,8 @@ import torch
 from tqdm import tqdm
 
 from samu import reference
-from samu.bench.records import (end_unit, holding_run_lock, load_records, new_record, resumable, same_run,
-                                 write_record)
+from samu.bench.records import (ResumeRefused, end_unit, holding_run_lock, load_records, new_record, resumable,
+                                 same_run, write_record)
 from samu.environment import environment
 from samu.ops import gate_status
 from samu.ops.gate_status import reload, status_path
@@ -466,15 +466,28 @@ def _run_arguments(record: dict) -> tuple:
             given["backends"], given["seed"], given["heads"], given["documents"])
 
 
+def _unreadable(record: dict) -> list[str]:
+    """Why a gate record's run cannot be taken up from it as it is written (records.resumable's ``problems``)."""
+    problems = [] if isinstance(record.get("skipped"), list) else ["skipped is not a list"]
+    try:
+        ops, shapes, dtypes = _run_arguments(record)[:3]
+        shapes += [tuple(shape) for _, shape, _ in record["units_done"]]
+        if not (set(ops) <= {"samu", "rglru"} and all(isinstance(d, torch.dtype) for d in dtypes)
+                and all(len(s) == 3 for s in shapes)):
+            raise ValueError
+    except (KeyError, TypeError, ValueError, AttributeError):
+        problems.append("its arguments or finished units cannot be read back")
+    return problems
+
+
 def resumable_record(path, device, command: str) -> dict:
     """The gate record at ``path``, to be continued on ``device`` by ``command`` (run_gates' ``resume``, with the
     record's own ``arguments``): records.resumable's record of an unfinished run of this code and machine, made under
-    this gates.toml, or a ValueError naming --resume. Notes the resumption in the record."""
-    record = resumable(path, "gate", environment(device), command,
-                       lambda r: [] if isinstance(r.get("skipped"), list) else ["skipped is not a list"])
+    this gates.toml, or ResumeRefused naming --resume. Notes the resumption in the record."""
+    record = resumable(path, "gate", environment(device), command, _unreadable)
     version = load_rules().version
     if record.get("gates_version") != version:
-        raise ValueError(f"--resume {path}: gates.toml version {record.get('gates_version')}, now {version}")
+        raise ResumeRefused(f"--resume {path}: gates.toml version {record.get('gates_version')}, now {version}")
     return record
 
 
@@ -517,7 +530,7 @@ def _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, o
         record = new_record("gate", environment(device), command, gates_version=rules.version,
                             gates_file="samu/gates/gates.toml", skipped=[], complete=False, arguments=arguments,
                             units_done=[])
-    with holding_run_lock(record):
+    with holding_run_lock(record, resumed=resume is not None, path=out):
         return _gate_units(record, ops, shapes, dtypes, backends, device, seed, progress, out, heads, isolate,
                            preload, rules, documents)
 
@@ -702,7 +715,7 @@ def _resumed(args):
     exit naming --resume when it cannot be resumed."""
     try:
         record = resumable_record(args.resume, args.device, args.command_line)
-    except ValueError as err:
+    except ResumeRefused as err:
         raise SystemExit(f"samu gate: error: {err}") from None
     args.ops, args.shapes, args.dtypes, args.backends, args.seed, args.heads, args.documents = _run_arguments(record)
     return record
@@ -735,9 +748,12 @@ def gate_command(args) -> int:
         print(f"warm-up: {len(warmed)} units in {args.jobs} processes, {len(errors)} with errors"
               + "".join(f"\n  {item[0]} {item[1]} {item[2]} {item[3]}: {err}" for item, err in errors))
     out_path = args.resume if resume is not None else args.out or "results/gates"
-    record = run_gates(args.ops, args.shapes, args.dtypes, args.backends, args.device, seed=args.seed,
-                       progress=not args.quiet, command=args.command_line, out=out_path, heads=args.heads,
-                       isolate=False if args.no_isolate else None, documents=args.documents, resume=resume)
+    try:
+        record = run_gates(args.ops, args.shapes, args.dtypes, args.backends, args.device, seed=args.seed,
+                           progress=not args.quiet, command=args.command_line, out=out_path, heads=args.heads,
+                           isolate=False if args.no_isolate else None, documents=args.documents, resume=resume)
+    except ResumeRefused as err:
+        raise SystemExit(f"samu gate: error: {err}") from None
     out = write_record(record, out_path)
     print(f"record: {out}")
     failed = [r for r in record["rows"] if not r["pass"]]

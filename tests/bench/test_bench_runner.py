@@ -149,18 +149,78 @@ def test_only_the_record_of_an_unfinished_bench_run_of_this_code_and_machine_can
     refused("made before --resume", {k: v for k, v in cut.items() if k != "units_done"})
     refused("git_commit", dict(cut, env=dict(cut["env"], git_commit="0" * 40)))
     refused("uncommitted code", dict(cut, env=dict(cut["env"], git_dirty=True)))
+    refused("commit is unknown", dict(cut, env=dict(cut["env"], git_commit="unknown", git_dirty=None)))
     refused("cannot be read", path=tmp_path / "missing.json")
+    # what the run is taken up from must read back, in one line naming --resume
+    unreadable = "arguments, finished units or copy bandwidth cannot be read back"
+    refused(unreadable, dict(cut, arguments={k: v for k, v in cut["arguments"].items() if k != "preset"}))
+    refused(unreadable, dict(cut, arguments=dict(cut["arguments"], dtype="bogus")))
+    refused(unreadable, dict(cut, arguments=dict(cut["arguments"], scopes=["nope"])))
+    refused(unreadable, dict(cut, units_done=[["fwd"]]))
+    refused(unreadable, {k: v for k, v in cut.items() if k != "copy_bandwidth"})
+    refused("resumed is not a list", dict(cut, resumed={}))
     out.write_text(json.dumps(cut))
     with FileLock(run_lock(cut)):
         refused("its run is still going")
     assert runner.resumable_record(out, "cpu", "samu bench")["resumed"][0]["command"] == "samu bench"
     # options that choose what is timed, or where it goes, are the record's own (argparse's prefixes included)
-    for extra in (["--scopes", "fb"], ["--out", str(tmp_path / "x.json")], ["--seed=3"], ["--sha", "1x9x4"],
-                  ["--check-finite"]):
-        with pytest.raises(SystemExit, match=f"drop {'--shapes' if extra[0] == '--sha' else extra[0].split('=')[0]}"):
+    for extra in (["--scopes", "fb"], ["--out", str(tmp_path / "x.json")], ["--seed=3"], ["--check-finite"]):
+        with pytest.raises(SystemExit, match=f"drop {extra[0].split('=')[0]}"):
             main(["bench", "--device", "cpu", "--resume", str(out), *extra])
+    # no abbreviation slips past by a name the check does not know (argparse's usage error, exit status 2)
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "--device", "cpu", "--resume", str(out), "--sam", "5"])
+    assert exited.value.code == 2
     with pytest.raises(SystemExit, match="a bench record is a .json file"):
         main(["bench", "--device", "cpu", "--resume", str(tmp_path)])
     with pytest.raises(SystemExit, match="samu bench: error: --resume .*that run finished"):
         out.write_text(json.dumps(record))
         main(["bench", "--device", "cpu", "--resume", str(out)])
+
+
+def test_a_unit_cut_midway_is_absent_from_the_record_and_timed_whole_when_resumed(committed, tmp_path, monkeypatch):
+    out, profiled = tmp_path / "bench.json", []
+    real = runner.peak_memory
+
+    def cut_in_the_second_unit(fn, device):
+        # stopped after the second unit's first row was made, before the unit is written
+        profiled.append(1)
+        if len(profiled) == 3:
+            raise KeyboardInterrupt
+        return real(fn, device)
+
+    monkeypatch.setattr(runner, "peak_memory", cut_in_the_second_unit)
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(["fwd"], SHAPES[:2], torch.float32, "cpu", impls=["torch"], with_peers=False, progress=False,
+                  out=out)
+    cut = json.loads(out.read_text())
+    assert cut["units_done"] == [["fwd", [1, 9, 4]]] and [r["shape"] for r in cut["rows"]] == [[1, 9, 4]] * 2
+    monkeypatch.setattr(runner, "peak_memory", real)
+    done = run_bench([], [], torch.float32, "cpu", progress=False, out=out,
+                     resume=runner.resumable_record(out, "cpu", "samu bench --resume"))
+    assert [(r["shape"], r["candidate"]) for r in done["rows"]] == [
+        (list(shape), name) for shape in SHAPES[:2] for name in ("samu/torch", "rglru/torch")]
+
+
+def test_two_resumptions_of_one_record_the_later_is_refused(committed, tmp_path, monkeypatch):
+    from samu.bench.records import ResumeRefused
+
+    out = tmp_path / "bench.json"
+    real = runner._candidates
+
+    def stop(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "_candidates", stop)
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(["fwd"], SHAPES[:2], torch.float32, "cpu", impls=["torch"], with_peers=False, progress=False,
+                  out=out)
+    monkeypatch.setattr(runner, "_candidates", real)
+    # both read the record before either goes on: the first finishes it, the second would time it all again
+    first = runner.resumable_record(out, "cpu", "first")
+    second = runner.resumable_record(out, "cpu", "second")
+    assert run_bench([], [], torch.float32, "cpu", progress=False, out=out, resume=first)["complete"]
+    with pytest.raises(ResumeRefused, match="another run went on with the record since it was read"):
+        run_bench([], [], torch.float32, "cpu", progress=False, out=out, resume=second)
+    kept = json.loads(out.read_text())
+    assert kept["complete"] and [r["command"] for r in kept["resumed"]] == ["first"] and len(kept["rows"]) == 4

@@ -234,16 +234,21 @@ def test_only_the_record_of_an_unfinished_run_of_this_code_and_machine_can_be_re
     refused("git_commit", dict(cut, env=dict(cut["env"], git_commit="0" * 40)))
     refused("uncommitted code", dict(cut, env=dict(cut["env"], git_dirty=True)))
     refused("gates.toml version", dict(cut, gates_version=-1))
+    refused("arguments or finished units cannot be read back", dict(cut, arguments=dict(cut["arguments"], dtypes=["x"])))
+    refused("arguments or finished units cannot be read back", dict(cut, units_done=[["samu"]]))
+    refused("commit is unknown", dict(cut, env=dict(cut["env"], git_commit="unknown", git_dirty=None)))
     refused("cannot be read", path=tmp_path / "missing.json")
     out.write_text(json.dumps(cut))
     with FileLock(run_lock(cut)):
         refused("its run is still going")
     assert resumable_record(out, "cpu", "samu gate")["resumed"][0]["command"] == "samu gate"
-    for extra in (["--ops", "samu"], ["--out", str(tmp_path / "x.json")], ["--seed=3"], ["--status-only"],
-                  ["--dtyp", "fp32"]):
-        flag = {"--dtyp": "--dtypes"}.get(extra[0], extra[0].split("=")[0])
-        with pytest.raises(SystemExit, match=f"drop {flag}"):
+    for extra in (["--ops", "samu"], ["--out", str(tmp_path / "x.json")], ["--seed=3"], ["--status-only"]):
+        with pytest.raises(SystemExit, match=f"drop {extra[0].split('=')[0]}"):
             main(["gate", "--device", "cpu", "--no-status", "--resume", str(out), *extra])
+    # no abbreviation slips past by a name the check does not know
+    with pytest.raises(SystemExit) as exited:
+        main(["gate", "--device", "cpu", "--no-status", "--resume", str(out), "--dtyp", "fp32"])
+    assert exited.value.code == 2
     # --status says where a status goes, not what is gated: it may stand beside --resume
     assert main(["gate", "--device", "cpu", "--quiet", "--no-status", "--status", str(tmp_path / "s.json"),
                  "--resume", str(out)]) == 0

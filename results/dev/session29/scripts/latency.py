@@ -1,10 +1,18 @@
-# Session 29: why one eager SAMU fwd+bwd takes 1.2-1.4 ms in `samu bench` (a latency: synchronise, events, one
+# Session 29: why one eager SAMU fwd+bwd takes 1.2-1.5 ms in `samu bench` (a latency: synchronise, events, one
 # call, synchronise) while session 28's pipelined loop put its host time at ~0.6 ms. Medians of 30 samples, ms.
-import json, os, statistics, sys, time
+#   OUT=$OUT python results/dev/session29/scripts/latency.py          (~1 minute on an H100)
+import json
+import os
+import statistics
+import sys
+import time
+
 sys.path.insert(0, os.getcwd())
-import torch
-import samu
-from tests.helpers import randn, samu_params
+import torch  # noqa: E402
+
+import samu  # noqa: E402
+from tests.helpers import randn, samu_params  # noqa: E402
+
 dev = "cuda" if torch.cuda.is_available() else "cpu"
 samu.set_check_finite(False)
 B, L, D = (1, 8192, 1024)
@@ -12,48 +20,88 @@ x = randn((B, L, D), 0, device=dev, dtype=torch.bfloat16).requires_grad_(True)
 params = [p.requires_grad_(True) for p in samu_params(D, 1, device=dev)]
 dy = torch.randn(B, L, D, device=dev, dtype=torch.bfloat16)
 leaves = [x, *params]
-sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
 out = {}
+
+
+def sync():
+    if dev == "cuda":
+        torch.cuda.synchronize()
+
+
 def fwd():
     return samu.samu_mixer(x, *params)[0]
+
+
 def fb_grad():
+    # the harness's fb call (samu.bench.scopes.mixer_candidates)
     return torch.autograd.grad(fwd(), leaves, dy)
+
+
 def fb_backward():
     fwd().backward(dy)
-    for t in leaves: t.grad = None
+    for t in leaves:
+        t.grad = None
+
+
 class Ident(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a): return a.clone()
+    def forward(ctx, a):
+        return a.clone()
+
     @staticmethod
-    def backward(ctx, g): return g
+    def backward(ctx, g):
+        return g
+
+
 a = torch.zeros(16, device=dev, requires_grad=True)
-def trivial(): return torch.autograd.grad(Ident.apply(a), [a], torch.ones(16, device=dev))
+
+
+def trivial():
+    return torch.autograd.grad(Ident.apply(a), [a], torch.ones(16, device=dev))
+
+
 def latency(name, fn, n=30, spin_ms=0.0):
-    for _ in range(3): fn()
-    evs, hosts = [], []
+    """One call between two synchronisations, as samu.bench.timing.Clock times it (no L2 flush): CUDA events and the
+    host's own time in the call."""
+    for _ in range(3):
+        fn()
+    events, hosts = [], []
     for _ in range(n):
         sync()
-        if spin_ms:   # keep the host busy (not asleep in a synchronise) just before the call
+        if spin_ms:   # the host kept busy (not asleep in a synchronisation) just before the call
             t = time.perf_counter() + spin_ms / 1e3
-            while time.perf_counter() < t: pass
+            while time.perf_counter() < t:
+                pass
         if dev == "cuda":
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
         t0 = time.perf_counter()
         fn()
         t1 = time.perf_counter()
         if dev == "cuda":
-            e.record(); e.synchronize(); evs.append(s.elapsed_time(e))
+            end.record()
+            end.synchronize()
+            events.append(start.elapsed_time(end))
         hosts.append((t1 - t0) * 1e3)
-    out[name] = {"event_ms": statistics.median(evs) if evs else None, "host_ms": statistics.median(hosts)}
+    out[name] = {"event_ms": statistics.median(events) if events else None, "host_ms": statistics.median(hosts)}
     print(f"{name:44s} event {out[name]['event_ms'] or 0:7.3f}  host {out[name]['host_ms']:7.3f}", flush=True)
+
+
 def pipelined(name, fn, n=100):
-    for _ in range(3): fn()
-    sync(); t0 = time.perf_counter()
-    for _ in range(n): fn()
-    t1 = time.perf_counter(); sync(); t2 = time.perf_counter()
+    """n calls back to back: the host's time a call, and the wall time a call until the GPU is done."""
+    for _ in range(3):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    sync()
+    t2 = time.perf_counter()
     out[name] = {"host_ms": (t1 - t0) / n * 1e3, "wall_ms": (t2 - t0) / n * 1e3}
     print(f"{name:44s} host {out[name]['host_ms']:7.3f}  wall {out[name]['wall_ms']:7.3f}", flush=True)
+
+
 for rnd in (1, 2):
     pipelined(f"r{rnd} pipelined fb .backward", fb_backward)
     pipelined(f"r{rnd} pipelined fb autograd.grad", fb_grad)
@@ -65,4 +113,4 @@ for rnd in (1, 2):
         latency(f"r{rnd} latency fwd no_grad", fwd)
     latency(f"r{rnd} latency trivial fn grad", trivial)
     latency(f"r{rnd} latency trivial fn grad, 2 ms spin", trivial, spin_ms=2.0)
-json.dump(out, open(os.path.join(os.environ.get("OUT", "."), "latency.json"), "w"), indent=1)
+    json.dump(out, open(os.path.join(os.environ.get("OUT", "."), "latency.json"), "w"), indent=1)

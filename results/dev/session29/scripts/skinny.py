@@ -6,9 +6,10 @@
 # 64-256 outputs of every row and one of S slices of K, so x is read N / BN times (not N / 16), the grid fills the
 # machine through S, and a second launch sums the S fp32 partials in a fixed order (deterministic; S = 1 writes y).
 # Timing: a CUDA graph of 12 products on 12 distinct weights (a decode's layers; 12 x 33 MB defeats the L2) replayed
-# 20 times, medians of 5, the first 2 dropped; cuBLAS (F.linear) and its legacy path (preferred_blas_library
-# "cublas") on the same operands. Correctness: each candidate against F.linear in fp32 accumulation, relative error
-# printed (and TRITON_INTERPRET=1 on CPU runs the kernels on small shapes: `python skinny.py --check`).
+# 20 times, medians of 5, the first 2 dropped; torch.mm (F.linear's product) with PyTorch's default BLAS library
+# (its name is printed and recorded) and with cuBLASLt named (preferred_blas_library "cublaslt"), same operands.
+# Correctness: each candidate against F.linear in fp32 accumulation, relative error recorded (and TRITON_INTERPRET=1
+# on CPU runs the kernels on small shapes: `python skinny.py --check`).
 #   OUT=$OUT python results/dev/session29/scripts/skinny.py          (~3 minutes on an H100: 88 compiles)
 import itertools, json, os, statistics, sys
 
@@ -62,8 +63,8 @@ def splitk(x, w, y, part, BN, BK, S, warps, stages):
     BM = max(16, triton.next_power_of_2(M))
     KS = triton.cdiv(triton.cdiv(K, S), BK) * BK
     S = triton.cdiv(K, KS)
-    _splitk_kernel[(triton.cdiv(N, BN), S)](x, w, part, y, M, N, K, KS, BM=BM, BN=BN, BK=BK, DIRECT=S == 1, UPCAST=INTERPRET,
-                                              num_warps=warps, num_stages=stages)
+    _splitk_kernel[(triton.cdiv(N, BN), S)](x, w, part, y, M, N, K, KS, BM=BM, BN=BN, BK=BK, DIRECT=S == 1,
+                                              UPCAST=INTERPRET, num_warps=warps, num_stages=stages)
     if S > 1:
         BLOCK = 1024
         _sum_kernel[(triton.cdiv(M * N, BLOCK),)](part, y, M, N, S, BLOCK=BLOCK, num_warps=4)
@@ -137,20 +138,20 @@ def bench():
                 records.append(dict(M=M, product=name, N=N, K=K, candidate=label, us=us, tb_s=tbs, rel_err=err))
                 return us, tbs, err
 
-            base = timed("cublasLt F.linear", lambda i: torch.mm(x, ws[i].t(), out=ys[i]))
-            prev = torch.backends.cuda.preferred_blas_library()
-            torch.backends.cuda.preferred_blas_library("cublas")
-            legacy = timed("cublas F.linear", lambda i: torch.mm(x, ws[i].t(), out=ys[i]))
-            torch.backends.cuda.preferred_blas_library(prev)
+            default = str(torch.backends.cuda.preferred_blas_library())
+            base = timed(f"torch.mm, {default} (default)", lambda i: torch.mm(x, ws[i].t(), out=ys[i]))
+            torch.backends.cuda.preferred_blas_library("cublaslt")
+            lt = timed("torch.mm, cublaslt", lambda i: torch.mm(x, ws[i].t(), out=ys[i]))
+            torch.backends.cuda.preferred_blas_library(default.split(".")[-1].lower())
             best = None
             for cfg in CONFIGS:
                 r = timed(f"splitk {cfg}", lambda i, cfg=cfg: splitk(x, ws[i], ys[i], part, **cfg))
                 if r and (best is None or r[0] < best[0][0]):
                     best = (r, cfg)
-            print(f"M={M:3d} {name:8s} cublasLt {base[0]:6.2f} us {base[1]:5.2f} TB/s | cublas "
-                  f"{legacy[0] if legacy else float('nan'):6.2f} us | best splitk {best[0][0]:6.2f} us "
-                  f"{best[0][1]:5.2f} TB/s err {best[0][2]:.1e} {best[1]}", flush=True)
             json.dump(records, open(os.path.join(out_dir, "skinny.json"), "w"), indent=1)
+            show = lambda r: f"{r[0]:6.2f} us {r[1]:5.2f} TB/s" if r else "failed"  # noqa: E731
+            print(f"M={M:3d} {name:8s} {default}: {show(base)} | cublaslt: {show(lt)} | best splitk: "
+                  f"{show(best[0] if best else None)} {best[1] if best else ''}", flush=True)
 
 
 if __name__ == "__main__":
