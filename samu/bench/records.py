@@ -104,13 +104,63 @@ def same_run(there, record: dict) -> bool:
     return isinstance(there, dict) and all(there.get(k) == record.get(k) for k in keys)
 
 
+def validate(record) -> list[str]:
+    """Schema problems of one record (empty when it is well formed)."""
+    if not isinstance(record, dict):
+        return ["a record is a JSON object"]
+    problems = [f"missing {k!r}" for k in _TOP if k not in record]
+    kind = record.get("kind")
+    if kind not in SCHEMAS:
+        return problems + [f"unknown kind {kind!r}"]
+    if record.get("schema") != SCHEMAS[kind]:
+        problems.append(f"schema {record.get('schema')!r} is not {SCHEMAS[kind]!r}")
+    env = record.get("env")
+    if isinstance(env, dict):
+        problems += [f"env misses {k!r}" for k in _ENV if k not in env]
+    else:
+        problems.append("env is not an object")
+    rows = record.get("rows")
+    if not isinstance(rows, list):
+        return problems + ["rows is not a list"]
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            problems.append(f"row {i} is not an object")
+            continue
+        problems += [f"row {i} misses {k!r}" for k in _ROW[kind] if k not in row]
+        shape = row.get("shape")
+        if not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(s, int) for s in shape)):
+            problems.append(f"row {i} shape must be [B, L, D], got {shape!r}")
+    return problems
+
+
+def is_int(value, minimum: int = 0) -> bool:
+    """Whether ``value`` is an int (not a bool) of at least ``minimum``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def is_shape(value) -> bool:
+    """Whether ``value`` is a [B, L, D] of positive ints (a shape as a record keeps it)."""
+    return isinstance(value, (list, tuple)) and len(value) == 3 and all(is_int(v, 1) for v in value)
+
+
+def is_shapes(value) -> bool:
+    """Whether ``value`` is a list of shapes (is_shape)."""
+    return isinstance(value, list) and all(is_shape(v) for v in value)
+
+
+def is_names(value, allowed=None) -> bool:
+    """Whether ``value`` is a list of strings (all in ``allowed``, when given)."""
+    return isinstance(value, list) and all(isinstance(v, str) and (allowed is None or v in allowed) for v in value)
+
+
 class ResumeRefused(ValueError):
     """Why a record cannot be resumed, in one line naming --resume (the commands print it and exit)."""
 
 
 def run_lock(record: dict) -> Path:
     """The lock a bench or gate run holds while it writes its record (a resumption asks it first: not while the run
-    goes), in samu's cache folder."""
+    goes), in samu's cache folder. Lock files stay (a run id is never reused): removing one while another process
+    waits on it would let two processes hold the lock."""
     folder = cache_dir() / f"{record['kind']}-runs"
     folder.mkdir(parents=True, exist_ok=True)
     return folder / f"{record['run_id']}.lock"
@@ -125,20 +175,20 @@ def _read_record(path) -> dict:
 
 @contextlib.contextmanager
 def holding_run_lock(record: dict, resumed: bool = False, path=None):
-    """Hold ``record``'s run lock (run_lock) for a ``with`` block, and remove it after. A ``resumed`` record is
-    refused (ResumeRefused) when another run holds its lock, or when its file at ``path`` has gone on since it was read
-    (two resumptions of one record: the later one would time again what the first added)."""
-    lock = run_lock(record)
+    """Hold ``record``'s run lock (run_lock) for a ``with`` block. A ``resumed`` record is refused (ResumeRefused) when
+    another run holds its lock, or when its file at ``path`` has gone on since it was read (two resumptions of one
+    record: the later one would time again what the first added, and drop its note)."""
+    where = path if path is not None else f"(run {record['run_id']})"
     with contextlib.ExitStack() as stack:
         try:
-            stack.enter_context(FileLock(lock, wait=not resumed))
+            stack.enter_context(FileLock(run_lock(record), wait=not resumed))
         except BlockingIOError:
-            raise ResumeRefused(f"--resume {path}: its run is still going") from None
-        stack.callback(lock.unlink, missing_ok=True)
+            raise ResumeRefused(f"--resume {where}: its run is still going") from None
         if resumed and path is not None:
             there = _read_record(path)
-            if (there.get("units_done"), len(there.get("rows") or ())) != (record["units_done"], len(record["rows"])):
-                raise ResumeRefused(f"--resume {path}: another run went on with the record since it was read")
+            if (there.get("units_done"), len(there.get("rows") or ()), there.get("resumed", [])) != (
+                    record["units_done"], len(record["rows"]), record.get("resumed", [])[:-1]):
+                raise ResumeRefused(f"--resume {where}: another run went on with the record since it was read")
         yield
 
 
@@ -178,35 +228,6 @@ def resumable(path, kind: str, here: dict, command: str, problems=None) -> dict:
         raise ResumeRefused(f"--resume {path}: its run is still going") from None
     record.setdefault("resumed", []).append({"at": now(), "command": command})
     return record
-
-
-def validate(record) -> list[str]:
-    """Schema problems of one record (empty when it is well formed)."""
-    if not isinstance(record, dict):
-        return ["a record is a JSON object"]
-    problems = [f"missing {k!r}" for k in _TOP if k not in record]
-    kind = record.get("kind")
-    if kind not in SCHEMAS:
-        return problems + [f"unknown kind {kind!r}"]
-    if record.get("schema") != SCHEMAS[kind]:
-        problems.append(f"schema {record.get('schema')!r} is not {SCHEMAS[kind]!r}")
-    env = record.get("env")
-    if isinstance(env, dict):
-        problems += [f"env misses {k!r}" for k in _ENV if k not in env]
-    else:
-        problems.append("env is not an object")
-    rows = record.get("rows")
-    if not isinstance(rows, list):
-        return problems + ["rows is not a list"]
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            problems.append(f"row {i} is not an object")
-            continue
-        problems += [f"row {i} misses {k!r}" for k in _ROW[kind] if k not in row]
-        shape = row.get("shape")
-        if not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(s, int) for s in shape)):
-            problems.append(f"row {i} shape must be [B, L, D], got {shape!r}")
-    return problems
 
 
 def is_unread(path: Path, root: Path) -> bool:

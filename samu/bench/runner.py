@@ -8,14 +8,15 @@ import torch
 from tqdm import tqdm
 
 from samu.bench import peers
-from samu.bench.records import (ResumeRefused, end_unit, flagged, holding_run_lock, new_record, resumable,
-                                write_record)
+from samu.bench.records import (ResumeRefused, end_unit, flagged, holding_run_lock, is_int, is_names, is_shape,
+                                is_shapes, new_record, resumable, write_record)
 from samu.environment import environment
 from samu.bench.peer_models import MODEL_PEERS
 from samu.bench.scopes import (MIXER_SCOPES, MODULE_IMPLS, OPS, PEER_IMPLS, SCOPES, memory_floor, mixer_candidates,
                                module_candidate)
 from samu.bench.shapes import shape_str
-from samu.bench.timing import Clock, copy_bandwidth, count_launches, peak_memory, time_side_by_side
+from samu.bench.timing import (SAMPLES, WARMUP, Clock, copy_bandwidth, count_launches, peak_memory,
+                               time_side_by_side)
 from samu.gates.inputs import derive_seed
 from samu.gates.rules import LOW_PRECISION, load_rules, rel_error
 from samu.ops import dispatch
@@ -112,17 +113,24 @@ def _run_arguments(record: dict) -> tuple:
 
 
 def _unreadable(record: dict) -> list[str]:
-    """Why a bench record's run cannot be taken up from it as it is written (records.resumable's ``problems``)."""
-    problems = [f"{k} is not a list" for k in ("skipped", "failed") if not isinstance(record.get(k), list)]
-    try:
-        scopes, shapes, dtype = _run_arguments(record)[:3]
-        shapes += [tuple(shape) for _, shape in record["units_done"]]
-        if not (set(scopes) <= set(SCOPES) and isinstance(dtype, torch.dtype) and all(len(s) == 3 for s in shapes)
-                and float(record["copy_bandwidth"]["bytes_per_s"]) > 0):
-            raise ValueError
-    except (KeyError, TypeError, ValueError, AttributeError):
-        problems.append("its arguments, finished units or copy bandwidth cannot be read back")
-    return problems
+    """Why a bench record's run cannot be taken up from it as it is written (records.resumable's ``problems``): each
+    argument of the kind the command line gives, the finished units, and the copy bandwidth."""
+    given = record["arguments"]
+    kinds = {"scopes": is_names(given.get("scopes"), SCOPES), "shapes": is_shapes(given.get("shapes")),
+             "dtype": isinstance(getattr(torch, str(given.get("dtype")), None), torch.dtype),
+             "impls": is_names(given.get("impls")),
+             "peers": isinstance(given.get("peers"), bool) or is_names(given.get("peers")),
+             "warmup": is_int(given.get("warmup"), WARMUP), "samples": is_int(given.get("samples"), SAMPLES),
+             "seed": is_int(given.get("seed"), -2 ** 63), "preset": isinstance(given.get("preset"), str),
+             "check_finite": isinstance(given.get("check_finite"), bool),
+             "units_done": all(isinstance(u, list) and len(u) == 2 and u[0] in SCOPES and is_shape(u[1])
+                               for u in record["units_done"])}
+    problems = [f"{k} cannot be read back" for k, ok in kinds.items() if not ok]
+    bandwidth = record.get("copy_bandwidth")
+    rate = bandwidth.get("bytes_per_s") if isinstance(bandwidth, dict) else None
+    if not (isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate > 0):
+        problems.append("copy_bandwidth cannot be read back")
+    return problems + [f"{k} is not a list" for k in ("skipped", "failed") if not isinstance(record.get(k), list)]
 
 
 def resumable_record(path, device, command: str) -> dict:

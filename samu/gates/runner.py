@@ -31,8 +31,8 @@ import torch
 from tqdm import tqdm
 
 from samu import reference
-from samu.bench.records import (ResumeRefused, end_unit, holding_run_lock, load_records, new_record, resumable,
-                                 same_run, write_record)
+from samu.bench.records import (ResumeRefused, end_unit, holding_run_lock, is_int, is_names, is_shape, is_shapes,
+                                 load_records, new_record, resumable, same_run, write_record)
 from samu.environment import environment
 from samu.ops import gate_status
 from samu.ops.gate_status import reload, status_path
@@ -467,17 +467,20 @@ def _run_arguments(record: dict) -> tuple:
 
 
 def _unreadable(record: dict) -> list[str]:
-    """Why a gate record's run cannot be taken up from it as it is written (records.resumable's ``problems``)."""
-    problems = [] if isinstance(record.get("skipped"), list) else ["skipped is not a list"]
-    try:
-        ops, shapes, dtypes = _run_arguments(record)[:3]
-        shapes += [tuple(shape) for _, shape, _ in record["units_done"]]
-        if not (set(ops) <= {"samu", "rglru"} and all(isinstance(d, torch.dtype) for d in dtypes)
-                and all(len(s) == 3 for s in shapes)):
-            raise ValueError
-    except (KeyError, TypeError, ValueError, AttributeError):
-        problems.append("its arguments or finished units cannot be read back")
-    return problems
+    """Why a gate record's run cannot be taken up from it as it is written (records.resumable's ``problems``): each
+    argument of the kind the command line gives, and the finished units."""
+    given = record["arguments"]
+    dtype_names = given.get("dtypes")
+    kinds = {"ops": is_names(given.get("ops"), ("samu", "rglru")), "shapes": is_shapes(given.get("shapes")),
+             "dtypes": is_names(dtype_names) and all(isinstance(getattr(torch, d, None), torch.dtype)
+                                                     for d in dtype_names),
+             "backends": is_names(given.get("backends")), "seed": is_int(given.get("seed"), -2 ** 63),
+             "heads": given.get("heads") is None or is_int(given.get("heads"), 1),
+             "documents": given.get("documents") is None or is_int(given.get("documents"), 1),
+             "units_done": all(isinstance(u, list) and len(u) == 3 and u[0] in ("samu", "rglru") and is_shape(u[1])
+                               and isinstance(u[2], str) for u in record["units_done"])}
+    return ([f"{k} cannot be read back" for k, ok in kinds.items() if not ok]
+            + ([] if isinstance(record.get("skipped"), list) else ["skipped is not a list"]))
 
 
 def resumable_record(path, device, command: str) -> dict:
@@ -489,50 +492,6 @@ def resumable_record(path, device, command: str) -> dict:
     if record.get("gates_version") != version:
         raise ResumeRefused(f"--resume {path}: gates.toml version {record.get('gates_version')}, now {version}")
     return record
-
-
-def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bool = True,
-              command: str = "samu gate", out=None, heads: "int | None" = None, isolate: "bool | None" = None,
-              preload=(), documents: "int | None" = None, resume: "dict | None" = None) -> dict:
-    """Run every gate asked for and return the record; with ``out``, the record is rewritten after
-    every (op, shape, dtype), so a run stopped early keeps its finished rows (``complete`` false).
-    ``heads``: RG-LRU's head count (default: gates.toml's, or the largest divisor of D below it).
-    ``isolate`` (default: on CUDA) gates in a child process: a kernel fault fails the row of the
-    backend it happened in (blocking its class) and a fresh child goes on, since a faulted CUDA
-    context cannot be reused; this process only keeps the record. ``preload``: modules the gating
-    process imports first (variants that register on import, such as a test's). ``documents``: gate
-    packed calls of that many sequences (the module docstring). ``resume``: the record of a run cut short
-    (resumable_record), which this run continues with its own ``arguments`` (those given here are not used): it
-    keeps its rows, gates no unit it finished again, and of a unit it cut only the backends it lacks."""
-    rules = load_rules()
-    device = torch.device(device)
-    isolate = device.type == "cuda" if isolate is None else isolate
-    # the backends gated here must not start gates of their own (dispatch's first-use gating)
-    auto_gate, os.environ["SAMU_AUTO_GATE"] = os.environ.get("SAMU_AUTO_GATE"), "0"
-    try:
-        return _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, out, heads, isolate,
-                          preload, rules, documents, resume)
-    finally:
-        if auto_gate is None:
-            os.environ.pop("SAMU_AUTO_GATE", None)
-        else:
-            os.environ["SAMU_AUTO_GATE"] = auto_gate
-
-
-def _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, out, heads, isolate, preload, rules,
-               documents, resume):
-    if resume is not None:
-        record = resume
-        ops, shapes, dtypes, backends, seed, heads, documents = _run_arguments(record)
-    else:
-        arguments = {"ops": list(ops), "shapes": [list(s) for s in shapes], "backends": list(backends), "seed": seed,
-                     "dtypes": [str(d).replace("torch.", "") for d in dtypes], "heads": heads, "documents": documents}
-        record = new_record("gate", environment(device), command, gates_version=rules.version,
-                            gates_file="samu/gates/gates.toml", skipped=[], complete=False, arguments=arguments,
-                            units_done=[])
-    with holding_run_lock(record, resumed=resume is not None, path=out):
-        return _gate_units(record, ops, shapes, dtypes, backends, device, seed, progress, out, heads, isolate,
-                           preload, rules, documents)
 
 
 def _gate_units(record, ops, shapes, dtypes, backends, device, seed, progress, out, heads, isolate, preload, rules,
@@ -592,6 +551,50 @@ def _gate_units(record, ops, shapes, dtypes, backends, device, seed, progress, o
     if out is not None:
         write_record(record, out)
     return record
+
+
+def _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, out, heads, isolate, preload, rules,
+               documents, resume):
+    if resume is not None:
+        record = resume
+        ops, shapes, dtypes, backends, seed, heads, documents = _run_arguments(record)
+    else:
+        arguments = {"ops": list(ops), "shapes": [list(s) for s in shapes], "backends": list(backends), "seed": seed,
+                     "dtypes": [str(d).replace("torch.", "") for d in dtypes], "heads": heads, "documents": documents}
+        record = new_record("gate", environment(device), command, gates_version=rules.version,
+                            gates_file="samu/gates/gates.toml", skipped=[], complete=False, arguments=arguments,
+                            units_done=[])
+    with holding_run_lock(record, resumed=resume is not None, path=out):
+        return _gate_units(record, ops, shapes, dtypes, backends, device, seed, progress, out, heads, isolate,
+                           preload, rules, documents)
+
+
+def run_gates(ops, shapes, dtypes, backends, device, seed: int = 0, progress: bool = True,
+              command: str = "samu gate", out=None, heads: "int | None" = None, isolate: "bool | None" = None,
+              preload=(), documents: "int | None" = None, resume: "dict | None" = None) -> dict:
+    """Run every gate asked for and return the record; with ``out``, the record is rewritten after
+    every (op, shape, dtype), so a run stopped early keeps its finished rows (``complete`` false).
+    ``heads``: RG-LRU's head count (default: gates.toml's, or the largest divisor of D below it).
+    ``isolate`` (default: on CUDA) gates in a child process: a kernel fault fails the row of the
+    backend it happened in (blocking its class) and a fresh child goes on, since a faulted CUDA
+    context cannot be reused; this process only keeps the record. ``preload``: modules the gating
+    process imports first (variants that register on import, such as a test's). ``documents``: gate
+    packed calls of that many sequences (the module docstring). ``resume``: the record of a run cut short
+    (resumable_record), which this run continues with its own ``arguments`` (those given here are not used): it
+    keeps its rows, gates no unit it finished again, and of a unit it cut only the backends it lacks."""
+    rules = load_rules()
+    device = torch.device(device)
+    isolate = device.type == "cuda" if isolate is None else isolate
+    # the backends gated here must not start gates of their own (dispatch's first-use gating)
+    auto_gate, os.environ["SAMU_AUTO_GATE"] = os.environ.get("SAMU_AUTO_GATE"), "0"
+    try:
+        return _run_gates(ops, shapes, dtypes, backends, device, seed, progress, command, out, heads, isolate,
+                          preload, rules, documents, resume)
+    finally:
+        if auto_gate is None:
+            os.environ.pop("SAMU_AUTO_GATE", None)
+        else:
+            os.environ["SAMU_AUTO_GATE"] = auto_gate
 
 
 def _gated_since(op: str, variant: str, shape_class: str) -> str:

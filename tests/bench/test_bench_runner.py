@@ -125,7 +125,8 @@ def test_a_run_cut_short_is_resumed_in_its_own_record_without_timing_its_units_a
     assert list(tmp_path.glob("*.json")) == [out]
 
 
-def test_only_the_record_of_an_unfinished_bench_run_of_this_code_and_machine_can_be_resumed(committed, tmp_path):
+def test_only_the_record_of_an_unfinished_bench_run_of_this_code_and_machine_can_be_resumed(committed, tmp_path,
+                                                                                             monkeypatch):
     from samu.bench.cli import main
     from samu.bench.records import run_lock
     from samu.paths import FileLock
@@ -149,15 +150,19 @@ def test_only_the_record_of_an_unfinished_bench_run_of_this_code_and_machine_can
     refused("made before --resume", {k: v for k, v in cut.items() if k != "units_done"})
     refused("git_commit", dict(cut, env=dict(cut["env"], git_commit="0" * 40)))
     refused("uncommitted code", dict(cut, env=dict(cut["env"], git_dirty=True)))
-    refused("commit is unknown", dict(cut, env=dict(cut["env"], git_commit="unknown", git_dirty=None)))
+    with monkeypatch.context() as m:
+        # no .git here and there: "unknown" == "unknown" must not pass for the same code
+        unknown = dict(cut["env"], git_commit="unknown", git_dirty=None)
+        m.setattr(runner, "environment", lambda device: unknown)
+        refused("commit is unknown", dict(cut, env=unknown))
     refused("cannot be read", path=tmp_path / "missing.json")
     # what the run is taken up from must read back, in one line naming --resume
-    unreadable = "arguments, finished units or copy bandwidth cannot be read back"
-    refused(unreadable, dict(cut, arguments={k: v for k, v in cut["arguments"].items() if k != "preset"}))
-    refused(unreadable, dict(cut, arguments=dict(cut["arguments"], dtype="bogus")))
-    refused(unreadable, dict(cut, arguments=dict(cut["arguments"], scopes=["nope"])))
-    refused(unreadable, dict(cut, units_done=[["fwd"]]))
-    refused(unreadable, {k: v for k, v in cut.items() if k != "copy_bandwidth"})
+    for key, value in [("preset", None), ("dtype", "bogus"), ("scopes", ["nope"]), ("impls", 5), ("peers", 7),
+                       ("warmup", "x"), ("samples", None), ("shapes", [[1, "a", 4]]), ("check_finite", 1)]:
+        refused(f"{key} cannot be read back", dict(cut, arguments=dict(cut["arguments"], **{key: value})))
+    refused("units_done cannot be read back", dict(cut, units_done=[["fwd"]]))
+    refused("copy_bandwidth cannot be read back", {k: v for k, v in cut.items() if k != "copy_bandwidth"})
+    refused("copy_bandwidth cannot be read back", dict(cut, copy_bandwidth={"bytes_per_s": True}))
     refused("resumed is not a list", dict(cut, resumed={}))
     out.write_text(json.dumps(cut))
     with FileLock(run_lock(cut)):
@@ -224,3 +229,25 @@ def test_two_resumptions_of_one_record_the_later_is_refused(committed, tmp_path,
         run_bench([], [], torch.float32, "cpu", progress=False, out=out, resume=second)
     kept = json.loads(out.read_text())
     assert kept["complete"] and [r["command"] for r in kept["resumed"]] == ["first"] and len(kept["rows"]) == 4
+
+
+def test_a_resumption_that_went_no_further_still_keeps_its_note_from_a_later_one(committed, tmp_path, monkeypatch):
+    from samu.bench.records import ResumeRefused
+
+    out = tmp_path / "bench.json"
+
+    def stop(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "_candidates", stop)
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(["fwd"], SHAPES[:1], torch.float32, "cpu", impls=["torch"], with_peers=False, progress=False,
+                  out=out)
+    first = runner.resumable_record(out, "cpu", "first")
+    second = runner.resumable_record(out, "cpu", "second")
+    # the first resumption writes its note and is cut before its first unit: no unit or row more than before
+    with pytest.raises(KeyboardInterrupt):
+        run_bench([], [], torch.float32, "cpu", progress=False, out=out, resume=first)
+    with pytest.raises(ResumeRefused, match="another run went on"):
+        run_bench([], [], torch.float32, "cpu", progress=False, out=out, resume=second)
+    assert [r["command"] for r in json.loads(out.read_text())["resumed"]] == ["first"]

@@ -213,6 +213,7 @@ def test_only_the_record_of_an_unfinished_run_of_this_code_and_machine_can_be_re
                                                                                        monkeypatch):
     from samu.bench.cli import main
     from samu.bench.records import run_lock
+    from samu.gates import runner
     from samu.gates.runner import resumable_record
     from samu.paths import FileLock
 
@@ -234,9 +235,15 @@ def test_only_the_record_of_an_unfinished_run_of_this_code_and_machine_can_be_re
     refused("git_commit", dict(cut, env=dict(cut["env"], git_commit="0" * 40)))
     refused("uncommitted code", dict(cut, env=dict(cut["env"], git_dirty=True)))
     refused("gates.toml version", dict(cut, gates_version=-1))
-    refused("arguments or finished units cannot be read back", dict(cut, arguments=dict(cut["arguments"], dtypes=["x"])))
-    refused("arguments or finished units cannot be read back", dict(cut, units_done=[["samu"]]))
-    refused("commit is unknown", dict(cut, env=dict(cut["env"], git_commit="unknown", git_dirty=None)))
+    for key, value in [("dtypes", ["x"]), ("backends", 5), ("seed", "x"), ("heads", "x"), ("documents", "x"),
+                       ("shapes", [[1, "a", 4]]), ("ops", ["mamba"])]:
+        refused(f"{key} cannot be read back", dict(cut, arguments=dict(cut["arguments"], **{key: value})))
+    refused("units_done cannot be read back", dict(cut, units_done=[["samu"]]))
+    with monkeypatch.context() as m:
+        # no .git here and there: "unknown" == "unknown" must not pass for the same code
+        unknown = dict(cut["env"], git_commit="unknown", git_dirty=None)
+        m.setattr(runner, "environment", lambda device: unknown)
+        refused("commit is unknown", dict(cut, env=unknown))
     refused("cannot be read", path=tmp_path / "missing.json")
     out.write_text(json.dumps(cut))
     with FileLock(run_lock(cut)):
@@ -255,6 +262,32 @@ def test_only_the_record_of_an_unfinished_run_of_this_code_and_machine_can_be_re
     assert json.loads(out.read_text())["complete"]
     with pytest.raises(SystemExit, match="a gate record is a .json file"):
         main(["gate", "--device", "cpu", "--no-status", "--resume", str(tmp_path)])
+
+
+def test_a_gate_record_another_resumption_went_on_with_is_refused_in_one_line(committed, tmp_path, monkeypatch):
+    from samu.bench.cli import main
+    from samu.gates import runner
+    from samu.gates.runner import resumable_record
+
+    out, real, gated = tmp_path / "gates.json", runner.gate_unit, []
+
+    def cut_at_the_second(**unit):
+        if gated:
+            raise KeyboardInterrupt
+        gated.append(unit["shape"])
+        yield from real(**unit)
+
+    monkeypatch.setattr(runner, "gate_unit", cut_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        run_gates(["samu"], [(1, 9, 4), (1, 17, 4)], [torch.float32], ["torch"], "cpu", progress=False, out=out)
+    monkeypatch.setattr(runner, "gate_unit", real)
+    stale = resumable_record(out, "cpu", "samu gate --resume")
+    # another resumption finishes the record between this one's reading and its start
+    assert main(["gate", "--device", "cpu", "--quiet", "--no-status", "--resume", str(out)]) == 0
+    with pytest.raises(runner.ResumeRefused, match="another run went on with the record since it was read"):
+        run_gates([], [], [], [], "cpu", progress=False, out=out, resume=stale)
+    with pytest.raises(SystemExit, match="samu gate: error: --resume .*that run finished"):
+        main(["gate", "--device", "cpu", "--quiet", "--no-status", "--resume", str(out)])
 
 
 def test_a_resumed_run_brings_its_copy_in_the_users_records_up_to_date(tmp_path, monkeypatch):
