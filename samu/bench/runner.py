@@ -139,10 +139,43 @@ def resumable_record(path, device, command: str) -> dict:
     return resumable(path, "bench", environment(device), command, _unreadable)
 
 
+def _time_unit(record, scope, shape, ready, dtype, dname, device, clock, warmup, samples) -> None:
+    """The rows of one unit's candidates that ran once, timed side by side (each with its memory, launches, floor
+    and agreement), into ``record``."""
+    bandwidth = record["copy_bandwidth"]["bytes_per_s"]
+    timings = time_side_by_side({c.name: c.run for c in ready}, clock, warmup=warmup, samples=samples)
+    # packed candidates compute other sequences than the unpacked one: nothing to agree with
+    agreement = _agreement(ready, dtype) if scope in ("fwd", "fb") else {}
+    for name, a in agreement.items():
+        if a["flagged"]:
+            errors = a["rel_errors"]
+            worst = max(errors, key=lambda q: math.inf if errors[q] is None else errors[q])
+            tqdm.write(f"flagged {name} {scope} {shape_str(shape)}: {worst} differs from {a['against']}'s by "
+                       f"{a['rel_error'] or math.inf:.2e} > {a['threshold']:.2e}; it is not ranked")
+    floor_formula, floor_bytes = memory_floor(scope, shape, dtype)
+    floor_ms = floor_bytes / bandwidth * 1e3 if floor_bytes else None
+    for position, c in enumerate(ready):
+        t = timings[c.name]
+        memory = peak_memory(c.run, device) or {}
+        # launch counts are for samu's own ops; profiling a peer's thousands of launches costs seconds
+        launches = None if c.peer else count_launches(c.run, device)
+        record["rows"].append({
+            "scope": scope, "op": c.op, "impl": c.impl, "candidate": c.name, "peer": c.peer,
+            "shape": list(shape), "dtype": dname, "order": position,
+            "median_ms": t.median_ms, "round_medians_ms": t.round_medians_ms, "samples_ms": t.samples_ms,
+            "peak_alloc": memory.get("peak_alloc"), "peak_reserved": memory.get("peak_reserved"),
+            "launches": launches, "params": c.params,
+            "choice": c.choice, "choice_reason": c.choice_reason,
+            "scratch_formula": c.scratch[0], "scratch_bytes": c.scratch[1],
+            "floor_formula": floor_formula, "floor_bytes": floor_bytes, "floor_ms": floor_ms,
+            "floor_ratio": t.median_ms / floor_ms if floor_ms else None,
+            "agreement": agreement.get(c.name), **(c.extra or {}),
+        })
+
+
 def _bench_units(record, scopes, shapes, dtype, dname, device, clock, impls, with_peers, warmup, samples, seed, preset,
                  progress, out) -> dict:
     finished = {(scope, tuple(shape)) for scope, shape in record["units_done"]}
-    bandwidth = record["copy_bandwidth"]["bytes_per_s"]
     units = [(scope, tuple(shape)) for shape in shapes for scope in scopes]
     bar = tqdm(units, desc="bench", disable=not progress, dynamic_ncols=True)
     announced = set()
@@ -168,38 +201,8 @@ def _bench_units(record, scopes, shapes, dtype, dname, device, clock, impls, wit
                 tqdm.write(f"FAILED {c.name} {scope} {shape_str(shape)}: {type(err).__name__}: {err}"[:400])
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-        if not ready:
-            record["units_done"].append([scope, list(shape)])
-            end_unit(record, out, device)
-            continue
-        timings = time_side_by_side({c.name: c.run for c in ready}, clock, warmup=warmup, samples=samples)
-        # packed candidates compute other sequences than the unpacked one: nothing to agree with
-        agreement = _agreement(ready, dtype) if scope in ("fwd", "fb") else {}
-        for name, a in agreement.items():
-            if a["flagged"]:
-                errors = a["rel_errors"]
-                worst = max(errors, key=lambda q: math.inf if errors[q] is None else errors[q])
-                tqdm.write(f"flagged {name} {scope} {shape_str(shape)}: {worst} differs from {a['against']}'s by "
-                           f"{a['rel_error'] or math.inf:.2e} > {a['threshold']:.2e}; it is not ranked")
-        floor_formula, floor_bytes = memory_floor(scope, shape, dtype)
-        floor_ms = floor_bytes / bandwidth * 1e3 if floor_bytes else None
-        for position, c in enumerate(ready):
-            t = timings[c.name]
-            memory = peak_memory(c.run, device) or {}
-            # launch counts are for samu's own ops; profiling a peer's thousands of launches costs seconds
-            launches = None if c.peer else count_launches(c.run, device)
-            record["rows"].append({
-                "scope": scope, "op": c.op, "impl": c.impl, "candidate": c.name, "peer": c.peer,
-                "shape": list(shape), "dtype": dname, "order": position,
-                "median_ms": t.median_ms, "round_medians_ms": t.round_medians_ms, "samples_ms": t.samples_ms,
-                "peak_alloc": memory.get("peak_alloc"), "peak_reserved": memory.get("peak_reserved"),
-                "launches": launches, "params": c.params,
-                "choice": c.choice, "choice_reason": c.choice_reason,
-                "scratch_formula": c.scratch[0], "scratch_bytes": c.scratch[1],
-                "floor_formula": floor_formula, "floor_bytes": floor_bytes, "floor_ms": floor_ms,
-                "floor_ratio": t.median_ms / floor_ms if floor_ms else None,
-                "agreement": agreement.get(c.name), **(c.extra or {}),
-            })
+        if ready:
+            _time_unit(record, scope, shape, ready, dtype, dname, device, clock, warmup, samples)
         del candidates, ready
         record["units_done"].append([scope, list(shape)])
         end_unit(record, out, device)

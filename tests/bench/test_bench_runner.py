@@ -85,6 +85,19 @@ def committed(tmp_path, monkeypatch):
 SHAPES = [(1, 9, 4), (1, 17, 4), (2, 5, 4)]
 
 
+def _stop(*args):
+    raise KeyboardInterrupt
+
+
+def _cut_before_its_first_unit(out, shapes, monkeypatch):
+    """A run of the fwd scope at ``shapes`` into ``out``, stopped (a timeout's SIGINT) as its first unit starts."""
+    with monkeypatch.context() as m:
+        m.setattr(runner, "_candidates", _stop)
+        with pytest.raises(KeyboardInterrupt):
+            run_bench(["fwd"], shapes, torch.float32, "cpu", impls=["torch"], with_peers=False, progress=False,
+                      out=out)
+
+
 def test_a_run_cut_short_is_resumed_in_its_own_record_without_timing_its_units_again(committed, tmp_path,
                                                                                        monkeypatch):
     from samu.bench.cli import main
@@ -211,16 +224,7 @@ def test_two_resumptions_of_one_record_the_later_is_refused(committed, tmp_path,
     from samu.bench.records import ResumeRefused
 
     out = tmp_path / "bench.json"
-    real = runner._candidates
-
-    def stop(*args):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(runner, "_candidates", stop)
-    with pytest.raises(KeyboardInterrupt):
-        run_bench(["fwd"], SHAPES[:2], torch.float32, "cpu", impls=["torch"], with_peers=False, progress=False,
-                  out=out)
-    monkeypatch.setattr(runner, "_candidates", real)
+    _cut_before_its_first_unit(out, SHAPES[:2], monkeypatch)
     # both read the record before either goes on: the first finishes it, the second would time it all again
     first = runner.resumable_record(out, "cpu", "first")
     second = runner.resumable_record(out, "cpu", "second")
@@ -235,14 +239,8 @@ def test_a_resumption_that_went_no_further_still_keeps_its_note_from_a_later_one
     from samu.bench.records import ResumeRefused
 
     out = tmp_path / "bench.json"
-
-    def stop(*args):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(runner, "_candidates", stop)
-    with pytest.raises(KeyboardInterrupt):
-        run_bench(["fwd"], SHAPES[:1], torch.float32, "cpu", impls=["torch"], with_peers=False, progress=False,
-                  out=out)
+    _cut_before_its_first_unit(out, SHAPES[:1], monkeypatch)
+    monkeypatch.setattr(runner, "_candidates", _stop)
     first = runner.resumable_record(out, "cpu", "first")
     second = runner.resumable_record(out, "cpu", "second")
     # the first resumption writes its note and is cut before its first unit: no unit or row more than before

@@ -56,7 +56,6 @@ from samu.ops.rglru.triton_fwd import (
     new_buffer,
     new_flat,
     out_order,
-    split_weights,
 )
 from samu.ops.packing_triton import step_opens
 from samu.ops.triton_utils import carve, cdiv
@@ -546,7 +545,7 @@ def _rglru_reduce_kernel(
 
 
 def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states, c: float, *, K: int, WC: int,
-              G: int, G_dx: int, WC_dx: int = 0, fast: bool = False, words=None, h0=None, w3=None):
+              G: int, G_dx: int, w3, WC_dx: int = 0, fast: bool = False, words=None, h0=None):
     """Chunked RG-LRU backward.
 
     dy: [B, L, D] (any float dtype); dh_last: [B, D] fp32 or None; x and the parameters as in the
@@ -557,7 +556,7 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
     Returns dx [B, L, D] x.dtype, dw_a [H, n, n], db_a [D], dw_x [H, n, n], db_x [D], da [D]
     (all fp32) and dh0 [B, D] fp32 (None without an initial state). Packed (``words`` as the forward's, B = 1):
     dh_last, h0 (the forward's initial state, needed when has_h0) and dh0 are [N, D]. ``w3``: the forward's
-    split_weights of w_a and w_x (None: split here).
+    split_weights of w_a and w_x.
     """
     B, L, D = x.shape
     varlen = words is not None
@@ -566,7 +565,6 @@ def rglru_bwd(dy, dh_last, x, w_a, b_a, w_x, b_x, a_param, has_h0: bool, states,
     assert states.shape == (B, NC, D), "states must come from a forward with the same chunk length"
     dev = x.device
     MATH = math_mode(fast)
-    w3 = split_weights(w_a, w_x) if w3 is None else w3
     dy = dy.contiguous()
     grid, meta = chunk_launch(x, H, K, WC, G, MATH=MATH)
     NG = grid[0]
